@@ -1,0 +1,8 @@
+//! Types that cross kvgate's process boundaries.
+//!
+//! This crate stays small and free of heavy dependencies: the worker serves these types and the
+//! operator reads them, so both must agree on one definition.
+
+mod capacity;
+
+pub use capacity::{CapacityReport, KV_POOL_PATH};

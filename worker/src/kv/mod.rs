@@ -1,0 +1,19 @@
+//! The paged KV pool: layout, page bookkeeping, storage, sizing and the attention that reads it.
+
+pub mod allocator;
+pub mod attention;
+pub mod element;
+mod host_store;
+pub mod layout;
+pub mod pool;
+pub mod sizing;
+pub mod store;
+#[cfg(feature = "cuda")]
+pub mod cuda_store;
+
+pub use allocator::{AllocError, OwnerId, PageRef};
+pub use attention::{AttnShape, Scratch};
+pub use layout::{Half, KvDtype, KvLayout};
+pub use pool::{KvError, KvPool, Lease, PoolGuard};
+pub use sizing::PoolSize;
+pub use store::{PageStore, StoreError};

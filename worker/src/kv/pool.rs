@@ -1,0 +1,332 @@
+//! The paged KV pool: storage plus bookkeeping behind one lock, and leases that give pages back
+//! (scrubbed) when dropped.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use half::{bf16, f16};
+use thiserror::Error;
+
+use super::allocator::{AccessError, AllocError, OwnerId, PageAllocator, PageRef};
+use super::attention::{self, AttnShape, Scratch};
+use super::element::{self, KvElem};
+use super::store::{PageStore, StoreError};
+use super::{Half, KvDtype, KvLayout};
+
+#[derive(Debug, Error)]
+pub enum KvError {
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("position {pos} is past the {capacity} tokens leased")]
+    PastLease { pos: usize, capacity: usize },
+}
+
+pub struct KvPool {
+    layout: KvLayout,
+    device: String,
+    num_pages: usize,
+    scrub_on_free: bool,
+    next_owner: AtomicU64,
+    inner: Mutex<PoolInner>,
+}
+
+struct PoolInner {
+    alloc: PageAllocator,
+    store: PageStore,
+}
+
+impl std::fmt::Debug for KvPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvPool").field("layout", &self.layout).field("num_pages", &self.num_pages).finish()
+    }
+}
+
+impl KvPool {
+    pub fn new(layout: KvLayout, store: PageStore, num_pages: usize, device: String, scrub_on_free: bool) -> Arc<Self> {
+        Arc::new(KvPool {
+            layout,
+            device,
+            num_pages,
+            scrub_on_free,
+            next_owner: AtomicU64::new(1),
+            inner: Mutex::new(PoolInner { alloc: PageAllocator::new(num_pages), store }),
+        })
+    }
+
+    /// A pool in host memory, committed now.
+    pub fn host(layout: KvLayout, num_pages: usize) -> Result<Arc<Self>, StoreError> {
+        let store = PageStore::host(&layout, num_pages)?;
+        Ok(Self::new(layout, store, num_pages, "cpu".into(), true))
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    pub fn num_pages(&self) -> usize {
+        self.num_pages
+    }
+
+    /// Measured capacity: tokens in the pages that were really allocated.
+    pub fn capacity_tokens(&self) -> usize {
+        self.num_pages * self.layout.page_size
+    }
+
+    pub fn used_pages(&self) -> usize {
+        self.lock().alloc.used_pages()
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.lock().alloc.free_pages()
+    }
+
+    /// Leases pages for `tokens` tokens to a new owner, all or nothing.
+    pub fn lease(self: &Arc<Self>, tokens: usize) -> Result<Lease, AllocError> {
+        let owner = OwnerId(self.next_owner.fetch_add(1, Ordering::Relaxed));
+        let pages = self.lock().alloc.allocate(owner, self.layout.pages_for(tokens))?;
+        Ok(Lease { pool: Arc::clone(self), owner, pages, tokens })
+    }
+
+    /// Locks the pool for a batch of reads and writes. Leases must not be dropped while the
+    /// guard is held (dropping one takes the lock).
+    pub fn access(&self) -> PoolGuard<'_> {
+        PoolGuard { layout: self.layout, inner: self.lock(), scratch: Vec::new() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolInner> {
+        // A panic while holding the lock leaves bookkeeping consistent (every update is a
+        // single assignment), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn release(&self, owner: OwnerId, pages: &[PageRef]) {
+        let mut inner = self.lock();
+        if self.scrub_on_free {
+            for p in pages {
+                // Scrub only what this owner really holds; the release below reports the rest.
+                if inner.alloc.check(owner, *p).is_ok() {
+                    if let Err(e) = inner.store.scrub(p.id) {
+                        tracing::error!(page = p.id, error = %e, "failed to scrub KV page");
+                    }
+                }
+            }
+        }
+        if let Err(e) = inner.alloc.release(owner, pages) {
+            tracing::error!(error = %e, "KV page release refused");
+        }
+    }
+}
+
+/// Pages held by one owner for one sequence; returned to the pool, scrubbed, on drop.
+pub struct Lease {
+    pool: Arc<KvPool>,
+    owner: OwnerId,
+    pages: Vec<PageRef>,
+    tokens: usize,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("owner", &self.owner).field("pages", &self.pages.len()).finish()
+    }
+}
+
+impl Lease {
+    pub fn pages(&self) -> &[PageRef] {
+        &self.pages
+    }
+
+    /// Tokens this lease was sized for.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Token slots in the leased pages (a multiple of the page size).
+    pub fn capacity(&self) -> usize {
+        self.pages.len() * self.pool.layout.page_size
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.pool.release(self.owner, &self.pages);
+    }
+}
+
+/// Exclusive access to the pool's bytes for the length of one model step.
+pub struct PoolGuard<'a> {
+    layout: KvLayout,
+    inner: MutexGuard<'a, PoolInner>,
+    scratch: Vec<u8>,
+}
+
+impl PoolGuard<'_> {
+    /// Checks that every page of `lease` is still its own at the generation it was given.
+    pub fn verify(&self, lease: &Lease) -> Result<(), AccessError> {
+        lease.pages.iter().try_for_each(|p| self.inner.alloc.check(lease.owner, *p))
+    }
+
+    /// Stores one token's K and V for `layer` at sequence position `pos`.
+    pub fn write_token(&mut self, lease: &Lease, pos: usize, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+        let page = self.page_at(lease, pos)?;
+        let slot = pos % self.layout.page_size;
+        let size = self.layout.dtype.size();
+        let n = self.layout.token_elems();
+        let mut bytes = std::mem::take(&mut self.scratch);
+        bytes.resize(n * size, 0);
+        for (half, values) in [(Half::K, k), (Half::V, v)] {
+            element::encode(self.layout.dtype, &values[..n], &mut bytes);
+            let offset = self.layout.slot_offset(layer, half, slot) * size;
+            self.inner.store.write(page.id, offset, &bytes)?;
+        }
+        self.scratch = bytes;
+        Ok(())
+    }
+
+    /// Attention of one query token (`q`: `[heads][head_dim]`) over positions `0..ctx_len` of
+    /// `lease` in `layer`, read page by page through the lease's page table.
+    pub fn attend(
+        &mut self,
+        lease: &Lease,
+        layer: usize,
+        ctx_len: usize,
+        shape: AttnShape,
+        q: &[f32],
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), KvError> {
+        if ctx_len > lease.capacity() {
+            return Err(KvError::PastLease { pos: ctx_len, capacity: lease.capacity() });
+        }
+        match self.layout.dtype {
+            KvDtype::F32 => self.attend_typed::<f32>(lease, layer, ctx_len, shape, q, out, scratch),
+            KvDtype::F16 => self.attend_typed::<f16>(lease, layer, ctx_len, shape, q, out, scratch),
+            KvDtype::BF16 => self.attend_typed::<bf16>(lease, layer, ctx_len, shape, q, out, scratch),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attend_typed<E: KvElem>(
+        &mut self,
+        lease: &Lease,
+        layer: usize,
+        ctx_len: usize,
+        shape: AttnShape,
+        q: &[f32],
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), KvError> {
+        let l = self.layout;
+        let block_elems = l.page_size * l.token_elems();
+        let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
+        match &self.inner.store {
+            PageStore::Host(host) => {
+                let blocks = lease.pages.iter().enumerate().take(l.pages_for(ctx_len)).map(|(i, p)| {
+                    let page: &[E] = bytemuck::cast_slice(host.page(p.id));
+                    let n = (ctx_len - i * l.page_size).min(l.page_size);
+                    (&page[k_off..k_off + block_elems], &page[v_off..v_off + block_elems], n)
+                });
+                attention::attend(shape, q, blocks, out, scratch);
+            }
+            #[cfg(feature = "cuda")]
+            PageStore::Cuda(_) => {
+                // Device pages are copied to host first: gather the sequence's blocks once.
+                let mut gathered: Vec<E> = Vec::with_capacity(l.pages_for(ctx_len) * 2 * block_elems);
+                for p in lease.pages.iter().take(l.pages_for(ctx_len)) {
+                    let page: &[E] = bytemuck::cast_slice(self.inner.store.page(p.id, &mut self.scratch)?);
+                    gathered.extend_from_slice(&page[k_off..k_off + block_elems]);
+                    gathered.extend_from_slice(&page[v_off..v_off + block_elems]);
+                }
+                let blocks = gathered.chunks(2 * block_elems).enumerate().map(|(i, kv)| {
+                    let n = (ctx_len - i * l.page_size).min(l.page_size);
+                    (&kv[..block_elems], &kv[block_elems..], n)
+                });
+                attention::attend(shape, q, blocks, out, scratch);
+            }
+        }
+        Ok(())
+    }
+
+    /// The raw bytes of the lease's `index`-th page (what a handoff frame carries).
+    pub fn page_bytes(&mut self, lease: &Lease, index: usize) -> Result<Vec<u8>, KvError> {
+        let page = *lease.pages.get(index).ok_or(KvError::PastLease { pos: index * self.layout.page_size, capacity: lease.capacity() })?;
+        self.inner.alloc.check(lease.owner, page)?;
+        Ok(self.inner.store.page(page.id, &mut self.scratch)?.to_vec())
+    }
+
+    fn page_at(&self, lease: &Lease, pos: usize) -> Result<PageRef, KvError> {
+        let page = *lease
+            .pages
+            .get(pos / self.layout.page_size)
+            .ok_or(KvError::PastLease { pos, capacity: lease.capacity() })?;
+        self.inner.alloc.check(lease.owner, page)?;
+        Ok(page)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(pages: usize) -> Arc<KvPool> {
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 4, page_size: 2, dtype: KvDtype::F32 };
+        KvPool::host(layout, pages).unwrap()
+    }
+
+    #[test]
+    fn dropping_a_lease_frees_and_scrubs_its_pages() {
+        let pool = pool(2);
+        let lease = pool.lease(4).unwrap();
+        assert_eq!(pool.used_pages(), 2);
+        {
+            let mut g = pool.access();
+            for pos in 0..4 {
+                g.write_token(&lease, pos, 1, &[7.0; 4], &[9.0; 4]).unwrap();
+            }
+            assert!(g.page_bytes(&lease, 0).unwrap().iter().any(|b| *b != 0));
+        }
+        drop(lease);
+        assert_eq!(pool.used_pages(), 0);
+        let next = pool.lease(4).unwrap();
+        let mut g = pool.access();
+        for i in 0..2 {
+            assert!(g.page_bytes(&next, i).unwrap().iter().all(|b| *b == 0), "page {i} was not scrubbed");
+        }
+    }
+
+    #[test]
+    fn a_lease_cannot_write_past_its_pages() {
+        let pool = pool(4);
+        let lease = pool.lease(3).unwrap();
+        assert_eq!(lease.capacity(), 4);
+        let mut g = pool.access();
+        assert!(g.write_token(&lease, 3, 0, &[1.0; 4], &[1.0; 4]).is_ok());
+        assert!(matches!(g.write_token(&lease, 4, 0, &[1.0; 4], &[1.0; 4]), Err(KvError::PastLease { pos: 4, capacity: 4 })));
+    }
+
+    #[test]
+    fn attention_reads_only_through_the_page_table() {
+        // Two leases interleave their pages; each must see only its own values.
+        let pool = pool(4);
+        let a = pool.lease(2).unwrap();
+        let b = pool.lease(2).unwrap();
+        let shape = AttnShape { num_heads: 1, num_kv_heads: 1, head_dim: 4 };
+        let mut g = pool.access();
+        for pos in 0..2 {
+            g.write_token(&a, pos, 0, &[1.0; 4], &[1.0; 4]).unwrap();
+            g.write_token(&b, pos, 0, &[1.0; 4], &[5.0; 4]).unwrap();
+        }
+        let mut out = [0.0; 4];
+        g.attend(&a, 0, 2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        assert_eq!(out, [1.0; 4]);
+        g.attend(&b, 0, 2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        assert_eq!(out, [5.0; 4]);
+        assert!(g.verify(&a).is_ok() && g.verify(&b).is_ok());
+    }
+}

@@ -1,0 +1,3 @@
+//! kvgate's inference worker.
+
+pub mod kv;
