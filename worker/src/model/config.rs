@@ -1,0 +1,172 @@
+//! The model's `config.json`, mirrored field for field (Llama, Mistral and Qwen2 families).
+
+use serde::{Deserialize, Serialize};
+
+use super::ModelError;
+
+/// Architectures whose weights follow the Llama layout this worker implements.
+const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    #[serde(default)]
+    pub model_type: Option<String>,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    pub vocab_size: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Llama's switch for q/k/v biases; Qwen2 always has them.
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub max_position_embeddings: Option<usize>,
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    #[serde(default)]
+    pub eos_token_id: Option<TokenIds>,
+}
+
+/// `eos_token_id` is a number in some configs and a list in others.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+/// Llama 3's long-context frequency scaling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RopeScaling {
+    #[serde(alias = "type")]
+    pub rope_type: String,
+    #[serde(default)]
+    pub factor: Option<f64>,
+    #[serde(default)]
+    pub low_freq_factor: Option<f64>,
+    #[serde(default)]
+    pub high_freq_factor: Option<f64>,
+    #[serde(default)]
+    pub original_max_position_embeddings: Option<usize>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f64 {
+    10_000.0
+}
+
+impl ModelConfig {
+    pub fn from_json(text: &str) -> Result<Self, ModelError> {
+        let cfg: ModelConfig = serde_json::from_str(text).map_err(|e| ModelError::Config(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    pub fn qkv_bias(&self) -> bool {
+        self.attention_bias || self.is_qwen2()
+    }
+
+    fn is_qwen2(&self) -> bool {
+        self.architectures.iter().any(|a| a == "Qwen2ForCausalLM") || self.model_type.as_deref() == Some("qwen2")
+    }
+
+    pub fn eos_ids(&self) -> Vec<u32> {
+        match &self.eos_token_id {
+            Some(TokenIds::One(id)) => vec![*id],
+            Some(TokenIds::Many(ids)) => ids.clone(),
+            None => vec![],
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ModelError> {
+        if let Some(arch) = self.architectures.iter().find(|a| !SUPPORTED.contains(&a.as_str())) {
+            return Err(ModelError::UnsupportedArchitecture { found: arch.clone(), supported: SUPPORTED.join(", ") });
+        }
+        if let Some(scaling) = &self.rope_scaling {
+            if scaling.rope_type != "llama3" && scaling.rope_type != "default" {
+                return Err(ModelError::Config(format!(
+                    "rope_scaling.rope_type `{}` is not supported (llama3 or default)",
+                    scaling.rope_type
+                )));
+            }
+        }
+        let heads = self.num_attention_heads;
+        if heads == 0 || self.num_kv_heads() == 0 || heads % self.num_kv_heads() != 0 {
+            return Err(ModelError::Config(format!(
+                "num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads ({})",
+                self.num_kv_heads()
+            )));
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(ModelError::Config(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim())));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QWEN2: &str = r#"{"architectures":["Qwen2ForCausalLM"],"hidden_size":896,"intermediate_size":4864,
+        "num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,"vocab_size":151936,
+        "rms_norm_eps":1e-6,"rope_theta":1000000.0,"tie_word_embeddings":true,"eos_token_id":151643}"#;
+
+    const LLAMA3: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":2048,"intermediate_size":8192,
+        "num_hidden_layers":16,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
+        "rope_theta":500000.0,"rope_scaling":{"factor":32.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
+        "original_max_position_embeddings":8192,"rope_type":"llama3"},"eos_token_id":[128001,128008,128009]}"#;
+
+    #[test]
+    fn qwen2_config_has_qkv_bias_and_gqa() {
+        let c = ModelConfig::from_json(QWEN2).unwrap();
+        assert!(c.qkv_bias());
+        assert_eq!((c.num_kv_heads(), c.head_dim()), (2, 64));
+        assert_eq!(c.eos_ids(), vec![151643]);
+    }
+
+    #[test]
+    fn llama3_config_reads_scaling_and_eos_list() {
+        let c = ModelConfig::from_json(LLAMA3).unwrap();
+        assert!(!c.qkv_bias());
+        assert_eq!(c.rope_scaling.as_ref().unwrap().factor, Some(32.0));
+        assert_eq!(c.eos_ids(), vec![128001, 128008, 128009]);
+    }
+
+    #[test]
+    fn unsupported_architecture_is_named() {
+        let text = QWEN2.replace("Qwen2ForCausalLM", "GPT2LMHeadModel");
+        let err = ModelConfig::from_json(&text).unwrap_err().to_string();
+        assert!(err.contains("GPT2LMHeadModel") && err.contains("LlamaForCausalLM"), "{err}");
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        let err = ModelConfig::from_json(r#"{"hidden_size":8}"#).unwrap_err().to_string();
+        assert!(err.contains("intermediate_size"), "{err}");
+    }
+}

@@ -1,0 +1,177 @@
+//! The Llama decoder: embeddings, blocks of (RMSNorm, grouped-query attention over the paged
+//! pool, RMSNorm, SwiGLU MLP), final norm and LM head. Tensor names follow the checkpoint.
+
+use candle_core::{D, DType, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
+
+use super::config::ModelConfig;
+use super::rope::Rope;
+use crate::kv::{AttnShape, Lease, PoolGuard, Scratch};
+
+/// One sequence's share of a batched step: `tokens` at positions `start..start + tokens.len()`.
+#[derive(Debug)]
+pub struct SeqStep<'a> {
+    pub tokens: &'a [u32],
+    pub start: usize,
+    pub lease: &'a Lease,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Attention {
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    pub(crate) input_norm: RmsNorm,
+    pub(crate) attn: Attention,
+    pub(crate) post_norm: RmsNorm,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+#[derive(Debug, Clone)]
+pub struct Llama {
+    pub(crate) cfg: ModelConfig,
+    pub(crate) embed: Embedding,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) norm: RmsNorm,
+    pub(crate) lm_head: Linear,
+    pub(crate) rope: Rope,
+    pub(crate) device: Device,
+}
+
+fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
+    if bias { candle_nn::linear(i, o, vb) } else { candle_nn::linear_no_bias(i, o, vb) }
+}
+
+impl Block {
+    fn load(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim());
+        let (q_out, kv_out) = (cfg.num_attention_heads * hd, cfg.num_kv_heads() * hd);
+        let bias = cfg.qkv_bias();
+        let a = vb.pp("self_attn");
+        let m = vb.pp("mlp");
+        Ok(Block {
+            input_norm: candle_nn::rms_norm(h, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
+            attn: Attention {
+                q: linear(h, q_out, bias, a.pp("q_proj"))?,
+                k: linear(h, kv_out, bias, a.pp("k_proj"))?,
+                v: linear(h, kv_out, bias, a.pp("v_proj"))?,
+                o: linear(q_out, h, false, a.pp("o_proj"))?,
+            },
+            post_norm: candle_nn::rms_norm(h, cfg.rms_norm_eps, vb.pp("post_attention_layernorm"))?,
+            gate: linear(h, cfg.intermediate_size, false, m.pp("gate_proj"))?,
+            up: linear(h, cfg.intermediate_size, false, m.pp("up_proj"))?,
+            down: linear(cfg.intermediate_size, h, false, m.pp("down_proj"))?,
+        })
+    }
+
+    pub(crate) fn mlp(&self, x: &Tensor) -> Result<Tensor> {
+        let gated = (self.gate.forward(x)?.silu()? * self.up.forward(x)?)?;
+        self.down.forward(&gated)
+    }
+}
+
+impl Llama {
+    pub fn load(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let embed = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, vb.pp("model.embed_tokens"))?;
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| Block::load(cfg, vb.pp(format!("model.layers.{i}"))))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = candle_nn::rms_norm(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("model.norm"))?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::new(embed.embeddings().clone(), None)
+        } else {
+            candle_nn::linear_no_bias(cfg.hidden_size, cfg.vocab_size, vb.pp("lm_head"))?
+        };
+        Ok(Llama { cfg: cfg.clone(), embed, blocks, norm, lm_head, rope: Rope::new(cfg), device: vb.device().clone() })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub(crate) fn attn_shape(&self) -> AttnShape {
+        AttnShape {
+            num_heads: self.cfg.num_attention_heads,
+            num_kv_heads: self.cfg.num_kv_heads(),
+            head_dim: self.cfg.head_dim(),
+        }
+    }
+
+    /// Rotates `x` (`[n, heads * head_dim]`) by the positions' angles.
+    pub(crate) fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let n = x.dim(0)?;
+        let hd = self.cfg.head_dim();
+        let x = x.reshape((1, n, heads, hd))?.contiguous()?;
+        candle_nn::rotary_emb::rope_thd(&x, cos, sin)?.reshape((n, heads * hd))
+    }
+
+    /// Runs one batched step: every sequence's new tokens go through the model together, their
+    /// K/V are written into each sequence's own pages, and attention reads back through each
+    /// sequence's page table. Returns the logits of each sequence's last token, `[seqs, vocab]`.
+    pub fn forward(&self, steps: &[SeqStep], kv: &mut PoolGuard, scratch: &mut Scratch) -> Result<Tensor> {
+        let err = |e: crate::kv::KvError| candle_core::Error::Msg(format!("KV pool: {e}"));
+        for s in steps {
+            kv.verify(s.lease).map_err(|e| err(e.into()))?;
+        }
+        let ids: Vec<u32> = steps.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let positions: Vec<u32> =
+            steps.iter().flat_map(|s| (s.start..s.start + s.tokens.len()).map(|p| p as u32)).collect();
+        let n = ids.len();
+        let shape = self.attn_shape();
+        let (q_width, kv_width) = (shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim);
+        let (cos, sin) = self.rope.tables(&positions, &self.device)?;
+
+        let mut x = self.embed.forward(&Tensor::from_vec(ids, n, &self.device)?)?;
+        let mut out = vec![0.0f32; n * q_width];
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let h = block.input_norm.forward(&x)?;
+            let q = self.rotate(&block.attn.q.forward(&h)?, shape.num_heads, &cos, &sin)?;
+            let k = self.rotate(&block.attn.k.forward(&h)?, shape.num_kv_heads, &cos, &sin)?;
+            let v = block.attn.v.forward(&h)?;
+            let (q, k, v) = (to_vec(&q)?, to_vec(&k)?, to_vec(&v)?);
+
+            let mut row = 0;
+            for s in steps {
+                for i in 0..s.tokens.len() {
+                    let r = row + i;
+                    kv.write_token(s.lease, s.start + i, layer, &k[r * kv_width..][..kv_width], &v[r * kv_width..][..kv_width])
+                        .map_err(err)?;
+                }
+                for i in 0..s.tokens.len() {
+                    let r = row + i;
+                    kv.attend(s.lease, layer, s.start + i + 1, shape, &q[r * q_width..][..q_width], &mut out[r * q_width..][..q_width], scratch)
+                        .map_err(err)?;
+                }
+                row += s.tokens.len();
+            }
+            let attn = Tensor::from_slice(&out, (n, q_width), &self.device)?;
+            x = (x + block.attn.o.forward(&attn)?)?;
+            x = (&x + block.mlp(&block.post_norm.forward(&x)?)?)?;
+        }
+        let last: Vec<u32> = steps
+            .iter()
+            .scan(0u32, |end, s| {
+                *end += s.tokens.len() as u32;
+                Some(*end - 1)
+            })
+            .collect();
+        let last = x.index_select(&Tensor::new(last.as_slice(), &self.device)?, 0)?;
+        self.lm_head.forward(&self.norm.forward(&last)?)?.to_dtype(DType::F32)
+    }
+}
+
+pub(crate) fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
+/// Softmax over the last dimension (kept here so the reference path shares it).
+pub(crate) fn softmax_last(t: &Tensor) -> Result<Tensor> {
+    candle_nn::ops::softmax(t, D::Minus1)
+}

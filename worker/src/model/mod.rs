@@ -1,0 +1,95 @@
+//! The model: config, weights (built-in tiny or a checkpoint), forward pass and sampling.
+
+pub mod checkpoint;
+pub mod config;
+pub mod llama;
+mod reference;
+#[cfg(test)]
+mod tests;
+pub mod rope;
+pub mod sampling;
+pub mod tiny;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use thiserror::Error;
+use xxhash_rust::xxh3::xxh3_64;
+
+pub use config::ModelConfig;
+pub use llama::{Llama, SeqStep};
+pub use sampling::{Sampler, SamplingParams};
+
+use crate::kv::{KvDtype, KvLayout};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("model file not found: {0}")]
+    MissingFile(PathBuf),
+    #[error("reading {0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    #[error("bad model config: {0}")]
+    Config(String),
+    #[error("unsupported architecture `{found}` (supported: {supported})")]
+    UnsupportedArchitecture { found: String, supported: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("loading weights: {0}")]
+    Weights(#[from] candle_core::Error),
+}
+
+/// Where to get the model from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    Tiny,
+    Dir(PathBuf),
+}
+
+impl std::str::FromStr for ModelSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(if s == "tiny" { ModelSource::Tiny } else { ModelSource::Dir(PathBuf::from(s)) })
+    }
+}
+
+/// A loaded model with everything serving needs to know about it.
+#[derive(Debug)]
+pub struct Model {
+    pub name: String,
+    pub llama: Llama,
+    pub tokenizer: Tokenizer,
+    pub fingerprint: String,
+    pub eos: Vec<u32>,
+}
+
+impl Model {
+    pub fn load(source: &ModelSource, device: &Device) -> Result<Self, ModelError> {
+        match source {
+            ModelSource::Tiny => Self::tiny(device),
+            ModelSource::Dir(dir) => Self::from_dir(dir, device),
+        }
+    }
+
+    pub fn tiny(device: &Device) -> Result<Self, ModelError> {
+        let cfg = tiny::config();
+        let llama = Llama::load(&cfg, tiny::var_builder(device)?)?;
+        let text = serde_json::to_string(&cfg).map_err(|e| ModelError::Config(e.to_string()))?;
+        let fingerprint = format!("{:016x}", xxh3_64(format!("tiny-r{}:{text}", tiny::TINY_REVISION).as_bytes()));
+        Ok(Model { name: "tiny".into(), eos: cfg.eos_ids(), llama, tokenizer: Tokenizer::Bytes, fingerprint })
+    }
+
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        let ckpt = checkpoint::Checkpoint::open(dir)?;
+        let tokenizer = Tokenizer::from_file(&ckpt.tokenizer)?;
+        let llama = Llama::load(&ckpt.config, ckpt.var_builder(DType::F32, device)?)?;
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(Model { name, eos: ckpt.config.eos_ids(), fingerprint: ckpt.fingerprint()?, llama, tokenizer })
+    }
+
+    /// The KV layout this model needs with the given page size and dtype.
+    pub fn kv_layout(&self, page_size: usize, dtype: KvDtype) -> KvLayout {
+        let c = self.llama.config();
+        KvLayout { num_layers: c.num_hidden_layers, num_kv_heads: c.num_kv_heads(), head_dim: c.head_dim(), page_size, dtype }
+    }
+}

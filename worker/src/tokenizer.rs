@@ -1,0 +1,110 @@
+//! Text <-> token ids: the tiny model's byte-level tokenizer, or a checkpoint's `tokenizer.json`.
+
+use std::path::Path;
+
+use crate::model::ModelError;
+
+/// The byte tokenizer's begin-of-sequence id (bytes are 0..=255).
+pub const BOS: u32 = 256;
+/// The byte tokenizer's end-of-sequence id.
+pub const EOS: u32 = 257;
+
+pub enum Tokenizer {
+    /// One token per byte, with BOS prepended.
+    Bytes,
+    Hf(Box<tokenizers::Tokenizer>),
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tokenizer::Bytes => "Tokenizer::Bytes",
+            Tokenizer::Hf(_) => "Tokenizer::Hf",
+        })
+    }
+}
+
+impl Tokenizer {
+    pub fn from_file(path: &Path) -> Result<Self, ModelError> {
+        let t = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Tokenizer::Hf(Box::new(t)))
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        match self {
+            Tokenizer::Bytes => Ok(std::iter::once(BOS).chain(text.bytes().map(u32::from)).collect()),
+            Tokenizer::Hf(t) => Ok(t.encode(text, true).map_err(|e| ModelError::Tokenizer(e.to_string()))?.get_ids().to_vec()),
+        }
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        match self {
+            Tokenizer::Bytes => {
+                let bytes: Vec<u8> = ids.iter().filter(|&&id| id < 256).map(|&id| id as u8).collect();
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+            Tokenizer::Hf(t) => t.decode(ids, true).map_err(|e| ModelError::Tokenizer(e.to_string())),
+        }
+    }
+}
+
+/// Turns a growing list of generated ids into text pieces that concatenate to the full decode,
+/// holding back a trailing partial character until the bytes that finish it arrive.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    emitted: usize,
+}
+
+impl StreamDecoder {
+    /// Adds one id; returns the newly complete text (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, ModelError> {
+        self.ids.push(id);
+        let text = tok.decode(&self.ids)?;
+        if text.ends_with('\u{FFFD}') {
+            return Ok(String::new());
+        }
+        Ok(self.take_from(text))
+    }
+
+    /// Whatever is still held back, at the end of generation.
+    pub fn finish(&mut self, tok: &Tokenizer) -> Result<String, ModelError> {
+        let text = tok.decode(&self.ids)?;
+        Ok(self.take_from(text))
+    }
+
+    fn take_from(&mut self, text: String) -> String {
+        let piece = text.get(self.emitted..).unwrap_or("").to_string();
+        self.emitted = text.len();
+        piece
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_with_bos() {
+        let t = Tokenizer::Bytes;
+        let ids = t.encode("héllo").unwrap();
+        assert_eq!(ids[0], BOS);
+        assert_eq!(ids.len(), 1 + "héllo".len());
+        assert_eq!(t.decode(&ids).unwrap(), "héllo");
+    }
+
+    #[test]
+    fn stream_pieces_concatenate_to_the_whole_text() {
+        let t = Tokenizer::Bytes;
+        let ids: Vec<u32> = "aé€b".bytes().map(u32::from).collect();
+        let mut d = StreamDecoder::default();
+        let mut pieces = Vec::new();
+        for id in &ids {
+            pieces.push(d.push(&t, *id).unwrap());
+        }
+        pieces.push(d.finish(&t).unwrap());
+        assert_eq!(pieces.concat(), "aé€b");
+        assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{pieces:?}");
+    }
+}
