@@ -1,5 +1,11 @@
 //! kvgate's inference worker.
 
+pub mod cli;
+pub mod commands;
+pub mod engine;
 pub mod kv;
+pub mod metrics;
 pub mod model;
+pub mod server;
+pub mod setup;
 pub mod tokenizer;

@@ -61,6 +61,14 @@ impl KvPool {
         Ok(Self::new(layout, store, num_pages, "cpu".into(), true))
     }
 
+    /// The same pool, but freed pages keep their bytes (the generation check still guards them).
+    /// Only valid before any lease is taken.
+    pub fn without_scrub(self: Arc<Self>) -> Arc<Self> {
+        let mut this = Arc::try_unwrap(self).expect("without_scrub before the pool is shared");
+        this.scrub_on_free = false;
+        Arc::new(this)
+    }
+
     pub fn layout(&self) -> &KvLayout {
         &self.layout
     }

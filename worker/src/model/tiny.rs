@@ -27,7 +27,7 @@ pub fn config() -> ModelConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 10_000.0,
         rope_scaling: None,
-        tie_word_embeddings: true,
+        tie_word_embeddings: false,
         attention_bias: false,
         max_position_embeddings: Some(1 << 21),
         bos_token_id: Some(BOS),
@@ -43,6 +43,7 @@ pub fn var_builder(device: &Device) -> Result<VarBuilder<'static>> {
     let mut shapes: Vec<(String, Vec<usize>)> = vec![
         ("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h]),
         ("model.norm.weight".into(), vec![h]),
+        ("lm_head.weight".into(), vec![cfg.vocab_size, h]),
     ];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
@@ -66,8 +67,17 @@ pub fn var_builder(device: &Device) -> Result<VarBuilder<'static>> {
             vec![1.0; len]
         } else {
             // Uniform in +-sqrt(3 / fan_in): unit variance after the projection.
-            let scale = (3.0 / *shape.last().unwrap() as f32).sqrt() * if name.contains("embed") { 8.0 } else { 1.0 };
-            (0..len).map(|_| rng.next_unit() * scale).collect()
+            let scale = (3.0 / *shape.last().unwrap() as f32).sqrt() * if name.contains("embed") { 4.0 } else { 1.0 };
+            let mut v: Vec<f32> = (0..len).map(|_| rng.next_unit() * scale).collect();
+            if name == "lm_head.weight" {
+                // Zero the rows of unprintable bytes so greedy output is readable ASCII.
+                for (token, row) in v.chunks_mut(h).enumerate() {
+                    if token < 256 && !(0x20..0x7f).contains(&token) && token != b'\n' as usize {
+                        row.fill(0.0);
+                    }
+                }
+            }
+            v
         };
         tensors.insert(name, Tensor::from_vec(values, shape, device)?);
     }

@@ -1,0 +1,4 @@
+//! One module per `kvgate-worker` subcommand.
+
+pub mod local;
+pub mod probe;

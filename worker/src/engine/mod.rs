@@ -1,0 +1,95 @@
+//! The generation engine: admission in the caller's thread, the model on its own thread.
+
+pub mod admission;
+pub mod request;
+pub mod scheduler;
+mod sequence;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+pub use admission::{Limits, Rejection};
+pub use request::{Event, FinishReason, GenerateRequest};
+pub use scheduler::SchedulerConfig;
+
+use crate::kv::KvPool;
+use crate::metrics::Metrics;
+use crate::model::{Model, SamplingParams};
+
+/// A cheap, cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct Engine {
+    inbox: std::sync::mpsc::Sender<GenerateRequest>,
+    limits: Limits,
+    alive: Arc<AtomicBool>,
+    pub model: Arc<Model>,
+    pub pool: Arc<KvPool>,
+    pub metrics: Metrics,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("limits", &self.limits).finish()
+    }
+}
+
+impl Engine {
+    /// Starts the scheduler thread. `window` is the declared context window.
+    pub fn start(model: Arc<Model>, pool: Arc<KvPool>, window: usize, metrics: Metrics, config: SchedulerConfig) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let alive = Arc::new(AtomicBool::new(true));
+        metrics.pool_capacity_tokens.set(pool.capacity_tokens() as i64);
+        metrics.pool_pages.set(pool.num_pages() as i64);
+        metrics.context_window_tokens.set(window as i64);
+        metrics.observe_pool(0, pool.layout().page_size);
+        let scheduler = scheduler::Scheduler::new(model.clone(), pool.clone(), metrics.clone(), config);
+        let flag = alive.clone();
+        std::thread::Builder::new()
+            .name("kvgate-engine".into())
+            .spawn(move || {
+                // Clears the flag however the loop ends, panics included.
+                struct Alive(Arc<AtomicBool>);
+                impl Drop for Alive {
+                    fn drop(&mut self) {
+                        self.0.store(false, Ordering::SeqCst);
+                    }
+                }
+                let _alive = Alive(flag);
+                scheduler.run(rx);
+            })
+            .expect("spawn engine thread");
+        Engine { inbox: tx, limits: Limits { window, pool_tokens: pool.capacity_tokens() }, alive, model, pool, metrics }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// False once the engine thread has stopped (it only stops on a bug).
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Admits and queues a request. Rejections happen here, before any page is reserved.
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+    ) -> Result<mpsc::UnboundedReceiver<Event>, Rejection> {
+        let arrived = Instant::now();
+        admission::admit(self.limits, prompt.len(), max_tokens)?;
+        let (events, rx) = mpsc::unbounded_channel();
+        let req = GenerateRequest { prompt, max_tokens, sampling, arrived, events };
+        if self.inbox.send(req).is_err() {
+            // Only reachable if the engine thread died; surface it as a failed request.
+            let (tx, rx) = mpsc::unbounded_channel();
+            let _ = tx.send(Event::Failed("engine is not running".into()));
+            return Ok(rx);
+        }
+        Ok(rx)
+    }
+}

@@ -1,0 +1,194 @@
+//! The continuous-batching loop: every step, waiting requests join as soon as their pages are
+//! free, prompts are prefilled in chunks under a token budget, and every running sequence
+//! advances by one token in the same batched forward pass.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+
+use super::admission::Rejection;
+use super::request::{Event, GenerateRequest};
+use super::sequence::Sequence;
+use crate::kv::{AllocError, KvPool, Scratch};
+use crate::metrics::Metrics;
+use crate::model::{Model, SeqStep};
+
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerConfig {
+    /// Most prompt + decode tokens in one forward pass.
+    pub max_batch_tokens: usize,
+    /// How long a request may wait for free pages before it gets 503.
+    pub admission_timeout: Duration,
+}
+
+pub struct Scheduler {
+    pub model: Arc<Model>,
+    pub pool: Arc<KvPool>,
+    pub metrics: Metrics,
+    pub config: SchedulerConfig,
+    waiting: VecDeque<GenerateRequest>,
+    running: Vec<Sequence>,
+    scratch: Scratch,
+}
+
+impl Scheduler {
+    pub fn new(model: Arc<Model>, pool: Arc<KvPool>, metrics: Metrics, config: SchedulerConfig) -> Self {
+        Scheduler { model, pool, metrics, config, waiting: VecDeque::new(), running: Vec::new(), scratch: Scratch::default() }
+    }
+
+    /// Runs until every sender of `inbox` is gone and all work is done.
+    pub fn run(mut self, inbox: Receiver<GenerateRequest>) {
+        loop {
+            let idle = self.running.is_empty() && self.waiting.is_empty();
+            let received = if idle {
+                inbox.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            } else if self.running.is_empty() {
+                // Only waiting requests: poll for freed pages without spinning.
+                inbox.recv_timeout(Duration::from_millis(2))
+            } else {
+                inbox.try_recv().map_err(|e| match e {
+                    std::sync::mpsc::TryRecvError::Empty => RecvTimeoutError::Timeout,
+                    std::sync::mpsc::TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                })
+            };
+            match received {
+                Ok(req) => {
+                    self.waiting.push_back(req);
+                    self.waiting.extend(inbox.try_iter());
+                }
+                Err(RecvTimeoutError::Disconnected) if idle => return,
+                Err(_) => {}
+            }
+            self.admit();
+            if !self.running.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    /// Moves waiting requests into the running set, first come first served, while pages last.
+    fn admit(&mut self) {
+        while let Some(req) = self.waiting.front() {
+            if req.events.is_closed() {
+                self.waiting.pop_front();
+                continue;
+            }
+            match self.pool.lease(req.prompt.len() + req.max_tokens) {
+                Ok(lease) => {
+                    let req = self.waiting.pop_front().unwrap();
+                    self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
+                    self.running.push(Sequence::new(req, lease));
+                }
+                Err(AllocError::NeverFits { requested, total }) => {
+                    // Admission already checks this; keep the pool's word as the last one.
+                    let req = self.waiting.pop_front().unwrap();
+                    let page = self.pool.layout().page_size;
+                    let _ = req.events.send(Event::Rejected(Rejection::NeverFits {
+                        prompt: req.prompt.len(),
+                        max_tokens: req.max_tokens,
+                        needed: requested * page,
+                        capacity: total * page,
+                    }));
+                }
+                Err(AllocError::Insufficient { .. }) => break,
+            }
+        }
+        let timeout = self.config.admission_timeout;
+        self.waiting.retain(|req| {
+            let waited = req.arrived.elapsed();
+            if waited < timeout {
+                return true;
+            }
+            let _ = req.events.send(Event::Rejected(Rejection::pool_busy(waited)));
+            false
+        });
+        self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
+    }
+
+    /// One batched forward pass over every running sequence.
+    fn step(&mut self) {
+        self.running.retain(|s| !s.client_gone());
+        let mut budget = self.config.max_batch_tokens;
+        // (index into running, tokens this step)
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        // Decodes first: a running sequence must never stall behind a long prompt.
+        let (decoding, prefilling): (Vec<usize>, Vec<usize>) =
+            (0..self.running.len()).partition(|&i| self.running[i].pending() == 1);
+        for i in decoding.into_iter().chain(prefilling) {
+            if budget == 0 {
+                break;
+            }
+            let n = self.running[i].pending().min(budget);
+            budget -= n;
+            plan.push((i, n));
+        }
+        let logits = {
+            let steps: Vec<SeqStep> = plan
+                .iter()
+                .map(|&(i, n)| {
+                    let s = &self.running[i];
+                    SeqStep { tokens: &s.tokens[s.cached..s.cached + n], start: s.cached, lease: &s.lease }
+                })
+                .collect();
+            let mut guard = self.pool.access();
+            self.model.llama.forward(&steps, &mut guard, &mut self.scratch)
+        };
+        match logits {
+            Ok(logits) => self.sample(&plan, &logits),
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed; failing the batch");
+                for &(i, _) in &plan {
+                    self.running[i].send(Event::Failed(format!("model step failed: {e}")));
+                }
+                let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                let mut index = 0;
+                self.running.retain(|_| {
+                    index += 1;
+                    !failed.contains(&(index - 1))
+                });
+            }
+        }
+        self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
+    }
+
+    fn sample(&mut self, plan: &[(usize, usize)], logits: &Tensor) {
+        let now = Instant::now();
+        for (row, &(i, n)) in plan.iter().enumerate() {
+            let s = &mut self.running[i];
+            s.cached += n;
+            if s.pending() > 0 {
+                continue; // prompt chunk: nothing to sample yet
+            }
+            let row_logits = match logits.get(row).and_then(|r| r.to_vec1::<f32>()) {
+                Ok(v) => v,
+                Err(e) => {
+                    s.send(Event::Failed(format!("reading logits: {e}")));
+                    continue;
+                }
+            };
+            let token = s.sampler.sample(&row_logits);
+            s.tokens.push(token);
+            match s.last_token_at {
+                None => self.metrics.ttft.observe((now - s.req.arrived).as_secs_f64()),
+                Some(prev) => self.metrics.inter_token.observe((now - prev).as_secs_f64()),
+            }
+            s.last_token_at = Some(now);
+            self.metrics.generation_tokens.inc();
+            s.send(Event::Token(token));
+        }
+        let eos = &self.model.eos;
+        let metrics = &self.metrics;
+        // Dropping a finished sequence drops its lease: its pages are scrubbed and freed here.
+        self.running.retain(|s| match s.finished(eos) {
+            Some(finish) => {
+                metrics.duration.observe(s.req.arrived.elapsed().as_secs_f64());
+                s.send(Event::Done { finish, prompt_tokens: s.prompt_len(), completion_tokens: s.generated() });
+                false
+            }
+            None => true,
+        });
+    }
+}

@@ -1,0 +1,58 @@
+//! One running request inside the scheduler: its tokens, its pages and its progress.
+
+use std::time::Instant;
+
+use super::request::{Event, FinishReason, GenerateRequest};
+use crate::kv::Lease;
+use crate::model::Sampler;
+
+#[derive(Debug)]
+pub struct Sequence {
+    pub req: GenerateRequest,
+    pub lease: Lease,
+    pub sampler: Sampler,
+    /// Prompt followed by every token generated so far.
+    pub tokens: Vec<u32>,
+    /// Tokens whose K/V are already in the pool.
+    pub cached: usize,
+    pub last_token_at: Option<Instant>,
+}
+
+impl Sequence {
+    pub fn new(req: GenerateRequest, lease: Lease) -> Self {
+        Sequence { sampler: crate::model::Sampler::new(req.sampling), tokens: req.prompt.clone(), req, lease, cached: 0, last_token_at: None }
+    }
+
+    pub fn prompt_len(&self) -> usize {
+        self.req.prompt.len()
+    }
+
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len()
+    }
+
+    /// Tokens still to be run through the model before the next sample.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.cached
+    }
+
+    pub fn client_gone(&self) -> bool {
+        self.req.events.is_closed()
+    }
+
+    /// Why this sequence is complete, if it is.
+    pub fn finished(&self, eos: &[u32]) -> Option<FinishReason> {
+        if self.generated() > 0 && eos.contains(self.tokens.last().unwrap()) {
+            Some(FinishReason::Stop)
+        } else if self.generated() >= self.req.max_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
+    pub fn send(&self, event: Event) {
+        // A closed channel means the client left; the scheduler notices and frees the pages.
+        let _ = self.req.events.send(event);
+    }
+}

@@ -1,0 +1,102 @@
+//! The worker's Prometheus metrics. Base units, `_total` counters, bounded labels; every known
+//! label value starts at zero so rates and alerts work from the first scrape.
+
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+
+use crate::engine::admission::Rejection;
+
+/// HTTP status codes the worker answers with (the `code` label).
+pub const CODES: [&str; 7] = ["200", "400", "404", "413", "500", "502", "503"];
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub pool_capacity_tokens: IntGauge,
+    pub pool_used_tokens: IntGauge,
+    pub pool_pages: IntGauge,
+    pub pool_pages_in_use: IntGauge,
+    pub context_window_tokens: IntGauge,
+    pub requests: IntCounterVec,
+    pub rejected: IntCounterVec,
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    pub duration: Histogram,
+    pub prompt_tokens: IntCounter,
+    pub generation_tokens: IntCounter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn opts(name: &str, help: &str, role: &str) -> Opts {
+    Opts::new(name, help).const_label("role", role)
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, role: &str, buckets: Vec<f64>) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).const_label("role", role).buckets(buckets)).unwrap();
+    registry.register(Box::new(h.clone())).unwrap();
+    h
+}
+
+impl Metrics {
+    /// Metrics for one worker role, registered in `registry` (roles of one process share it).
+    pub fn new(registry: &Registry, role: &str) -> Self {
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::with_opts(opts(name, help, role)).unwrap();
+            registry.register(Box::new(g.clone())).unwrap();
+            g
+        };
+        let counter_vec = |name: &str, help: &str, label: &str, values: &[&str]| {
+            let c = IntCounterVec::new(opts(name, help, role), &[label]).unwrap();
+            for v in values {
+                c.with_label_values(&[*v]);
+            }
+            registry.register(Box::new(c.clone())).unwrap();
+            c
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::with_opts(opts(name, help, role)).unwrap();
+            registry.register(Box::new(c.clone())).unwrap();
+            c
+        };
+        let latency = || prometheus::exponential_buckets(0.001, 2.0, 16).unwrap();
+        Metrics {
+            registry: registry.clone(),
+            pool_capacity_tokens: gauge("kvgate_kv_pool_capacity_tokens", "Measured KV pool capacity: tokens in the pages really allocated."),
+            pool_used_tokens: gauge("kvgate_kv_pool_used_tokens", "Tokens of KV pool capacity held by live sequences (whole pages)."),
+            pool_pages: gauge("kvgate_kv_pool_pages", "Pages allocated in the KV pool."),
+            pool_pages_in_use: gauge("kvgate_kv_pool_pages_in_use", "KV pool pages held by live sequences or reservations."),
+            context_window_tokens: gauge("kvgate_context_window_tokens", "Declared context window, in tokens."),
+            requests: counter_vec("kvgate_requests_total", "Completion requests answered, by HTTP status code.", "code", &CODES),
+            rejected: counter_vec("kvgate_requests_rejected_total", "Requests rejected before generation, by reason.", "reason", &Rejection::REASONS),
+            ttft: histogram(registry, "kvgate_time_to_first_token_seconds", "Time from request arrival to its first generated token.", role, latency()),
+            inter_token: histogram(registry, "kvgate_inter_token_latency_seconds", "Time between consecutive generated tokens of one request.", role, latency()),
+            duration: histogram(registry, "kvgate_request_duration_seconds", "Time from request arrival to its last token.", role, prometheus::exponential_buckets(0.005, 2.0, 16).unwrap()),
+            prompt_tokens: counter("kvgate_prompt_tokens_total", "Prompt tokens of admitted requests."),
+            generation_tokens: counter("kvgate_generation_tokens_total", "Tokens generated."),
+        }
+    }
+
+    /// Records the pool's page usage after it changed.
+    pub fn observe_pool(&self, used_pages: usize, page_size: usize) {
+        self.pool_pages_in_use.set(used_pages as i64);
+        self.pool_used_tokens.set((used_pages * page_size) as i64);
+    }
+}
+
+/// `kvgate_build_info`, once per process.
+pub fn register_build_info(registry: &Registry) {
+    let g = IntGaugeVec::new(Opts::new("kvgate_build_info", "Build of this kvgate binary (always 1)."), &["version", "component"]).unwrap();
+    g.with_label_values(&[env!("CARGO_PKG_VERSION"), "worker"]).set(1);
+    registry.register(Box::new(g)).unwrap();
+}
+
+/// The text exposition of everything in `registry`.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut buf).unwrap();
+    String::from_utf8(buf).unwrap()
+}

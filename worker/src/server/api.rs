@@ -1,0 +1,197 @@
+//! OpenAI request bodies, parsed strictly enough to name the field that is wrong.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::model::SamplingParams;
+
+/// Most tokens one request may ask to generate.
+pub const MAX_TOKENS_LIMIT: u32 = 1 << 20;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Batch(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    pub max_tokens: Option<u32>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Content,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// Fields shared by both endpoints.
+#[derive(Debug, Deserialize, Default)]
+pub struct Common {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub n: Option<u32>,
+}
+
+/// Parses a JSON body; a failure names the field path (`max_tokens`, `messages[1].content`).
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::invalid("body", format!("request body is not valid JSON: {inner}"))
+        } else if path == "." {
+            ApiError::invalid("body", format!("invalid request: {inner}"))
+        } else {
+            ApiError::invalid(path.clone(), format!("invalid `{path}`: {inner}"))
+        }
+    })
+}
+
+impl Common {
+    pub fn sampling(&self) -> Result<SamplingParams, ApiError> {
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid("temperature", format!("`temperature` must be between 0 and 2, got {temperature}")));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid("top_p", format!("`top_p` must be in (0, 1], got {top_p}")));
+        }
+        if let Some(n) = self.n.filter(|n| *n != 1) {
+            return Err(ApiError::invalid("n", format!("`n` must be 1 (one choice per request), got {n}")));
+        }
+        Ok(SamplingParams { temperature, top_p, seed: self.seed })
+    }
+}
+
+pub fn check_max_tokens(field: &str, value: u32) -> Result<usize, ApiError> {
+    if value == 0 || value > MAX_TOKENS_LIMIT {
+        return Err(ApiError::invalid(field, format!("`{field}` must be between 1 and {MAX_TOKENS_LIMIT}, got {value}")));
+    }
+    Ok(value as usize)
+}
+
+impl CompletionRequest {
+    pub fn prompt_text(&self) -> Result<&str, ApiError> {
+        match &self.prompt {
+            Prompt::Text(t) => Ok(t),
+            Prompt::Batch(v) if v.len() == 1 => Ok(&v[0]),
+            Prompt::Batch(v) => {
+                Err(ApiError::invalid("prompt", format!("`prompt` must be one string (batches are not supported), got {}", v.len())))
+            }
+        }
+    }
+}
+
+impl ChatRequest {
+    /// Renders the conversation with a plain role-tagged template the tiny model and generic
+    /// checkpoints accept.
+    pub fn render(&self) -> Result<String, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "`messages` must hold at least one message"));
+        }
+        let mut out = String::new();
+        for (i, m) in self.messages.iter().enumerate() {
+            if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "developer" | "tool") {
+                return Err(ApiError::invalid(format!("messages[{i}].role"), format!("unknown role `{}`", m.role)));
+            }
+            let text = match &m.content {
+                Content::Text(t) => t.clone(),
+                Content::Parts(parts) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::invalid(
+                                    format!("messages[{i}].content[{j}]"),
+                                    format!("only text parts are supported, got `{}`", p.kind),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            out.push_str(&format!("<|{}|>\n{}\n", m.role, text));
+        }
+        out.push_str("<|assistant|>\n");
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrong_type_names_its_field() {
+        let e = parse::<CompletionRequest>(br#"{"prompt":"hi","max_tokens":"ten"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(e.message.contains("max_tokens"), "{}", e.message);
+        let e = parse::<ChatRequest>(br#"{"messages":[{"role":"user","content":"a"},{"role":"user"}]}"#).unwrap_err();
+        assert!(e.message.contains("content") || e.param.as_deref().unwrap().starts_with("messages"), "{}", e.message);
+    }
+
+    #[test]
+    fn broken_json_is_reported_as_such() {
+        let e = parse::<CompletionRequest>(b"{\"prompt\": ").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("body"));
+        assert!(e.message.contains("not valid JSON"));
+    }
+
+    #[test]
+    fn sampling_limits_are_enforced() {
+        let c = Common { temperature: Some(3.0), ..Default::default() };
+        assert_eq!(c.sampling().unwrap_err().param.as_deref(), Some("temperature"));
+        let c = Common { top_p: Some(0.0), ..Default::default() };
+        assert_eq!(c.sampling().unwrap_err().param.as_deref(), Some("top_p"));
+        let c = Common { n: Some(2), ..Default::default() };
+        assert_eq!(c.sampling().unwrap_err().param.as_deref(), Some("n"));
+        assert_eq!(check_max_tokens("max_tokens", 0).unwrap_err().param.as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn chat_renders_roles_in_order() {
+        let r: ChatRequest = parse(br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#).unwrap();
+        assert_eq!(r.render().unwrap(), "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
+        let r: ChatRequest = parse(br#"{"messages":[{"role":"wizard","content":"x"}]}"#).unwrap();
+        assert_eq!(r.render().unwrap_err().param.as_deref(), Some("messages[0].role"));
+    }
+}

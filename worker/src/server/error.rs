@@ -1,0 +1,55 @@
+//! OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::engine::Rejection;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub code: &'static str,
+    pub param: Option<String>,
+    pub message: String,
+}
+
+impl ApiError {
+    /// A bad request naming the offending field.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            code: "invalid_value",
+            param: Some(param.into()),
+            message: message.into(),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", code: "internal_error", param: None, message: message.into() }
+    }
+}
+
+impl From<Rejection> for ApiError {
+    fn from(r: Rejection) -> Self {
+        let (status, kind, param) = match r {
+            Rejection::ContextLength { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", Some("messages_or_prompt")),
+            Rejection::NeverFits { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("prompt")),
+            Rejection::PoolBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", None),
+            Rejection::EmptyPrompt => (StatusCode::BAD_REQUEST, "invalid_request_error", Some("prompt")),
+        };
+        ApiError { status, kind, code: r.reason(), param: param.map(str::to_string), message: r.to_string() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code }
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
