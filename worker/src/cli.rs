@@ -63,18 +63,18 @@ pub struct EngineArgs {
 }
 
 #[derive(Debug, Args, Clone)]
-#[group(id = "pool-size", multiple = false)]
+#[group(skip)]
 pub struct PoolArgs {
     /// KV pool size in bytes (rounded down to whole pages).
-    #[arg(long, group = "pool-size")]
+    #[arg(long, conflicts_with_all = ["kv_pool_tokens", "kv_memory_fraction"])]
     pub kv_pool_bytes: Option<u64>,
     /// KV pool size in tokens (rounded up to whole pages).
-    #[arg(long, group = "pool-size")]
+    #[arg(long, conflicts_with = "kv_memory_fraction")]
     pub kv_pool_tokens: Option<u64>,
     /// KV pool size as a fraction (0, 1] of the memory this process may use after loading the
     /// model (respects the cgroup limit). Without any size flag the pool holds four times the
     /// context window.
-    #[arg(long, group = "pool-size")]
+    #[arg(long)]
     pub kv_memory_fraction: Option<f64>,
     /// Tokens per KV page (a power of two).
     #[arg(long, default_value_t = 16, value_parser = parse_page_size)]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use super::admission::Rejection;
-use super::request::{Event, GenerateRequest};
+use super::request::{Event, FinishReason, GenerateRequest};
 use super::sequence::Sequence;
 use crate::kv::{AllocError, KvPool, Scratch};
 use crate::metrics::Metrics;
@@ -144,14 +144,22 @@ impl Scheduler {
                     self.running[i].send(Event::Failed(format!("model step failed: {e}")));
                 }
                 let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
-                let mut index = 0;
-                self.running.retain(|_| {
-                    index += 1;
-                    !failed.contains(&(index - 1))
-                });
+                let mut index = 0..;
+                self.running.retain(|_| !failed.contains(&index.next().unwrap()));
             }
         }
         self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
+    }
+
+    /// Frees a finished sequence's pages (scrubbed), *then* tells the client: by the time an
+    /// answer arrives, its KV is gone.
+    fn complete(&mut self, s: Sequence, finish: FinishReason) {
+        self.metrics.duration.observe(s.req.arrived.elapsed().as_secs_f64());
+        let done = Event::Done { finish, prompt_tokens: s.prompt_len(), completion_tokens: s.generated() };
+        let events = s.req.events.clone();
+        drop(s);
+        self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
+        let _ = events.send(done);
     }
 
     fn sample(&mut self, plan: &[(usize, usize)], logits: &Tensor) {
@@ -179,16 +187,15 @@ impl Scheduler {
             self.metrics.generation_tokens.inc();
             s.send(Event::Token(token));
         }
-        let eos = &self.model.eos;
-        let metrics = &self.metrics;
-        // Dropping a finished sequence drops its lease: its pages are scrubbed and freed here.
-        self.running.retain(|s| match s.finished(eos) {
-            Some(finish) => {
-                metrics.duration.observe(s.req.arrived.elapsed().as_secs_f64());
-                s.send(Event::Done { finish, prompt_tokens: s.prompt_len(), completion_tokens: s.generated() });
-                false
+        let mut i = 0;
+        while i < self.running.len() {
+            match self.running[i].finished(&self.model.eos) {
+                Some(finish) => {
+                    let s = self.running.remove(i);
+                    self.complete(s, finish);
+                }
+                None => i += 1,
             }
-            None => true,
-        });
+        }
     }
 }

@@ -1,0 +1,225 @@
+//! The OpenAI-compatible API of a real `kvgate-worker local` process, over loopback.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::Worker;
+
+#[tokio::test]
+async fn completion_answers_with_text_usage_and_finish_reason() {
+    let w = Worker::local(&[]);
+    let (status, body) = w.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 5, "temperature": 0})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["model"], "tiny");
+    assert!(body["id"].as_str().unwrap().starts_with("cmpl-"));
+    let choice = &body["choices"][0];
+    assert!(matches!(choice["finish_reason"].as_str(), Some("length" | "stop")));
+    // Byte tokenizer: BOS + 5 bytes.
+    assert_eq!(body["usage"]["prompt_tokens"], 6);
+    let completion = body["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((1..=5).contains(&completion));
+    assert_eq!(body["usage"]["total_tokens"].as_u64().unwrap(), 6 + completion);
+    assert!(!choice["text"].as_str().unwrap().is_empty() || choice["finish_reason"] == "stop");
+}
+
+#[tokio::test]
+async fn greedy_output_is_deterministic_and_prompt_dependent() {
+    let w = Worker::local(&[]);
+    let a = w.complete("The quick brown fox", 24).await;
+    assert_eq!(a, w.complete("The quick brown fox", 24).await);
+    assert_ne!(a, w.complete("jumps over the lazy dog", 24).await);
+}
+
+#[tokio::test]
+async fn streaming_chunks_add_up_to_the_whole_answer() {
+    let w = Worker::local(&[]);
+    let whole = w.complete("stream me", 20).await;
+    let (status, datas) = w.stream("/v1/completions", &json!({"prompt": "stream me", "max_tokens": 20, "temperature": 0, "stream": true})).await;
+    assert_eq!(status, 200);
+    assert_eq!(datas.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = datas[..datas.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let text: String = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+    assert_eq!(text, whole);
+    let last = chunks.last().unwrap();
+    assert!(last["choices"][0]["finish_reason"].is_string());
+    assert_eq!(last["usage"]["prompt_tokens"], 10);
+    assert!(chunks[..chunks.len() - 1].iter().all(|c| c["choices"][0]["finish_reason"].is_null()));
+}
+
+#[tokio::test]
+async fn chat_completions_whole_and_streamed() {
+    let w = Worker::local(&[]);
+    let req = json!({"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 12, "temperature": 0});
+    let (status, body) = w.post("/v1/chat/completions", &req).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    let whole = body["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    let (status, datas) = w.stream("/v1/chat/completions", &streamed).await;
+    assert_eq!(status, 200);
+    assert_eq!(datas.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = datas[..datas.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks.iter().map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap_or("")).collect();
+    assert_eq!(text, whole);
+}
+
+#[tokio::test]
+async fn bad_requests_name_the_field() {
+    let w = Worker::local(&[]);
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/v1/completions", json!({"prompt": "x", "max_tokens": "ten"}), "max_tokens"),
+        ("/v1/completions", json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
+        ("/v1/completions", json!({"prompt": "x", "temperature": 9}), "temperature"),
+        ("/v1/completions", json!({"prompt": "x", "top_p": 0}), "top_p"),
+        ("/v1/completions", json!({"prompt": "x", "n": 3}), "n"),
+        ("/v1/completions", json!({"max_tokens": 3}), "prompt"),
+        ("/v1/completions", json!({"prompt": ["a", "b"]}), "prompt"),
+        ("/v1/chat/completions", json!({"messages": []}), "messages"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "robot", "content": "x"}]}), "messages[0].role"),
+    ];
+    for (path, body, field) in cases {
+        let (status, err) = w.post(path, &body).await;
+        assert_eq!(status, 400, "{body} -> {err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+        let param = err["error"]["param"].as_str().unwrap_or("");
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(param == field || message.contains(field), "{body}: expected `{field}` named in {err}");
+    }
+    let (status, err) = w.post_raw("/v1/completions", "{\"prompt\": ").await;
+    assert_eq!(status, 400);
+    assert!(err["error"]["message"].as_str().unwrap().contains("not valid JSON"), "{err}");
+
+    let (status, err) = w.post("/v1/completions", &json!({"model": "gpt-9", "prompt": "x"})).await;
+    assert_eq!(status, 404);
+    assert_eq!(err["error"]["code"], "model_not_found");
+    assert!(err["error"]["message"].as_str().unwrap().contains("gpt-9"));
+    assert_eq!(w.metric(r#"kvgate_requests_total{code="400",role="local"}"#).await, 10.0);
+}
+
+#[tokio::test]
+async fn a_request_longer_than_the_window_gets_400_with_both_numbers() {
+    let w = Worker::local(&["--context-window", "64"]);
+    let (status, err) = w.post("/v1/completions", &json!({"prompt": "a".repeat(60), "max_tokens": 10})).await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["code"], "context_length_exceeded");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("64 tokens") && message.contains("71 tokens"), "{message}");
+    assert_eq!(w.metric(r#"kvgate_requests_rejected_total{reason="context_length_exceeded",role="local"}"#).await, 1.0);
+}
+
+#[tokio::test]
+async fn a_prompt_that_can_never_fit_the_pool_gets_413_before_any_page_is_taken() {
+    // The incident's shape: a window larger than the measured pool.
+    let w = Worker::local(&["--context-window", "4096", "--kv-pool-tokens", "256"]);
+    let (status, err) = w.post("/v1/completions", &json!({"prompt": "z".repeat(400), "max_tokens": 16, "temperature": 0})).await;
+    assert_eq!(status, 413, "{err}");
+    assert_eq!(err["error"]["code"], "prompt_too_large");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("417") && message.contains("256"), "{message}");
+    assert_eq!(w.metric(r#"kvgate_requests_rejected_total{reason="prompt_too_large",role="local"}"#).await, 1.0);
+    assert_eq!(w.metric(r#"kvgate_prompt_tokens_total{role="local"}"#).await, 0.0, "nothing was admitted");
+    assert_eq!(w.metric(r#"kvgate_kv_pool_pages_in_use{role="local"}"#).await, 0.0);
+    // The worker still serves what fits.
+    let (status, _) = w.post("/v1/completions", &json!({"prompt": "fits", "max_tokens": 4})).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_full_pool_makes_requests_wait_then_503() {
+    // 1024 tokens of pool; the first request holds 1000 of them while it generates.
+    let w = Worker::local(&["--context-window", "1024", "--kv-pool-tokens", "1024", "--admission-timeout-ms", "100"]);
+    let hog = {
+        let (http, base) = (w.http.clone(), w.base.clone());
+        tokio::spawn(async move {
+            let body = json!({"prompt": "hog", "max_tokens": 1000, "temperature": 0});
+            http.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap().status().as_u16()
+        })
+    };
+    // Wait until the hog holds its pages.
+    while w.metric(r#"kvgate_kv_pool_pages_in_use{role="local"}"#).await == 0.0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (status, err) = w.post("/v1/completions", &json!({"prompt": "x".repeat(100), "max_tokens": 10})).await;
+    assert_eq!(status, 503, "{err}");
+    assert_eq!(err["error"]["code"], "pool_busy");
+    assert!(err["error"]["message"].as_str().unwrap().contains("ms"));
+    assert_eq!(hog.await.unwrap(), 200);
+    // Pages came back: the same request now succeeds.
+    let (status, _) = w.post("/v1/completions", &json!({"prompt": "x".repeat(100), "max_tokens": 10})).await;
+    assert_eq!(status, 200);
+    assert_eq!(w.metric(r#"kvgate_kv_pool_pages_in_use{role="local"}"#).await, 0.0);
+    assert_eq!(w.metric(r#"kvgate_requests_total{code="503",role="local"}"#).await, 1.0);
+}
+
+#[tokio::test]
+async fn concurrent_requests_each_equal_the_same_request_alone() {
+    let w = Worker::local(&[]);
+    let prompts: Vec<(String, u32)> =
+        (0..12).map(|i| (format!("tenant {i} asks: {}", "why? ".repeat(i * 7)), 8 + (i as u32 * 5) % 23)).collect();
+    let mut alone = Vec::new();
+    for (p, n) in &prompts {
+        alone.push(w.complete(p, *n).await);
+    }
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|(p, n)| {
+            let (http, base) = (w.http.clone(), w.base.clone());
+            let body = json!({"prompt": p, "max_tokens": n, "temperature": 0});
+            tokio::spawn(async move {
+                let v: Value = http.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap().json().await.unwrap();
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap(), alone[i], "request {i} changed when batched with others");
+    }
+    assert_eq!(w.metric(r#"kvgate_kv_pool_pages_in_use{role="local"}"#).await, 0.0, "every page came back");
+}
+
+#[tokio::test]
+async fn capacity_report_models_health_and_metrics() {
+    let w = Worker::local(&["--context-window", "512", "--kv-pool-tokens", "1000", "--kv-dtype", "bf16", "--page-size", "32"]);
+    let (status, text) = w.get("/v1/kv-pool").await;
+    assert_eq!(status, 200);
+    let r: kvgate_proto::CapacityReport = serde_json::from_str(&text).unwrap();
+    assert_eq!(r.page_size, 32);
+    assert_eq!(r.num_pages, 32, "1000 tokens round up to 32 pages of 32");
+    assert_eq!(r.capacity_tokens, 1024);
+    assert_eq!(r.bytes_per_token, 2 * 2 * 2 * 16 * 2, "layers x K/V x kv heads x head dim x bf16");
+    assert_eq!((r.device.as_str(), r.dtype.as_str(), r.model.as_str()), ("cpu", "bf16", "tiny"));
+    assert_eq!(r.model_fingerprint.len(), 16);
+    assert_eq!(r.layout_fingerprint.len(), 16);
+
+    let (_, models) = w.get("/v1/models").await;
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(models["data"][0]["max_model_len"], 512);
+    assert_eq!(w.get("/healthz").await.0, 200);
+    assert_eq!(w.get("/readyz").await.0, 200);
+
+    // Every known label value is exported from the start, at zero.
+    let (_, metrics) = w.get("/metrics").await;
+    for series in [
+        r#"kvgate_requests_total{code="413",role="local"} 0"#,
+        r#"kvgate_requests_rejected_total{reason="pool_busy",role="local"} 0"#,
+        r#"kvgate_kv_pool_capacity_tokens{role="local"} 1024"#,
+        r#"kvgate_context_window_tokens{role="local"} 512"#,
+        r#"kvgate_kv_pool_pages{role="local"} 32"#,
+        r#"kvgate_build_info{component="worker",version="#,
+    ] {
+        assert!(metrics.contains(series), "missing {series}");
+    }
+    for name in ["kvgate_time_to_first_token_seconds", "kvgate_inter_token_latency_seconds", "kvgate_request_duration_seconds", "kvgate_prompt_tokens_total", "kvgate_generation_tokens_total", "kvgate_kv_pool_used_tokens"] {
+        assert!(metrics.contains(name), "missing {name}");
+    }
+    w.complete("count me", 3).await;
+    assert!(w.metric(r#"kvgate_generation_tokens_total{role="local"}"#).await >= 1.0);
+    assert_eq!(w.metric(r#"kvgate_prompt_tokens_total{role="local"}"#).await, 9.0);
+}
