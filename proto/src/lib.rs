@@ -4,5 +4,6 @@
 //! operator reads them, so both must agree on one definition.
 
 mod capacity;
+pub mod handoff;
 
 pub use capacity::{CapacityReport, KV_POOL_PATH};

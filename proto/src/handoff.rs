@@ -1,0 +1,350 @@
+//! The KV handoff wire format, version 1 (see `docs/handoff-protocol.md`).
+//!
+//! Every frame is `header | body`. The header is 12 bytes, little-endian:
+//! `magic "KVGF" | version u16 | kind u8 | flags u8 | body_len u32`. `body_len` is checked
+//! against [`MAX_BODY`] *before* anything is allocated, so a hostile length cannot make the
+//! reader allocate.
+
+use std::fmt;
+
+/// Frame magic.
+pub const MAGIC: [u8; 4] = *b"KVGF";
+/// Protocol version this build speaks.
+pub const VERSION: u16 = 1;
+/// Header length in bytes.
+pub const HEADER_LEN: usize = 12;
+/// Largest body accepted (a page of a large model fits with room to spare).
+pub const MAX_BODY: u32 = 64 << 20;
+/// Length of a reservation's auth tag (HMAC-SHA256).
+pub const TAG_LEN: usize = 32;
+
+/// A handoff id: random, 128 bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HandoffId(pub u128);
+
+impl fmt::Display for HandoffId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl std::str::FromStr for HandoffId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.len() != 32 {
+            return Err(format!("handoff id must be 32 hex digits, got {} characters", s.len()));
+        }
+        u128::from_str_radix(s, 16).map(HandoffId).map_err(|e| format!("handoff id: {e}"))
+    }
+}
+
+/// One page of KV on its way from prefill to decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageFrame {
+    pub handoff: HandoffId,
+    pub tag: [u8; TAG_LEN],
+    /// Position of the page in the reservation (0-based).
+    pub index: u32,
+    /// Decode-side page id it must land in.
+    pub page: u32,
+    /// Tokens in this page (the last page may be partial).
+    pub tokens: u32,
+    /// xxh3-64 of `payload`.
+    pub checksum: u64,
+    pub payload: Vec<u8>,
+}
+
+/// The end of a transfer: what the sender claims it sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitFrame {
+    pub handoff: HandoffId,
+    pub tag: [u8; TAG_LEN],
+    pub total_tokens: u32,
+    pub page_count: u32,
+    /// xxh3-64 over the page checksums in index order.
+    pub digest: u64,
+    /// The first token, sampled by prefill from the last prompt position.
+    pub first_token: u32,
+    pub model_fingerprint: u64,
+    pub layout_fingerprint: u64,
+}
+
+/// Decode's answer to a transfer: accepted, or refused with a reason label and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckFrame {
+    pub ok: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    Page(PageFrame),
+    Commit(CommitFrame),
+    Ack(AckFrame),
+}
+
+const KIND_PAGE: u8 = 1;
+const KIND_COMMIT: u8 = 2;
+const KIND_ACK: u8 = 3;
+
+/// Why bytes are not a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    BadMagic([u8; 4]),
+    UnsupportedVersion(u16),
+    UnknownKind(u8),
+    TooLarge(u32),
+    Truncated { needed: usize, have: usize },
+    Malformed(&'static str),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::BadMagic(m) => write!(f, "not a kvgate frame (magic {m:02x?})"),
+            FrameError::UnsupportedVersion(v) => write!(f, "handoff protocol version {v} is not supported (this build speaks {VERSION})"),
+            FrameError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
+            FrameError::TooLarge(n) => write!(f, "frame body of {n} bytes exceeds the {MAX_BODY}-byte limit"),
+            FrameError::Truncated { needed, have } => write!(f, "frame truncated: needs {needed} bytes, has {have}"),
+            FrameError::Malformed(what) => write!(f, "malformed frame: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Parsed header: kind and body length (already bounded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: u8,
+    pub body_len: u32,
+}
+
+pub fn parse_header(b: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
+    let magic = [b[0], b[1], b[2], b[3]];
+    if magic != MAGIC {
+        return Err(FrameError::BadMagic(magic));
+    }
+    let version = u16::from_le_bytes([b[4], b[5]]);
+    if version != VERSION {
+        return Err(FrameError::UnsupportedVersion(version));
+    }
+    let kind = b[6];
+    if !matches!(kind, KIND_PAGE | KIND_COMMIT | KIND_ACK) {
+        return Err(FrameError::UnknownKind(kind));
+    }
+    let body_len = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if body_len > MAX_BODY {
+        return Err(FrameError::TooLarge(body_len));
+    }
+    Ok(Header { kind, body_len })
+}
+
+impl Frame {
+    /// Header and body, ready for the wire.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        let kind = match self {
+            Frame::Page(p) => {
+                body.extend_from_slice(&p.handoff.0.to_le_bytes());
+                body.extend_from_slice(&p.tag);
+                for v in [p.index, p.page, p.tokens] {
+                    body.extend_from_slice(&v.to_le_bytes());
+                }
+                body.extend_from_slice(&p.checksum.to_le_bytes());
+                body.extend_from_slice(&(p.payload.len() as u32).to_le_bytes());
+                body.extend_from_slice(&p.payload);
+                KIND_PAGE
+            }
+            Frame::Commit(c) => {
+                body.extend_from_slice(&c.handoff.0.to_le_bytes());
+                body.extend_from_slice(&c.tag);
+                for v in [c.total_tokens, c.page_count] {
+                    body.extend_from_slice(&v.to_le_bytes());
+                }
+                body.extend_from_slice(&c.digest.to_le_bytes());
+                body.extend_from_slice(&c.first_token.to_le_bytes());
+                body.extend_from_slice(&c.model_fingerprint.to_le_bytes());
+                body.extend_from_slice(&c.layout_fingerprint.to_le_bytes());
+                KIND_COMMIT
+            }
+            Frame::Ack(a) => {
+                body.push(a.ok as u8);
+                for s in [&a.reason, &a.message] {
+                    body.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                    body.extend_from_slice(s.as_bytes());
+                }
+                KIND_ACK
+            }
+        };
+        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.push(kind);
+        out.push(0);
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Decodes one body of `kind`. Every length inside is checked against the bytes present.
+    pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, FrameError> {
+        let mut r = Reader { b: body, at: 0 };
+        let frame = match kind {
+            KIND_PAGE => {
+                let handoff = HandoffId(r.u128()?);
+                let tag = r.tag()?;
+                let (index, page, tokens) = (r.u32()?, r.u32()?, r.u32()?);
+                let checksum = r.u64()?;
+                let len = r.u32()? as usize;
+                let payload = r.bytes(len)?.to_vec();
+                Frame::Page(PageFrame { handoff, tag, index, page, tokens, checksum, payload })
+            }
+            KIND_COMMIT => Frame::Commit(CommitFrame {
+                handoff: HandoffId(r.u128()?),
+                tag: r.tag()?,
+                total_tokens: r.u32()?,
+                page_count: r.u32()?,
+                digest: r.u64()?,
+                first_token: r.u32()?,
+                model_fingerprint: r.u64()?,
+                layout_fingerprint: r.u64()?,
+            }),
+            KIND_ACK => {
+                let ok = match r.bytes(1)?[0] {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(FrameError::Malformed("ack flag must be 0 or 1")),
+                };
+                let reason = r.string()?;
+                let message = r.string()?;
+                Frame::Ack(AckFrame { ok, reason, message })
+            }
+            other => return Err(FrameError::UnknownKind(other)),
+        };
+        if r.at != body.len() {
+            return Err(FrameError::Malformed("trailing bytes after the frame body"));
+        }
+        Ok(frame)
+    }
+
+    /// Decodes one whole frame (header and body) from `bytes`, returning it and its length.
+    pub fn decode(bytes: &[u8]) -> Result<(Frame, usize), FrameError> {
+        let header: &[u8; HEADER_LEN] = bytes
+            .get(..HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or(FrameError::Truncated { needed: HEADER_LEN, have: bytes.len() })?;
+        let h = parse_header(header)?;
+        let end = HEADER_LEN + h.body_len as usize;
+        let body = bytes.get(HEADER_LEN..end).ok_or(FrameError::Truncated { needed: end, have: bytes.len() })?;
+        Ok((Frame::decode_body(h.kind, body)?, end))
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
+        let end = self.at.checked_add(n).ok_or(FrameError::Malformed("length overflow"))?;
+        let s = self.b.get(self.at..end).ok_or(FrameError::Truncated { needed: end, have: self.b.len() })?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, FrameError> {
+        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().unwrap()))
+    }
+    fn u128(&mut self) -> Result<u128, FrameError> {
+        Ok(u128::from_le_bytes(self.bytes(16)?.try_into().unwrap()))
+    }
+    fn tag(&mut self) -> Result<[u8; TAG_LEN], FrameError> {
+        Ok(self.bytes(TAG_LEN)?.try_into().unwrap())
+    }
+    fn string(&mut self) -> Result<String, FrameError> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.bytes(n)?.to_vec()).map_err(|_| FrameError::Malformed("string is not UTF-8"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page() -> Frame {
+        Frame::Page(PageFrame { handoff: HandoffId(42), tag: [7; TAG_LEN], index: 1, page: 9, tokens: 16, checksum: 0xabc, payload: vec![1, 2, 3] })
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        let frames = [
+            page(),
+            Frame::Commit(CommitFrame {
+                handoff: HandoffId(u128::MAX),
+                tag: [1; TAG_LEN],
+                total_tokens: 681_280,
+                page_count: 42_580,
+                digest: 5,
+                first_token: 65,
+                model_fingerprint: 6,
+                layout_fingerprint: 7,
+            }),
+            Frame::Ack(AckFrame { ok: false, reason: "token_count".into(), message: "received 16 of 681280".into() }),
+        ];
+        for f in frames {
+            let bytes = f.encode();
+            assert_eq!(Frame::decode(&bytes), Ok((f, bytes.len())));
+        }
+    }
+
+    #[test]
+    fn hostile_headers_are_refused_before_allocating() {
+        let mut bytes = page().encode();
+        bytes[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Frame::decode(&bytes), Err(FrameError::TooLarge(u32::MAX)));
+        let mut bytes = page().encode();
+        bytes[4] = 9;
+        assert_eq!(Frame::decode(&bytes), Err(FrameError::UnsupportedVersion(9)));
+        let mut bytes = page().encode();
+        bytes[0] = b'X';
+        assert!(matches!(Frame::decode(&bytes), Err(FrameError::BadMagic(_))));
+    }
+
+    #[test]
+    fn an_inner_length_past_the_body_is_truncation_not_a_panic() {
+        let mut bytes = page().encode();
+        // payload_len sits just before the 3 payload bytes.
+        let at = bytes.len() - 3 - 4;
+        bytes[at..at + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
+        assert!(matches!(Frame::decode(&bytes), Err(FrameError::Truncated { .. })));
+    }
+
+    #[test]
+    fn any_prefix_or_bit_flip_decodes_or_errors_without_panicking() {
+        let bytes = page().encode();
+        for n in 0..bytes.len() {
+            let _ = Frame::decode(&bytes[..n]);
+        }
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[i] ^= 1 << bit;
+                let _ = Frame::decode(&b);
+            }
+        }
+    }
+
+    #[test]
+    fn handoff_ids_print_and_parse_as_hex() {
+        let id = HandoffId(0x1234);
+        let text = id.to_string();
+        assert_eq!(text.len(), 32);
+        assert_eq!(text.parse::<HandoffId>(), Ok(id));
+        assert!("xyz".parse::<HandoffId>().is_err());
+    }
+}
