@@ -5,5 +5,6 @@
 
 mod capacity;
 pub mod handoff;
+pub mod roles;
 
 pub use capacity::{CapacityReport, KV_POOL_PATH};

@@ -3,6 +3,7 @@
 pub mod cli;
 pub mod commands;
 pub mod engine;
+pub mod handoff;
 pub mod kv;
 pub mod metrics;
 pub mod model;

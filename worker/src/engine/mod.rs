@@ -12,7 +12,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 pub use admission::{Limits, Rejection};
-pub use request::{Event, FinishReason, GenerateRequest};
+pub use request::{Event, Failure, FinishReason, GenerateRequest, Mode, Prefilled};
 pub use scheduler::SchedulerConfig;
 
 use crate::kv::KvPool;
@@ -80,16 +80,19 @@ impl Engine {
         max_tokens: usize,
         sampling: SamplingParams,
     ) -> Result<mpsc::UnboundedReceiver<Event>, Rejection> {
-        let arrived = Instant::now();
         admission::admit(self.limits, prompt.len(), max_tokens)?;
+        Ok(self.enqueue(prompt, max_tokens, sampling, Mode::Full))
+    }
+
+    /// Queues a request whose admission was decided elsewhere (prefill-only work, or a
+    /// continuation over pages that arrived by handoff).
+    pub fn enqueue(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, mode: Mode) -> mpsc::UnboundedReceiver<Event> {
         let (events, rx) = mpsc::unbounded_channel();
-        let req = GenerateRequest { prompt, max_tokens, sampling, arrived, events };
-        if self.inbox.send(req).is_err() {
+        let req = GenerateRequest { prompt, max_tokens, sampling, arrived: Instant::now(), events, mode };
+        if let Err(std::sync::mpsc::SendError(req)) = self.inbox.send(req) {
             // Only reachable if the engine thread died; surface it as a failed request.
-            let (tx, rx) = mpsc::unbounded_channel();
-            let _ = tx.send(Event::Failed("engine is not running".into()));
-            return Ok(rx);
+            let _ = req.events.send(Event::Failed(Failure::internal("engine is not running")));
         }
-        Ok(rx)
+        rx
     }
 }

@@ -2,10 +2,30 @@
 
 use std::time::Instant;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::admission::Rejection;
+use crate::kv::Lease;
 use crate::model::SamplingParams;
+
+/// What the engine does with a request.
+#[derive(Debug)]
+pub enum Mode {
+    /// Prefill and decode here (colocated serving).
+    Full,
+    /// Prefill only: compute the prompt's KV into a fresh lease, sample the first token, and hand
+    /// both back instead of decoding (the prefill role of a handoff).
+    PrefillOnly { reply: oneshot::Sender<Prefilled> },
+    /// The prompt's KV already sits in `lease` (a verified handoff): continue after `first_token`.
+    Continue { lease: Lease, first_token: u32 },
+}
+
+/// The result of a prefill-only request.
+#[derive(Debug)]
+pub struct Prefilled {
+    pub lease: Lease,
+    pub first_token: u32,
+}
 
 /// A tokenized, admitted request on its way to the scheduler.
 #[derive(Debug)]
@@ -15,6 +35,7 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     pub arrived: Instant,
     pub events: mpsc::UnboundedSender<Event>,
+    pub mode: Mode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,5 +61,19 @@ pub enum Event {
     Token(u32),
     Done { finish: FinishReason, prompt_tokens: usize, completion_tokens: usize },
     Rejected(Rejection),
-    Failed(String),
+    Failed(Failure),
+}
+
+/// A request that failed after admission, with the HTTP status and code it should surface as.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn internal(message: impl Into<String>) -> Self {
+        Failure { status: 500, code: "internal_error".into(), message: message.into() }
+    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use super::admission::Rejection;
-use super::request::{Event, FinishReason, GenerateRequest};
+use super::request::{Event, Failure, FinishReason, GenerateRequest, Mode};
 use super::sequence::Sequence;
 use crate::kv::{AllocError, KvPool, Scratch};
 use crate::metrics::Metrics;
@@ -71,12 +71,27 @@ impl Scheduler {
 
     /// Moves waiting requests into the running set, first come first served, while pages last.
     fn admit(&mut self) {
-        while let Some(req) = self.waiting.front() {
+        while let Some(req) = self.waiting.front_mut() {
             if req.events.is_closed() {
                 self.waiting.pop_front();
                 continue;
             }
-            match self.pool.lease(req.prompt.len() + req.max_tokens) {
+            // A continued request brings its own pages; the others lease theirs now.
+            if let Mode::Continue { .. } = req.mode {
+                let mut req = self.waiting.pop_front().unwrap();
+                let Mode::Continue { lease, first_token } = std::mem::replace(&mut req.mode, Mode::Full) else { unreachable!() };
+                self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
+                let s = Sequence::continued(req, lease, first_token);
+                s.send(Event::Token(first_token));
+                self.metrics.generation_tokens.inc();
+                self.running.push(s);
+                continue;
+            }
+            let tokens = match req.mode {
+                Mode::PrefillOnly { .. } => req.prompt.len(),
+                _ => req.prompt.len() + req.max_tokens,
+            };
+            match self.pool.lease(tokens) {
                 Ok(lease) => {
                     let req = self.waiting.pop_front().unwrap();
                     self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
@@ -141,7 +156,7 @@ impl Scheduler {
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed; failing the batch");
                 for &(i, _) in &plan {
-                    self.running[i].send(Event::Failed(format!("model step failed: {e}")));
+                    self.running[i].send(Event::Failed(Failure::internal(format!("model step failed: {e}"))));
                 }
                 let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
                 let mut index = 0..;
@@ -173,7 +188,7 @@ impl Scheduler {
             let row_logits = match logits.get(row).and_then(|r| r.to_vec1::<f32>()) {
                 Ok(v) => v,
                 Err(e) => {
-                    s.send(Event::Failed(format!("reading logits: {e}")));
+                    s.send(Event::Failed(Failure::internal(format!("reading logits: {e}"))));
                     continue;
                 }
             };
@@ -189,6 +204,12 @@ impl Scheduler {
         }
         let mut i = 0;
         while i < self.running.len() {
+            if self.running[i].is_prefill_only() && self.running[i].generated() > 0 {
+                let s = self.running.remove(i);
+                s.hand_back();
+                self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
+                continue;
+            }
             match self.running[i].finished(&self.model.eos) {
                 Some(finish) => {
                     let s = self.running.remove(i);

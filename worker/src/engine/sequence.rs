@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::request::{Event, FinishReason, GenerateRequest};
+use super::request::{Event, FinishReason, GenerateRequest, Mode, Prefilled};
 use crate::kv::Lease;
 use crate::model::Sampler;
 
@@ -21,6 +21,26 @@ pub struct Sequence {
 impl Sequence {
     pub fn new(req: GenerateRequest, lease: Lease) -> Self {
         Sequence { sampler: crate::model::Sampler::new(req.sampling), tokens: req.prompt.clone(), req, lease, cached: 0, last_token_at: None }
+    }
+
+    /// A sequence whose prompt KV arrived by handoff: the prompt is cached, the first token known.
+    pub fn continued(req: GenerateRequest, lease: Lease, first_token: u32) -> Self {
+        let mut s = Sequence::new(req, lease);
+        s.cached = s.tokens.len();
+        s.tokens.push(first_token);
+        s
+    }
+
+    pub fn is_prefill_only(&self) -> bool {
+        matches!(self.req.mode, Mode::PrefillOnly { .. })
+    }
+
+    /// Gives a prefill-only sequence's pages and first token to whoever asked for them.
+    pub fn hand_back(self) {
+        let Sequence { req, lease, tokens, .. } = self;
+        if let Mode::PrefillOnly { reply } = req.mode {
+            let _ = reply.send(Prefilled { lease, first_token: *tokens.last().unwrap() });
+        }
     }
 
     pub fn prompt_len(&self) -> usize {

@@ -268,6 +268,14 @@ impl PoolGuard<'_> {
         Ok(self.inner.store.page(page.id, &mut self.scratch)?.to_vec())
     }
 
+    /// Overwrites the lease's `index`-th page with `bytes` (a whole page, as a handoff frame
+    /// carries it).
+    pub fn write_page(&mut self, lease: &Lease, index: usize, bytes: &[u8]) -> Result<(), KvError> {
+        let page = self.page_at(lease, index * self.layout.page_size)?;
+        self.inner.store.write(page.id, 0, bytes)?;
+        Ok(())
+    }
+
     fn page_at(&self, lease: &Lease, pos: usize) -> Result<PageRef, KvError> {
         let page = *lease
             .pages

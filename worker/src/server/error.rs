@@ -11,7 +11,7 @@ use crate::engine::Rejection;
 pub struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
-    pub code: &'static str,
+    pub code: String,
     pub param: Option<String>,
     pub message: String,
 }
@@ -22,14 +22,14 @@ impl ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             kind: "invalid_request_error",
-            code: "invalid_value",
+            code: "invalid_value".into(),
             param: Some(param.into()),
             message: message.into(),
         }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", code: "internal_error", param: None, message: message.into() }
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", code: "internal_error".into(), param: None, message: message.into() }
     }
 }
 
@@ -41,7 +41,19 @@ impl From<Rejection> for ApiError {
             Rejection::PoolBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", None),
             Rejection::EmptyPrompt => (StatusCode::BAD_REQUEST, "invalid_request_error", Some("prompt")),
         };
-        ApiError { status, kind, code: r.reason(), param: param.map(str::to_string), message: r.to_string() }
+        ApiError { status, kind, code: r.reason().into(), param: param.map(str::to_string), message: r.to_string() }
+    }
+}
+
+impl From<crate::engine::Failure> for ApiError {
+    fn from(f: crate::engine::Failure) -> Self {
+        ApiError {
+            status: StatusCode::from_u16(f.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            kind: "server_error",
+            code: f.code,
+            param: None,
+            message: f.message,
+        }
     }
 }
 

@@ -40,7 +40,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     let mut rx = engine.submit(tokens, max_tokens, job.sampling).map_err(|r| state.rejected(r))?;
     let first = match rx.recv().await {
         Some(Event::Rejected(r)) => return Err(state.rejected(r)),
-        Some(Event::Failed(m)) => return Err(ApiError::internal(m)),
+        Some(Event::Failed(f)) => return Err(ApiError::from(f)),
         Some(e) => e,
         None => return Err(ApiError::internal("engine dropped the request")),
     };
@@ -61,7 +61,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
                 state.count(200);
                 return Ok(Json(meta.whole(&text, finish, prompt_tokens, completion_tokens)).into_response());
             }
-            Some(Event::Failed(m)) => return Err(ApiError::internal(m)),
+            Some(Event::Failed(f)) => return Err(ApiError::from(f)),
             Some(Event::Rejected(r)) => return Err(state.rejected(r)),
             None => return Err(ApiError::internal("engine dropped the request")),
         }
@@ -173,9 +173,9 @@ fn sse_stream(state: AppState, meta: Meta, first: Event, rx: UnboundedReceiver<E
                     let v = s.meta.chunk(&rest, Some(finish), Some(usage(prompt_tokens, completion_tokens)), s.first_chunk);
                     vec![v.to_string(), "[DONE]".to_string()]
                 }
-                Some(Event::Failed(m)) => {
+                Some(Event::Failed(f)) => {
                     s.done = true;
-                    vec![json!({ "error": { "message": m, "type": "server_error", "code": "internal_error" } }).to_string()]
+                    vec![json!({ "error": { "message": f.message, "type": "server_error", "code": f.code } }).to_string()]
                 }
                 Some(Event::Rejected(r)) => {
                     s.done = true;

@@ -78,7 +78,7 @@ fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError>
         Some(m) if *m != state.engine.model.name => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
-            code: "model_not_found",
+            code: "model_not_found".into(),
             param: Some("model".into()),
             message: format!("The model `{m}` does not exist; this worker serves `{}`.", state.engine.model.name),
         }),

@@ -1,0 +1,90 @@
+//! JSON bodies the router, prefill and decode roles exchange over HTTP.
+
+use serde::{Deserialize, Serialize};
+
+/// Router -> decode: reserve pages for a whole sequence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReserveRequest {
+    pub prompt_tokens: u32,
+    pub max_tokens: u32,
+}
+
+/// Decode -> router: the reservation prefill must fill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// 32 hex digits.
+    pub handoff_id: String,
+    /// Decode page ids the prompt's KV must land in, in order.
+    pub pages: Vec<u32>,
+    /// Tokens the transfer must carry: exactly the prompt.
+    pub reserved_tokens: u32,
+    /// Unix time in milliseconds after which the reservation is void.
+    pub expires_ms: u64,
+    /// HMAC tag, 64 hex digits; every frame of the transfer carries it.
+    pub tag: String,
+    /// Decode's KV port, `host:port`.
+    pub kv_addr: String,
+    pub model_fingerprint: String,
+    pub layout_fingerprint: String,
+}
+
+/// Router -> prefill: compute this prompt's KV and send it into the reservation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillRequest {
+    pub prompt: Vec<u32>,
+    pub reservation: Reservation,
+}
+
+/// Prefill -> router: decode's verdict on the transfer, as prefill heard it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillResponse {
+    pub ok: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Router -> decode: cancel a reservation (prefill rejected the prompt, or failed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    /// True when prefill *rejected* the prompt: any transfer that still arrives for it is a
+    /// rejected request being forwarded, and is counted as such.
+    pub rejected: bool,
+}
+
+/// Sampling settings carried to decode.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: Option<u64>,
+}
+
+/// Router -> decode: generate from a committed handoff.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampling: Sampling,
+}
+
+/// One line of decode's newline-delimited JSON token stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamLine {
+    Token(u32),
+    Done { finish: String, prompt_tokens: u32, completion_tokens: u32 },
+    Error { status: u16, code: String, message: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_lines_are_tagged_objects() {
+        assert_eq!(serde_json::to_string(&StreamLine::Token(7)).unwrap(), r#"{"token":7}"#);
+        let done = StreamLine::Done { finish: "length".into(), prompt_tokens: 3, completion_tokens: 4 };
+        let text = serde_json::to_string(&done).unwrap();
+        assert_eq!(serde_json::from_str::<StreamLine>(&text).unwrap(), done);
+    }
+}

@@ -1,0 +1,14 @@
+//! The KV handoff between prefill and decode: reservations and their checks (decode), the KV
+//! port that receives frames (decode), the sender (prefill), auth tags and fault injection.
+
+pub mod auth;
+pub mod faults;
+pub mod metrics;
+pub mod receiver;
+pub mod reservations;
+pub mod sender;
+
+pub use auth::Secret;
+pub use faults::Fault;
+pub use metrics::HandoffMetrics;
+pub use reservations::{Reservations, Verdict};
