@@ -65,6 +65,10 @@ pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: u32,
     pub sampling: Sampling,
+    /// How long decode waits for the commit before it declares the handoff timed out; absent
+    /// means until the reservation expires.
+    #[serde(default)]
+    pub commit_wait_ms: Option<u64>,
 }
 
 /// One line of decode's newline-delimited JSON token stream.

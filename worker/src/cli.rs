@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::handoff::Fault;
 use crate::kv::{KvDtype, PoolSize};
 use crate::model::ModelSource;
 
@@ -17,8 +18,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the OpenAI-compatible API on one machine (model, pool and scheduler in one process).
+    /// Serve the OpenAI-compatible API on one machine: router, prefill and decode roles in one
+    /// process, each on its own loopback listener, talking over real sockets (or, with
+    /// --colocated, one engine that prefills and decodes itself).
     Local(LocalArgs),
+    /// The front door: admits requests, pairs a prefill and a decode peer, streams tokens back.
+    Router(RouterArgs),
+    /// Computes prompts' KV and streams it into decode's reservations.
+    Prefill(PrefillArgs),
+    /// Reserves KV pages, verifies every handoff, and generates from verified ones only.
+    Decode(DecodeArgs),
     /// Allocate the KV pool exactly as serving would, print the capacity report, and exit
     /// non-zero when it cannot hold --context-window tokens (a preflight or init container).
     Probe(ProbeArgs),
@@ -26,17 +35,106 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct LocalArgs {
-    /// Address of the HTTP API.
+    /// Address of the HTTP API (the router's; prefill and decode take free loopback ports).
     #[arg(long, default_value = "127.0.0.1:8080", env = "KVGATE_LISTEN")]
+    pub listen: SocketAddr,
+    /// One engine prefills and decodes itself: no handoff.
+    #[arg(long)]
+    pub colocated: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub scheduler: SchedulerArgs,
+    #[command(flatten)]
+    pub handoff: HandoffArgs,
+    #[command(flatten)]
+    pub faults: FaultArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RouterArgs {
+    #[arg(long, default_value = "0.0.0.0:8080", env = "KVGATE_LISTEN")]
+    pub listen: SocketAddr,
+    /// Prefill peers' HTTP addresses (`host:port`), space-separated or repeated.
+    #[arg(long, num_args = 1.., required = true)]
+    pub prefill: Vec<String>,
+    /// Decode peers' HTTP addresses (`host:port`), space-separated or repeated.
+    #[arg(long, num_args = 1.., required = true)]
+    pub decode: Vec<String>,
+    /// `tiny` or a checkpoint directory: the router needs only its name and tokenizer.
+    #[arg(long, default_value = "tiny", env = "KVGATE_MODEL")]
+    pub model: ModelSource,
+    /// Declared context window: prompt + completion tokens one request may use.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    pub context_window: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct PrefillArgs {
+    #[arg(long, default_value = "0.0.0.0:8081", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub scheduler: SchedulerArgs,
+    #[command(flatten)]
+    pub faults: FaultArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DecodeArgs {
+    #[arg(long, default_value = "0.0.0.0:8082", env = "KVGATE_LISTEN")]
+    pub listen: SocketAddr,
+    /// Address of the KV port prefill peers stream pages to.
+    #[arg(long, default_value = "0.0.0.0:8083", env = "KVGATE_KV_LISTEN")]
+    pub kv_listen: SocketAddr,
+    /// Address prefill peers should dial for the KV port, when it differs from --kv-listen
+    /// (e.g. the pod IP when listening on 0.0.0.0).
+    #[arg(long, env = "KVGATE_KV_ADVERTISE")]
+    pub kv_advertise: Option<String>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub scheduler: SchedulerArgs,
+    #[command(flatten)]
+    pub handoff: HandoffArgs,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct SchedulerArgs {
     /// Most prompt + decode tokens in one batched forward pass (prompts are prefilled in chunks).
     #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_batch_tokens: u32,
     /// How long a request waits for free KV pages before it is answered 503.
     #[arg(long, default_value_t = 30_000)]
     pub admission_timeout_ms: u64,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct HandoffArgs {
+    /// File holding the secret shared by the deployment's pods (at least 16 bytes); reservation
+    /// auth tags are HMACs with it. Without it a random per-process secret is used.
+    #[arg(long, env = "KVGATE_HANDOFF_SECRET_FILE")]
+    pub handoff_secret_file: Option<PathBuf>,
+    /// How long a reservation waits for its commit before its pages are freed.
+    #[arg(long, default_value_t = 30_000)]
+    pub handoff_timeout_ms: u64,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct FaultArgs {
+    /// Make prefill break the handoff protocol in one way, to prove decode catches it (tests
+    /// only): truncate-transfer, corrupt-page, drop-page, duplicate-page, wrong-auth,
+    /// wrong-fingerprint, die-mid-transfer, ignore-rejection.
+    #[arg(long, requires = "allow_fault_injection")]
+    pub inject_fault: Option<Fault>,
+    /// Required with --inject-fault, so a fault cannot be switched on by accident.
+    #[arg(long)]
+    pub allow_fault_injection: bool,
+    /// Inject the fault into every Nth handoff only (1: every one), so tests can check that the
+    /// requests in between stay exact.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub fault_every: u64,
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@ pub mod handoff;
 pub mod kv;
 pub mod metrics;
 pub mod model;
+pub mod roles;
 pub mod server;
 pub mod setup;
 pub mod tokenizer;

@@ -1,6 +1,6 @@
 use clap::Parser;
 use kvgate_worker::cli::{Cli, Command};
-use kvgate_worker::commands;
+use kvgate_worker::commands::{self, roles};
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
@@ -10,9 +10,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Probe(args) => commands::probe::run(args),
-        Command::Local(args) => tokio::runtime::Runtime::new()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(commands::local::run(args))),
+        command => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(serve(command))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -20,5 +18,21 @@ fn main() -> std::process::ExitCode {
             eprintln!("kvgate-worker: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+async fn serve(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Local(args) => commands::local::run(args).await,
+        Command::Router(args) => roles::run_single(roles::router(&args, &roles::registry()).await?).await,
+        Command::Prefill(args) => {
+            roles::fault_args_check(&args.faults)?;
+            roles::run_single(roles::prefill(&args, &roles::registry(), true).await?).await
+        }
+        Command::Decode(args) => {
+            let secret = roles::secret(&args.handoff)?;
+            roles::run_single(roles::decode(&args, &roles::registry(), secret).await?).await
+        }
+        Command::Probe(_) => unreachable!("probe runs without a runtime"),
     }
 }

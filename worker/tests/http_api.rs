@@ -7,7 +7,7 @@ use support::Worker;
 
 #[tokio::test]
 async fn completion_answers_with_text_usage_and_finish_reason() {
-    let w = Worker::local(&[]);
+    let w = Worker::colocated(&[]);
     let (status, body) = w.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 5, "temperature": 0})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["object"], "text_completion");
@@ -25,7 +25,7 @@ async fn completion_answers_with_text_usage_and_finish_reason() {
 
 #[tokio::test]
 async fn greedy_output_is_deterministic_and_prompt_dependent() {
-    let w = Worker::local(&[]);
+    let w = Worker::colocated(&[]);
     let a = w.complete("The quick brown fox", 24).await;
     assert_eq!(a, w.complete("The quick brown fox", 24).await);
     assert_ne!(a, w.complete("jumps over the lazy dog", 24).await);
@@ -33,7 +33,7 @@ async fn greedy_output_is_deterministic_and_prompt_dependent() {
 
 #[tokio::test]
 async fn streaming_chunks_add_up_to_the_whole_answer() {
-    let w = Worker::local(&[]);
+    let w = Worker::colocated(&[]);
     let whole = w.complete("stream me", 20).await;
     let (status, datas) = w.stream("/v1/completions", &json!({"prompt": "stream me", "max_tokens": 20, "temperature": 0, "stream": true})).await;
     assert_eq!(status, 200);
@@ -49,7 +49,7 @@ async fn streaming_chunks_add_up_to_the_whole_answer() {
 
 #[tokio::test]
 async fn chat_completions_whole_and_streamed() {
-    let w = Worker::local(&[]);
+    let w = Worker::colocated(&[]);
     let req = json!({"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 12, "temperature": 0});
     let (status, body) = w.post("/v1/chat/completions", &req).await;
     assert_eq!(status, 200, "{body}");
@@ -71,7 +71,7 @@ async fn chat_completions_whole_and_streamed() {
 
 #[tokio::test]
 async fn bad_requests_name_the_field() {
-    let w = Worker::local(&[]);
+    let w = Worker::colocated(&[]);
     let cases: Vec<(&str, Value, &str)> = vec![
         ("/v1/completions", json!({"prompt": "x", "max_tokens": "ten"}), "max_tokens"),
         ("/v1/completions", json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
@@ -104,7 +104,7 @@ async fn bad_requests_name_the_field() {
 
 #[tokio::test]
 async fn a_request_longer_than_the_window_gets_400_with_both_numbers() {
-    let w = Worker::local(&["--context-window", "64"]);
+    let w = Worker::colocated(&["--context-window", "64"]);
     let (status, err) = w.post("/v1/completions", &json!({"prompt": "a".repeat(60), "max_tokens": 10})).await;
     assert_eq!(status, 400, "{err}");
     assert_eq!(err["error"]["code"], "context_length_exceeded");
@@ -116,7 +116,7 @@ async fn a_request_longer_than_the_window_gets_400_with_both_numbers() {
 #[tokio::test]
 async fn a_prompt_that_can_never_fit_the_pool_gets_413_before_any_page_is_taken() {
     // The incident's shape: a window larger than the measured pool.
-    let w = Worker::local(&["--context-window", "4096", "--kv-pool-tokens", "256"]);
+    let w = Worker::colocated(&["--context-window", "4096", "--kv-pool-tokens", "256"]);
     let (status, err) = w.post("/v1/completions", &json!({"prompt": "z".repeat(400), "max_tokens": 16, "temperature": 0})).await;
     assert_eq!(status, 413, "{err}");
     assert_eq!(err["error"]["code"], "prompt_too_large");
@@ -133,7 +133,7 @@ async fn a_prompt_that_can_never_fit_the_pool_gets_413_before_any_page_is_taken(
 #[tokio::test]
 async fn a_full_pool_makes_requests_wait_then_503() {
     // 1024 tokens of pool; the first request holds 1000 of them while it generates.
-    let w = Worker::local(&["--context-window", "1024", "--kv-pool-tokens", "1024", "--admission-timeout-ms", "100"]);
+    let w = Worker::colocated(&["--context-window", "1024", "--kv-pool-tokens", "1024", "--admission-timeout-ms", "100"]);
     let hog = {
         let (http, base) = (w.http.clone(), w.base.clone());
         tokio::spawn(async move {
@@ -159,7 +159,7 @@ async fn a_full_pool_makes_requests_wait_then_503() {
 
 #[tokio::test]
 async fn concurrent_requests_each_equal_the_same_request_alone() {
-    let w = Worker::local(&[]);
+    let w = Worker::colocated(&[]);
     let prompts: Vec<(String, u32)> =
         (0..12).map(|i| (format!("tenant {i} asks: {}", "why? ".repeat(i * 7)), 8 + (i as u32 * 5) % 23)).collect();
     let mut alone = Vec::new();
@@ -185,7 +185,7 @@ async fn concurrent_requests_each_equal_the_same_request_alone() {
 
 #[tokio::test]
 async fn capacity_report_models_health_and_metrics() {
-    let w = Worker::local(&["--context-window", "512", "--kv-pool-tokens", "1000", "--kv-dtype", "bf16", "--page-size", "32"]);
+    let w = Worker::colocated(&["--context-window", "512", "--kv-pool-tokens", "1000", "--kv-dtype", "bf16", "--page-size", "32"]);
     let (status, text) = w.get("/v1/kv-pool").await;
     assert_eq!(status, 200);
     let r: kvgate_proto::CapacityReport = serde_json::from_str(&text).unwrap();

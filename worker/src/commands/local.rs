@@ -1,32 +1,74 @@
-//! `kvgate-worker local`: model, pool, scheduler and HTTP API in one process.
+//! `kvgate-worker local`: router, prefill and decode in one process, each on its own loopback
+//! listener and talking over real sockets; or, with `--colocated`, one engine doing both.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::net::SocketAddr;
 
-use anyhow::Context;
-
-use crate::cli::LocalArgs;
+use crate::cli::{DecodeArgs, LocalArgs, PrefillArgs, RouterArgs};
 use crate::engine::{Engine, SchedulerConfig};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::server::{self, AppState};
 use crate::setup;
 
+use super::roles;
+
 pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
+    roles::fault_args_check(&args.faults)?;
+    let registry = roles::registry();
+    if args.colocated {
+        return colocated(args, registry).await;
+    }
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let decode = roles::decode(
+        &DecodeArgs {
+            listen: loopback,
+            kv_listen: loopback,
+            kv_advertise: None,
+            engine: args.engine.clone(),
+            scheduler: args.scheduler.clone(),
+            handoff: args.handoff.clone(),
+        },
+        &registry,
+        roles::secret(&args.handoff)?,
+    )
+    .await?;
+    let prefill = roles::prefill(
+        &PrefillArgs { listen: loopback, engine: args.engine.clone(), scheduler: args.scheduler.clone(), faults: args.faults.clone() },
+        &registry,
+        false,
+    )
+    .await?;
+    let (decode_addr, prefill_addr) = (decode.addr(), prefill.addr());
+    println!("  {} on http://{decode_addr}", decode.summary);
+    println!("  {} on http://{prefill_addr}", prefill.summary);
+    tokio::spawn(decode.serve(std::future::pending()));
+    tokio::spawn(prefill.serve(std::future::pending()));
+    let router = roles::router(
+        &RouterArgs {
+            listen: args.listen,
+            prefill: vec![prefill_addr.to_string()],
+            decode: vec![decode_addr.to_string()],
+            model: args.engine.model.clone(),
+            context_window: args.engine.context_window,
+        },
+        &registry,
+    )
+    .await?;
+    println!("kvgate-worker local listening on http://{} (router -> prefill {prefill_addr} -> decode {decode_addr})", router.addr());
+    router.serve(shutdown_signal()).await
+}
+
+async fn colocated(args: LocalArgs, registry: prometheus::Registry) -> anyhow::Result<()> {
     let window = args.engine.context_window as usize;
     let loaded = setup::load(&args.engine)?;
-    let registry = prometheus::Registry::new();
-    metrics::register_build_info(&registry);
-    let metrics = Metrics::new(&registry, "local");
     let config = SchedulerConfig {
-        max_batch_tokens: args.max_batch_tokens as usize,
-        admission_timeout: Duration::from_millis(args.admission_timeout_ms),
+        max_batch_tokens: args.scheduler.max_batch_tokens as usize,
+        admission_timeout: std::time::Duration::from_millis(args.scheduler.admission_timeout_ms),
     };
-    let engine = Engine::start(loaded.model, loaded.pool, window, metrics, config);
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let engine = Engine::start(loaded.model, loaded.pool, window, Metrics::new(&registry, "local"), config);
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let r = &loaded.report;
     println!(
-        "kvgate-worker local listening on http://{} (model {}, KV pool {} tokens = {} pages x {} on {} as {}, context window {} tokens)",
+        "kvgate-worker local listening on http://{} (colocated: model {}, KV pool {} tokens = {} pages x {} on {} as {}, context window {} tokens)",
         server::local_addr(&listener),
         r.model,
         r.capacity_tokens,
@@ -36,11 +78,9 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         r.dtype,
         window
     );
-    if !r.holds(window as u64) {
-        tracing::warn!(capacity = r.capacity_tokens, window, "KV pool is smaller than the context window; long prompts will get 413");
-    }
-    let state = AppState { engine, report: Arc::new(loaded.report), ready: Arc::new(AtomicBool::new(true)), registry };
-    server::serve(listener, state, shutdown_signal()).await?;
+    let state = AppState::for_engine(engine, loaded.report, registry);
+    let ready = state.ready.clone();
+    server::serve(listener, server::router(state), ready, shutdown_signal()).await?;
     Ok(())
 }
 

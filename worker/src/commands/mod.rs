@@ -1,4 +1,7 @@
-//! One module per `kvgate-worker` subcommand.
+//! One module per `kvgate-worker` subcommand; `roles` starts the pieces they share.
 
 pub mod local;
 pub mod probe;
+pub mod roles;
+
+pub use local::shutdown_signal;

@@ -64,6 +64,10 @@ impl Engine {
         Engine { inbox: tx, limits: Limits { window, pool_tokens: pool.capacity_tokens() }, alive, model, pool, metrics }
     }
 
+    pub fn tokenizer(&self) -> Arc<crate::tokenizer::Tokenizer> {
+        self.model.tokenizer.clone()
+    }
+
     pub fn limits(&self) -> Limits {
         self.limits
     }

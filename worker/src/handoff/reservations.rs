@@ -302,9 +302,22 @@ impl Reservations {
         }
     }
 
-    /// Waits until the handoff is committed (and takes it) or has failed.
-    pub async fn take_committed(&self, id: HandoffId) -> Result<Committed, Verdict> {
+    /// Waits until the handoff is committed (and takes it) or has failed. Past `wait`, an
+    /// uncommitted handoff is failed as timed out.
+    pub async fn take_committed(&self, id: HandoffId, wait: Option<Duration>) -> Result<Committed, Verdict> {
+        let give_up = wait.map(|w| Instant::now() + w);
         loop {
+            if give_up.is_some_and(|t| Instant::now() >= t) {
+                let mut table = self.lock();
+                if let Some(Entry::Open(open)) = table.entries.get(&id) {
+                    let got = open.received.iter().filter(|r| r.is_some()).count();
+                    let v = Verdict::new(
+                        "timeout",
+                        format!("kv_handoff_timeout: no commit from prefill ({got} of {} pages arrived) before the router gave up", open.pages.len()),
+                    );
+                    return Err(self.fail(&mut table, id, v));
+                }
+            }
             let notified = self.changed.notified();
             {
                 let mut table = self.lock();

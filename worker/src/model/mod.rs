@@ -58,7 +58,7 @@ impl std::str::FromStr for ModelSource {
 pub struct Model {
     pub name: String,
     pub llama: Llama,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: std::sync::Arc<Tokenizer>,
     pub fingerprint: String,
     pub eos: Vec<u32>,
 }
@@ -76,12 +76,12 @@ impl Model {
         let llama = Llama::load(&cfg, tiny::var_builder(device)?)?;
         let text = serde_json::to_string(&cfg).map_err(|e| ModelError::Config(e.to_string()))?;
         let fingerprint = format!("{:016x}", xxh3_64(format!("tiny-r{}:{text}", tiny::TINY_REVISION).as_bytes()));
-        Ok(Model { name: "tiny".into(), eos: cfg.eos_ids(), llama, tokenizer: Tokenizer::Bytes, fingerprint })
+        Ok(Model { name: "tiny".into(), eos: cfg.eos_ids(), llama, tokenizer: std::sync::Arc::new(Tokenizer::Bytes), fingerprint })
     }
 
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self, ModelError> {
         let ckpt = checkpoint::Checkpoint::open(dir)?;
-        let tokenizer = Tokenizer::from_file(&ckpt.tokenizer)?;
+        let tokenizer = std::sync::Arc::new(Tokenizer::from_file(&ckpt.tokenizer)?);
         let llama = Llama::load(&ckpt.config, ckpt.var_builder(DType::F32, device)?)?;
         let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
         Ok(Model { name, eos: ckpt.config.eos_ids(), fingerprint: ckpt.fingerprint()?, llama, tokenizer })

@@ -34,17 +34,17 @@ pub struct Job {
 }
 
 pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
-    let engine = &state.engine;
-    let tokens = engine.model.tokenizer.encode(&job.prompt).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-    let max_tokens = job.max_tokens.unwrap_or_else(|| default_max_tokens(job.endpoint, engine.limits().window, tokens.len()));
-    let mut rx = engine.submit(tokens, max_tokens, job.sampling).map_err(|r| state.rejected(r))?;
+    let tokenizer = &state.tokenizer;
+    let tokens = tokenizer.encode(&job.prompt).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+    let max_tokens = job.max_tokens.unwrap_or_else(|| default_max_tokens(job.endpoint, state.window, tokens.len()));
+    let mut rx = state.backend.submit(tokens, max_tokens, job.sampling).map_err(|r| state.rejected(r))?;
     let first = match rx.recv().await {
         Some(Event::Rejected(r)) => return Err(state.rejected(r)),
-        Some(Event::Failed(f)) => return Err(ApiError::from(f)),
+        Some(Event::Failed(f)) => return Err(state.failed(f)),
         Some(e) => e,
         None => return Err(ApiError::internal("engine dropped the request")),
     };
-    let meta = Meta { id: new_id(job.endpoint), created: now(), model: engine.model.name.clone(), endpoint: job.endpoint };
+    let meta = Meta { id: new_id(job.endpoint), created: now(), model: state.model_name.clone(), endpoint: job.endpoint };
     if job.stream {
         state.count(200);
         let stream = sse_stream(state.clone(), meta, first, rx);
@@ -55,13 +55,13 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     let mut event = Some(first);
     loop {
         match event {
-            Some(Event::Token(id)) => text.push_str(&decoder.push(&engine.model.tokenizer, id).map_err(internal)?),
+            Some(Event::Token(id)) => text.push_str(&decoder.push(tokenizer, id).map_err(internal)?),
             Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
-                text.push_str(&decoder.finish(&engine.model.tokenizer).map_err(internal)?);
+                text.push_str(&decoder.finish(tokenizer).map_err(internal)?);
                 state.count(200);
                 return Ok(Json(meta.whole(&text, finish, prompt_tokens, completion_tokens)).into_response());
             }
-            Some(Event::Failed(f)) => return Err(ApiError::from(f)),
+            Some(Event::Failed(f)) => return Err(state.failed(f)),
             Some(Event::Rejected(r)) => return Err(state.rejected(r)),
             None => return Err(ApiError::internal("engine dropped the request")),
         }
@@ -151,7 +151,7 @@ fn sse_stream(state: AppState, meta: Meta, first: Event, rx: UnboundedReceiver<E
         if s.done {
             return None;
         }
-        let tok = &s.state.engine.model.tokenizer;
+        let tok = &s.state.tokenizer;
         loop {
             let event = match s.pending.take() {
                 Some(e) => Some(e),

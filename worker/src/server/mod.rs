@@ -17,36 +17,93 @@ use axum::{Json, Router};
 use kvgate_proto::{CapacityReport, KV_POOL_PATH};
 use serde_json::json;
 
-use crate::engine::{Engine, Rejection};
+use crate::engine::{Engine, Event, Rejection};
+use crate::metrics::Metrics;
+use crate::model::SamplingParams;
+use crate::roles::router::RouterBackend;
+use crate::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest};
 use error::ApiError;
 use generate::{Endpoint, Job};
 
+/// Who generates the tokens behind the OpenAI API.
+#[derive(Clone)]
+pub enum Backend {
+    /// A model and pool in this process (colocated serving).
+    Engine(Engine),
+    /// Prefill and decode peers, through the handoff (the router role).
+    Router(Arc<RouterBackend>),
+}
+
+impl Backend {
+    pub fn submit(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, Rejection> {
+        match self {
+            Backend::Engine(e) => e.submit(prompt, max_tokens, sampling),
+            Backend::Router(r) => r.submit(prompt, max_tokens, sampling),
+        }
+    }
+
+    fn is_alive(&self) -> bool {
+        match self {
+            Backend::Engine(e) => e.is_alive(),
+            Backend::Router(_) => true,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct AppState {
-    pub engine: Engine,
-    pub report: Arc<CapacityReport>,
+    pub backend: Backend,
+    pub tokenizer: Arc<Tokenizer>,
+    pub model_name: String,
+    pub window: usize,
+    /// This role's metrics (requests are counted here).
+    pub metrics: Metrics,
+    /// The measured pool, for roles that have one.
+    pub report: Option<Arc<CapacityReport>>,
     pub ready: Arc<AtomicBool>,
     pub registry: prometheus::Registry,
 }
 
 impl AppState {
+    /// State for a process that serves its own engine.
+    pub fn for_engine(engine: Engine, report: CapacityReport, registry: prometheus::Registry) -> Self {
+        AppState {
+            tokenizer: engine.tokenizer(),
+            model_name: engine.model.name.clone(),
+            window: engine.limits().window,
+            metrics: engine.metrics.clone(),
+            backend: Backend::Engine(engine),
+            report: Some(Arc::new(report)),
+            ready: Arc::new(AtomicBool::new(true)),
+            registry,
+        }
+    }
+
     fn count(&self, code: u16) {
-        self.engine.metrics.requests.with_label_values(&[&code.to_string()]).inc();
+        self.metrics.requests.with_label_values(&[&code.to_string()]).inc();
     }
 
     /// Counts a rejection and turns it into its response.
     fn rejected(&self, r: Rejection) -> ApiError {
-        self.engine.metrics.rejected.with_label_values(&[r.reason()]).inc();
+        self.metrics.rejected.with_label_values(&[r.reason()]).inc();
         ApiError::from(r)
     }
 }
 
+/// The OpenAI-compatible API plus the operational endpoints.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .merge(ops(state.clone()))
+        .with_state(state)
+}
+
+/// Capacity report, health and metrics only (prefill and decode roles).
+pub fn ops<S>(state: AppState) -> Router<S> {
+    Router::new()
         .route(KV_POOL_PATH, get(kv_pool))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -54,14 +111,14 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown` resolves, then drains in-flight requests.
+/// Serves `app` until `shutdown` resolves, then drains in-flight requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    state: AppState,
+    app: Router,
+    ready: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let ready = state.ready.clone();
-    axum::serve(listener, router(state))
+    axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
             ready.store(false, Ordering::SeqCst);
@@ -75,12 +132,12 @@ pub fn local_addr(listener: &tokio::net::TcpListener) -> SocketAddr {
 
 fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
-        Some(m) if *m != state.engine.model.name => Err(ApiError {
+        Some(m) if *m != state.model_name => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
             code: "model_not_found".into(),
             param: Some("model".into()),
-            message: format!("The model `{m}` does not exist; this worker serves `{}`.", state.engine.model.name),
+            message: format!("The model `{m}` does not exist; this worker serves `{}`.", state.model_name),
         }),
         _ => Ok(()),
     }
@@ -135,18 +192,28 @@ async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
     Json(json!({
         "object": "list",
         "data": [{
-            "id": state.engine.model.name, "object": "model", "created": 0, "owned_by": "kvgate",
-            "max_model_len": state.engine.limits().window
+            "id": state.model_name, "object": "model", "created": 0, "owned_by": "kvgate",
+            "max_model_len": state.window
         }]
     }))
 }
 
-async fn kv_pool(State(state): State<AppState>) -> Json<CapacityReport> {
-    Json((*state.report).clone())
+async fn kv_pool(State(state): State<AppState>) -> Response {
+    match &state.report {
+        Some(r) => Json((**r).clone()).into_response(),
+        None => ApiError {
+            status: StatusCode::NOT_FOUND,
+            kind: "invalid_request_error",
+            code: "no_kv_pool".into(),
+            param: None,
+            message: "this role holds no KV pool; ask a prefill or decode worker".into(),
+        }
+        .into_response(),
+    }
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {
-    if state.engine.is_alive() {
+    if state.backend.is_alive() {
         (StatusCode::OK, "ok\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "engine thread stopped\n").into_response()
@@ -154,7 +221,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.ready.load(Ordering::SeqCst) && state.engine.is_alive() {
+    if state.ready.load(Ordering::SeqCst) && state.backend.is_alive() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
@@ -163,4 +230,14 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&state.registry)).into_response()
+}
+
+impl AppState {
+    /// A failure after admission; one that is really a peer's rejection is counted as one.
+    fn failed(&self, f: crate::engine::Failure) -> ApiError {
+        if let Some(reason) = Rejection::REASONS.iter().find(|r| **r == f.code) {
+            self.metrics.rejected.with_label_values(&[reason]).inc();
+        }
+        ApiError::from(f)
+    }
 }

@@ -15,18 +15,38 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// `kvgate-worker local` with `args`, listening on an ephemeral port it reports on stdout.
+    /// `kvgate-worker local --colocated` (one engine, no handoff) with `args`.
+    pub fn colocated(args: &[&str]) -> Worker {
+        let mut all = vec!["--colocated"];
+        all.extend_from_slice(args);
+        Worker::local(&all)
+    }
+
+    /// `kvgate-worker local` (router, prefill and decode over loopback sockets) with `args`.
     pub fn local(args: &[&str]) -> Worker {
+        let mut full = vec!["local", "--listen", "127.0.0.1:0"];
+        full.extend_from_slice(args);
+        Worker::spawn(&full)
+    }
+
+    /// Any `kvgate-worker` serving command; it reports its address on the last line of its
+    /// start-up output (`... listening on http://ADDR ...`).
+    pub fn spawn(args: &[&str]) -> Worker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate-worker"))
-            .args(["local", "--listen", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn kvgate-worker");
         let stdout = child.stdout.take().unwrap();
+        let mut reader = BufReader::new(stdout);
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read the worker's first line");
+        while !line.contains("listening on") {
+            line.clear();
+            if reader.read_line(&mut line).expect("read the worker's output") == 0 {
+                panic!("kvgate-worker {args:?} exited before listening");
+            }
+        }
         let addr = line
             .split("http://")
             .nth(1)

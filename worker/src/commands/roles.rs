@@ -1,0 +1,168 @@
+//! Starting each role: its engine, listeners and HTTP app. `local` starts all three here too.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, HandoffArgs, PrefillArgs, RouterArgs, SchedulerArgs};
+use crate::engine::{Engine, SchedulerConfig};
+use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
+use crate::metrics::{self, Metrics};
+use crate::model::ModelSource;
+use crate::roles::decode::{self, DecodeRole};
+use crate::roles::peers::Peers;
+use crate::roles::prefill::{self, PrefillRole};
+use crate::roles::router::RouterBackend;
+use crate::server::{self, AppState, Backend};
+use crate::setup;
+use crate::tokenizer::Tokenizer;
+
+/// A role ready to serve: its bound listener and app.
+pub struct Started {
+    pub listener: TcpListener,
+    pub app: axum::Router,
+    pub ready: Arc<AtomicBool>,
+    pub summary: String,
+}
+
+impl Started {
+    pub fn addr(&self) -> SocketAddr {
+        server::local_addr(&self.listener)
+    }
+
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        server::serve(self.listener, self.app, self.ready, shutdown).await?;
+        Ok(())
+    }
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))
+}
+
+fn start_engine(engine: &EngineArgs, sched: &SchedulerArgs, registry: &prometheus::Registry, role: &str) -> anyhow::Result<(Engine, kvgate_proto::CapacityReport)> {
+    let loaded = setup::load(engine)?;
+    let config = SchedulerConfig {
+        max_batch_tokens: sched.max_batch_tokens as usize,
+        admission_timeout: Duration::from_millis(sched.admission_timeout_ms),
+    };
+    let window = engine.context_window as usize;
+    let e = Engine::start(loaded.model, loaded.pool, window, Metrics::new(registry, role), config);
+    Ok((e, loaded.report))
+}
+
+fn describe(role: &str, r: &kvgate_proto::CapacityReport, window: u64) -> String {
+    format!(
+        "{role}: model {}, KV pool {} tokens = {} pages x {} on {} as {}, context window {window} tokens",
+        r.model, r.capacity_tokens, r.num_pages, r.page_size, r.device, r.dtype
+    )
+}
+
+pub fn secret(args: &HandoffArgs) -> anyhow::Result<Secret> {
+    match &args.handoff_secret_file {
+        Some(path) => Secret::from_file(path).map_err(anyhow::Error::msg),
+        None => Ok(Secret::random()),
+    }
+}
+
+pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: Secret) -> anyhow::Result<Started> {
+    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "decode")?;
+    let kv = bind(args.kv_listen).await?;
+    let kv_addr = args.kv_advertise.clone().unwrap_or_else(|| server::local_addr(&kv).to_string());
+    let handoff_metrics = HandoffMetrics::new(registry, "decode");
+    let timeout = Duration::from_millis(args.handoff.handoff_timeout_ms);
+    let table = Arc::new(Reservations::new(
+        engine.pool.clone(),
+        secret,
+        timeout,
+        &report.model_fingerprint,
+        &report.layout_fingerprint,
+        handoff_metrics,
+    ));
+    tokio::spawn(receiver::serve(kv, table.clone()));
+    let sweeper = table.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            sweeper.expire();
+        }
+    });
+    let summary = format!("{} (KV port {kv_addr})", describe("decode", &report, args.engine.context_window));
+    let state = AppState::for_engine(engine.clone(), report, registry.clone());
+    let ready = state.ready.clone();
+    let app = server::ops(state).merge(decode::routes(DecodeRole { engine, reservations: table, kv_addr }));
+    Ok(Started { listener: bind(args.listen).await?, app, ready, summary })
+}
+
+pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, exit_on_death: bool) -> anyhow::Result<Started> {
+    if let Some(f) = args.faults.inject_fault {
+        tracing::warn!(fault = ?f, "FAULT INJECTION ENABLED: this prefill worker breaks the handoff protocol on purpose");
+    }
+    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "prefill")?;
+    let summary = describe("prefill", &report, args.engine.context_window);
+    let state = AppState::for_engine(engine.clone(), report, registry.clone());
+    let ready = state.ready.clone();
+    let role = PrefillRole {
+        engine,
+        metrics: HandoffMetrics::new(registry, "prefill"),
+        fault: args.faults.inject_fault,
+        fault_every: args.faults.fault_every,
+        handoffs: Default::default(),
+        exit_on_death,
+    };
+    let app = server::ops(state).merge(prefill::routes(role));
+    Ok(Started { listener: bind(args.listen).await?, app, ready, summary })
+}
+
+pub async fn router(args: &RouterArgs, registry: &prometheus::Registry) -> anyhow::Result<Started> {
+    let (name, tokenizer) = match &args.model {
+        ModelSource::Tiny => ("tiny".to_string(), Tokenizer::Bytes),
+        ModelSource::Dir(dir) => {
+            let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+            (name, Tokenizer::from_file(&dir.join("tokenizer.json"))?)
+        }
+    };
+    let metrics = Metrics::new(registry, "router");
+    metrics.context_window_tokens.set(args.context_window as i64);
+    let window = args.context_window as usize;
+    let backend = RouterBackend::new(Peers::new(&args.prefill, &args.decode), window, metrics.clone());
+    backend.peers.refresh(&backend.http).await;
+    backend.spawn_refresh(Duration::from_secs(5));
+    let state = AppState {
+        backend: Backend::Router(backend),
+        tokenizer: Arc::new(tokenizer),
+        model_name: name,
+        window,
+        metrics,
+        report: None,
+        ready: Arc::new(AtomicBool::new(true)),
+        registry: registry.clone(),
+    };
+    let summary = format!("router: prefill {:?}, decode {:?}, context window {window} tokens", args.prefill, args.decode);
+    let ready = state.ready.clone();
+    Ok(Started { listener: bind(args.listen).await?, app: server::router(state), ready, summary })
+}
+
+/// A registry with the build info every process exports.
+pub fn registry() -> prometheus::Registry {
+    let r = prometheus::Registry::new();
+    metrics::register_build_info(&r);
+    r
+}
+
+/// Runs one role until SIGTERM / Ctrl-C.
+pub async fn run_single(started: Started) -> anyhow::Result<()> {
+    println!("kvgate-worker listening on http://{} ({})", started.addr(), started.summary);
+    started.serve(super::shutdown_signal()).await
+}
+
+pub fn fault_args_check(f: &FaultArgs) -> anyhow::Result<()> {
+    if f.inject_fault.is_some() && !f.allow_fault_injection {
+        anyhow::bail!("--inject-fault needs --allow-fault-injection");
+    }
+    Ok(())
+}

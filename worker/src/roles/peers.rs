@@ -1,0 +1,106 @@
+//! The router's view of its prefill and decode peers: capacity reports, load, and pairing
+//! (only peers whose model and layout fingerprints agree may exchange pages).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kvgate_proto::{CapacityReport, KV_POOL_PATH};
+
+#[derive(Debug)]
+pub struct Peer {
+    /// `http://host:port`
+    pub base: String,
+    report: Mutex<Option<CapacityReport>>,
+    in_flight: AtomicUsize,
+}
+
+/// Counts a request against a peer for as long as it lives.
+#[derive(Debug)]
+pub struct Busy(Arc<Peer>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Peer {
+    pub fn new(addr: &str) -> Arc<Self> {
+        let base = if addr.starts_with("http://") { addr.to_string() } else { format!("http://{addr}") };
+        Arc::new(Peer { base, report: Mutex::new(None), in_flight: AtomicUsize::new(0) })
+    }
+
+    pub fn report(&self) -> Option<CapacityReport> {
+        self.report.lock().unwrap().clone()
+    }
+
+    pub fn busy(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Busy(self.clone())
+    }
+
+    fn load(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    async fn refresh(&self, http: &reqwest::Client) {
+        let fetched = async {
+            let resp = http.get(format!("{}{KV_POOL_PATH}", self.base)).send().await.ok()?;
+            resp.error_for_status().ok()?.json::<CapacityReport>().await.ok()
+        }
+        .await;
+        *self.report.lock().unwrap() = fetched;
+    }
+}
+
+#[derive(Debug)]
+pub struct Peers {
+    pub prefill: Vec<Arc<Peer>>,
+    pub decode: Vec<Arc<Peer>>,
+}
+
+fn compatible(a: &CapacityReport, b: &CapacityReport) -> bool {
+    a.model_fingerprint == b.model_fingerprint && a.layout_fingerprint == b.layout_fingerprint
+}
+
+impl Peers {
+    pub fn new(prefill: &[String], decode: &[String]) -> Self {
+        Peers { prefill: prefill.iter().map(|a| Peer::new(a)).collect(), decode: decode.iter().map(|a| Peer::new(a)).collect() }
+    }
+
+    /// Re-reads every peer's capacity report; an unreachable peer has none and is not picked.
+    pub async fn refresh(&self, http: &reqwest::Client) {
+        for p in self.prefill.iter().chain(&self.decode) {
+            p.refresh(http).await;
+        }
+    }
+
+    /// The least loaded decode peer, with the least loaded prefill peer that matches it.
+    pub fn pick(&self) -> Option<(Arc<Peer>, Arc<Peer>)> {
+        let mut decodes: Vec<(&Arc<Peer>, CapacityReport)> = self.decode.iter().filter_map(|d| d.report().map(|r| (d, r))).collect();
+        decodes.sort_by_key(|(d, _)| d.load());
+        for (d, dr) in decodes {
+            let prefill = self
+                .prefill
+                .iter()
+                .filter(|p| p.report().is_some_and(|pr| compatible(&pr, &dr)))
+                .min_by_key(|p| p.load());
+            if let Some(p) = prefill {
+                return Some((p.clone(), d.clone()));
+            }
+        }
+        None
+    }
+
+    /// Why `pick` found nothing, for the error a client sees.
+    pub fn explain_no_pair(&self) -> String {
+        let known = |ps: &[Arc<Peer>]| ps.iter().filter(|p| p.report().is_some()).count();
+        format!(
+            "no prefill/decode pair with matching model and KV layout fingerprints is available ({} of {} prefill and {} of {} decode peers reachable)",
+            known(&self.prefill),
+            self.prefill.len(),
+            known(&self.decode),
+            self.decode.len()
+        )
+    }
+}

@@ -1,0 +1,194 @@
+//! The router role: admits against the declared window, reserves on decode, has prefill fill the
+//! reservation, and streams decode's tokens back. Decode's verdict on the handoff is final: the
+//! router never trusts prefill's word that a transfer completed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, PrefillResponse, ReserveRequest, Reservation, Sampling, StreamLine};
+use serde_json::Value;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::peers::Peers;
+use crate::engine::admission::{self, Limits};
+use crate::engine::{Event, Failure, FinishReason, Rejection};
+use crate::metrics::Metrics;
+use crate::model::SamplingParams;
+
+pub struct RouterBackend {
+    pub peers: Peers,
+    pub http: reqwest::Client,
+    pub window: usize,
+    pub metrics: Metrics,
+    /// How long decode may wait for prefill's commit after prefill itself failed.
+    pub grace: Duration,
+}
+
+impl std::fmt::Debug for RouterBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterBackend").field("peers", &self.peers).finish()
+    }
+}
+
+fn fail(status: u16, code: &str, message: impl Into<String>) -> Event {
+    Event::Failed(Failure { status, code: code.into(), message: message.into() })
+}
+
+/// A peer's error body (OpenAI-style or a prefill verdict) as a failure.
+async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    let (code, message) = match (&body["error"], &body["reason"]) {
+        (Value::Object(e), _) => (e["code"].as_str().unwrap_or("peer_error").to_string(), e["message"].as_str().unwrap_or("").to_string()),
+        (_, Value::String(reason)) => (format!("kv_handoff_{reason}"), body["message"].as_str().unwrap_or("").to_string()),
+        _ => ("peer_error".to_string(), format!("{peer} answered HTTP {status}")),
+    };
+    fail(status, &code, message)
+}
+
+impl RouterBackend {
+    pub fn new(peers: Peers, window: usize, metrics: Metrics) -> Arc<Self> {
+        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().expect("HTTP client");
+        Arc::new(RouterBackend { peers, http, window, metrics, grace: Duration::from_secs(2) })
+    }
+
+    /// Keeps the peers' capacity reports fresh.
+    pub fn spawn_refresh(self: &Arc<Self>, every: Duration) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                this.peers.refresh(&this.http).await;
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
+
+    pub fn submit(self: &Arc<Self>, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<UnboundedReceiver<Event>, Rejection> {
+        admission::admit(Limits { window: self.window, pool_tokens: usize::MAX }, prompt.len(), max_tokens)?;
+        let (tx, rx) = unbounded_channel();
+        let this = self.clone();
+        tokio::spawn(async move {
+            let arrived = Instant::now();
+            if let Err(event) = this.orchestrate(&tx, prompt, max_tokens, sampling, arrived).await {
+                let _ = tx.send(event);
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn orchestrate(
+        &self,
+        tx: &UnboundedSender<Event>,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        arrived: Instant,
+    ) -> Result<(), Event> {
+        if self.peers.pick().is_none() {
+            self.peers.refresh(&self.http).await;
+        }
+        let (prefill, decode) = self.peers.pick().ok_or_else(|| fail(503, "no_peers", self.peers.explain_no_pair()))?;
+        let (_p, _d) = (prefill.busy(), decode.busy());
+
+        // 1. Decode reserves pages for the whole sequence.
+        let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens: max_tokens as u32 };
+        let resp = self
+            .http
+            .post(format!("{}{}", decode.base, super::RESERVE_PATH))
+            .json(&reserve)
+            .send()
+            .await
+            .map_err(|e| fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)))?;
+        if !resp.status().is_success() {
+            return Err(peer_error(resp, "decode").await);
+        }
+        let reservation: Reservation = resp.json().await.map_err(|e| fail(502, "peer_error", format!("decode reservation: {e}")))?;
+        let id = reservation.handoff_id.clone();
+        self.metrics.prompt_tokens.inc_by(prompt.len() as u64);
+
+        // 2. Prefill fills it, or rejects the prompt before computing anything.
+        let request = PrefillRequest { prompt: prompt.clone(), reservation };
+        let prefilled = self.http.post(format!("{}{}", prefill.base, super::PREFILL_PATH)).json(&request).send().await;
+        let commit_wait = match prefilled {
+            Ok(r) if r.status().as_u16() == 413 => {
+                // A rejected request must die everywhere: free decode's pages now.
+                let cancel = CancelRequest { rejected: true };
+                let _ = self.http.post(format!("{}{}", decode.base, super::cancel_path(&id))).json(&cancel).send().await;
+                return Err(peer_error(r, "prefill").await);
+            }
+            Ok(r) if r.status().is_success() => {
+                let _ = r.json::<PrefillResponse>().await;
+                None
+            }
+            // Prefill failed or died: decode decides what happened to the transfer.
+            Ok(r) => {
+                tracing::warn!(status = r.status().as_u16(), "prefill peer failed; asking decode for the verdict");
+                Some(self.grace)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "prefill peer unreachable; asking decode for the verdict");
+                Some(self.grace)
+            }
+        };
+
+        // 3. Decode generates only from a verified handoff.
+        let s = SamplingParams { ..sampling };
+        let generate = GenerateRequest {
+            prompt,
+            max_tokens: max_tokens as u32,
+            sampling: Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed },
+            commit_wait_ms: commit_wait.map(|d| d.as_millis() as u64),
+        };
+        let resp = self
+            .http
+            .post(format!("{}{}", decode.base, super::generate_path(&id)))
+            .json(&generate)
+            .send()
+            .await
+            .map_err(|e| fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)))?;
+        if !resp.status().is_success() {
+            return Err(peer_error(resp, "decode").await);
+        }
+        self.relay(tx, resp, arrived).await
+    }
+
+    /// Forwards decode's NDJSON token stream as engine events.
+    async fn relay(&self, tx: &UnboundedSender<Event>, resp: reqwest::Response, arrived: Instant) -> Result<(), Event> {
+        let mut body = resp.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut last: Option<Instant> = None;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| fail(502, "peer_error", format!("decode stream broke: {e}")))?;
+            buf.extend_from_slice(&chunk);
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                let parsed: StreamLine =
+                    serde_json::from_slice(&line).map_err(|e| fail(502, "peer_error", format!("bad line from decode: {e}")))?;
+                let event = match parsed {
+                    StreamLine::Token(t) => {
+                        let now = Instant::now();
+                        match last {
+                            None => self.metrics.ttft.observe((now - arrived).as_secs_f64()),
+                            Some(prev) => self.metrics.inter_token.observe((now - prev).as_secs_f64()),
+                        }
+                        last = Some(now);
+                        self.metrics.generation_tokens.inc();
+                        Event::Token(t)
+                    }
+                    StreamLine::Done { finish, prompt_tokens, completion_tokens } => {
+                        self.metrics.duration.observe(arrived.elapsed().as_secs_f64());
+                        let finish = if finish == "stop" { FinishReason::Stop } else { FinishReason::Length };
+                        let _ = tx.send(Event::Done { finish, prompt_tokens: prompt_tokens as usize, completion_tokens: completion_tokens as usize });
+                        return Ok(());
+                    }
+                    StreamLine::Error { status, code, message } => return Err(fail(status, &code, message)),
+                };
+                if tx.send(event).is_err() {
+                    return Ok(()); // client left; dropping the stream tells decode
+                }
+            }
+        }
+        Err(fail(502, "peer_error", "decode ended the stream without finishing"))
+    }
+}
