@@ -79,12 +79,6 @@ impl Metrics {
             generation_tokens: counter("kvgate_generation_tokens_total", "Tokens generated."),
         }
     }
-
-    /// Records the pool's page usage after it changed.
-    pub fn observe_pool(&self, used_pages: usize, page_size: usize) {
-        self.pool_pages_in_use.set(used_pages as i64);
-        self.pool_used_tokens.set((used_pages * page_size) as i64);
-    }
 }
 
 /// `kvgate_build_info`, once per process.

@@ -44,7 +44,7 @@ impl Engine {
         metrics.pool_capacity_tokens.set(pool.capacity_tokens() as i64);
         metrics.pool_pages.set(pool.num_pages() as i64);
         metrics.context_window_tokens.set(window as i64);
-        metrics.observe_pool(0, pool.layout().page_size);
+        pool.report_usage_to(metrics.pool_pages_in_use.clone(), metrics.pool_used_tokens.clone());
         let scheduler = scheduler::Scheduler::new(model.clone(), pool.clone(), metrics.clone(), config);
         let flag = alive.clone();
         std::thread::Builder::new()

@@ -120,7 +120,6 @@ impl Scheduler {
             let _ = req.events.send(Event::Rejected(Rejection::pool_busy(waited)));
             false
         });
-        self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
     }
 
     /// One batched forward pass over every running sequence.
@@ -163,7 +162,6 @@ impl Scheduler {
                 self.running.retain(|_| !failed.contains(&index.next().unwrap()));
             }
         }
-        self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
     }
 
     /// Frees a finished sequence's pages (scrubbed), *then* tells the client: by the time an
@@ -173,7 +171,6 @@ impl Scheduler {
         let done = Event::Done { finish, prompt_tokens: s.prompt_len(), completion_tokens: s.generated() };
         let events = s.req.events.clone();
         drop(s);
-        self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
         let _ = events.send(done);
     }
 
@@ -194,6 +191,9 @@ impl Scheduler {
             };
             let token = s.sampler.sample(&row_logits);
             s.tokens.push(token);
+            if s.is_prefill_only() {
+                continue; // the first token travels with the handoff, not to a client
+            }
             match s.last_token_at {
                 None => self.metrics.ttft.observe((now - s.req.arrived).as_secs_f64()),
                 Some(prev) => self.metrics.inter_token.observe((now - prev).as_secs_f64()),
@@ -207,7 +207,6 @@ impl Scheduler {
             if self.running[i].is_prefill_only() && self.running[i].generated() > 0 {
                 let s = self.running.remove(i);
                 s.hand_back();
-                self.metrics.observe_pool(self.pool.used_pages(), self.pool.layout().page_size);
                 continue;
             }
             match self.running[i].finished(&self.model.eos) {

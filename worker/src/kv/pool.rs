@@ -2,7 +2,9 @@
 //! (scrubbed) when dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use prometheus::IntGauge;
 
 use half::{bf16, f16};
 use thiserror::Error;
@@ -30,6 +32,8 @@ pub struct KvPool {
     scrub_on_free: bool,
     next_owner: AtomicU64,
     inner: Mutex<PoolInner>,
+    /// Pages-in-use and used-tokens gauges, kept true at every lease and release.
+    usage: OnceLock<(IntGauge, IntGauge)>,
 }
 
 struct PoolInner {
@@ -52,6 +56,7 @@ impl KvPool {
             scrub_on_free,
             next_owner: AtomicU64::new(1),
             inner: Mutex::new(PoolInner { alloc: PageAllocator::new(num_pages), store }),
+            usage: OnceLock::new(),
         })
     }
 
@@ -94,10 +99,25 @@ impl KvPool {
         self.lock().alloc.free_pages()
     }
 
+    /// From now on, keeps `pages_in_use` and `used_tokens` equal to the pool's usage.
+    pub fn report_usage_to(&self, pages_in_use: IntGauge, used_tokens: IntGauge) {
+        let _ = self.usage.set((pages_in_use, used_tokens));
+        self.publish(self.lock().alloc.used_pages());
+    }
+
+    fn publish(&self, used_pages: usize) {
+        if let Some((pages, tokens)) = self.usage.get() {
+            pages.set(used_pages as i64);
+            tokens.set((used_pages * self.layout.page_size) as i64);
+        }
+    }
+
     /// Leases pages for `tokens` tokens to a new owner, all or nothing.
     pub fn lease(self: &Arc<Self>, tokens: usize) -> Result<Lease, AllocError> {
         let owner = OwnerId(self.next_owner.fetch_add(1, Ordering::Relaxed));
-        let pages = self.lock().alloc.allocate(owner, self.layout.pages_for(tokens))?;
+        let mut inner = self.lock();
+        let pages = inner.alloc.allocate(owner, self.layout.pages_for(tokens))?;
+        self.publish(inner.alloc.used_pages());
         Ok(Lease { pool: Arc::clone(self), owner, pages, tokens })
     }
 
@@ -128,6 +148,7 @@ impl KvPool {
         if let Err(e) = inner.alloc.release(owner, pages) {
             tracing::error!(error = %e, "KV page release refused");
         }
+        self.publish(inner.alloc.used_pages());
     }
 }
 

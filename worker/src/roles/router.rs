@@ -123,7 +123,9 @@ impl RouterBackend {
             }
             // Prefill failed or died: decode decides what happened to the transfer.
             Ok(r) => {
-                tracing::warn!(status = r.status().as_u16(), "prefill peer failed; asking decode for the verdict");
+                let status = r.status().as_u16();
+                let body = r.text().await.unwrap_or_default();
+                tracing::warn!(status, body, "prefill peer failed; asking decode for the verdict");
                 Some(self.grace)
             }
             Err(e) => {

@@ -1,0 +1,150 @@
+//! The disaggregated handoff through the real router over loopback: every injected fault is
+//! caught by decode with its own reason, nothing is generated from unverified pages, and the
+//! pages come back.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::Worker;
+
+/// A prompt of 98 bytes + BOS = 99 tokens: 7 pages of 16.
+fn prompt() -> String {
+    "The tenant's prompt, long enough to span several KV pages of sixteen tokens each, one by one......".to_string()
+}
+
+async fn assert_pools_empty(w: &Worker) {
+    for role in ["prefill", "decode"] {
+        let used = w.metric(&format!(r#"kvgate_kv_pool_pages_in_use{{role="{role}"}}"#)).await;
+        assert_eq!(used, 0.0, "{role} still holds pages");
+    }
+}
+
+async fn mismatches(w: &Worker, reason: &str) -> f64 {
+    w.metric(&format!(r#"kvgate_handoff_mismatch_total{{reason="{reason}",role="decode"}}"#)).await
+}
+
+async fn decode_tokens(w: &Worker) -> f64 {
+    w.metric(r#"kvgate_generation_tokens_total{role="decode"}"#).await
+}
+
+/// One request through a `local` worker with `fault` injected: the answer must be a non-200
+/// whose body names the check that failed, counted once under `reason`, with no token made.
+async fn caught(fault: &str, reason: &str, expect_in_message: &str) {
+    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", fault]);
+    let (status, body) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
+    assert_eq!(status, 502, "{fault}: {body}");
+    assert_eq!(body["error"]["code"], format!("kv_handoff_{reason}"), "{fault}: {body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(expect_in_message), "{fault}: {message}");
+    assert!(body.get("choices").is_none());
+    assert_eq!(mismatches(&w, reason).await, 1.0, "{fault}");
+    assert_eq!(decode_tokens(&w).await, 0.0, "{fault}: decode generated from an unverified handoff");
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="failed",role="decode"}"#).await, 1.0);
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 0.0);
+    assert_pools_empty(&w).await;
+}
+
+#[tokio::test]
+async fn the_incident_truncated_transfer_is_refused_by_token_count() {
+    caught("truncate-transfer", "token_count", "kv_handoff_incomplete: received 16 of 99 reserved tokens").await;
+}
+
+#[tokio::test]
+async fn a_corrupted_page_fails_its_checksum() {
+    caught("corrupt-page", "checksum", "page index 3 failed its checksum").await;
+}
+
+#[tokio::test]
+async fn a_page_sent_outside_the_reservation_is_a_page_set_violation() {
+    caught("drop-page", "page_set", "is not part of the reservation").await;
+}
+
+#[tokio::test]
+async fn a_duplicated_page_is_a_page_set_violation() {
+    caught("duplicate-page", "page_set", "sent twice").await;
+}
+
+#[tokio::test]
+async fn a_wrong_auth_tag_is_refused() {
+    caught("wrong-auth", "auth", "auth tag does not match").await;
+}
+
+#[tokio::test]
+async fn a_foreign_model_fingerprint_is_refused() {
+    caught("wrong-fingerprint", "fingerprint", "kv_handoff_fingerprint").await;
+}
+
+#[tokio::test]
+async fn a_prefill_that_dies_mid_transfer_is_a_timeout() {
+    caught("die-mid-transfer", "timeout", "closed the KV connection after 4 of 7 pages").await;
+}
+
+#[tokio::test]
+async fn disaggregated_output_equals_colocated_output_and_survives_failures() {
+    let colocated = Worker::colocated(&[]);
+    // Every second handoff is truncated; the ones in between must still be exact.
+    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", "truncate-transfer", "--fault-every", "2"]);
+    let prompts = ["Hello", "The quick brown fox jumps over the lazy dog", "a", &"long prompt ".repeat(40), "kvgate"];
+    let mut failures = 0;
+    for p in prompts {
+        let want = colocated.complete(p, 24).await;
+        assert_eq!(w.complete(p, 24).await, want, "{p:?}");
+        let (status, body) = w.post("/v1/completions", &json!({"prompt": p, "max_tokens": 24, "temperature": 0})).await;
+        if p.len() + 1 > 16 {
+            assert_eq!(status, 502, "{body}");
+            failures += 1;
+        } else {
+            // A one-page prompt cannot be truncated: the fault changes nothing.
+            assert_eq!(body["choices"][0]["text"], want);
+        }
+    }
+    assert_eq!(mismatches(&w, "token_count").await, failures as f64);
+    assert_pools_empty(&w).await;
+}
+
+#[tokio::test]
+async fn streaming_through_the_router_equals_the_whole_answer() {
+    let w = Worker::local(&[]);
+    let whole = w.complete("stream through the handoff", 16).await;
+    let (status, datas) = w
+        .stream("/v1/completions", &json!({"prompt": "stream through the handoff", "max_tokens": 16, "temperature": 0, "stream": true}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(datas.last().unwrap(), "[DONE]");
+    let text: String = datas[..datas.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, whole);
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 2.0);
+    assert_pools_empty(&w).await;
+}
+
+#[tokio::test]
+async fn a_truncated_request_never_sees_the_previous_tenants_kv() {
+    // The pools hold exactly one request (4 pages), so the second request gets exactly the
+    // first one's pages.
+    let secret = "SECRET-7f3a9c-ACCOUNT-4242-PASSWORD-hunter2-";
+    let other = "Another customer's prompt of the same size..";
+    assert_eq!(secret.len(), other.len());
+    let w = Worker::local(&[
+        "--kv-pool-tokens", "64", "--context-window", "64",
+        "--allow-fault-injection", "--inject-fault", "truncate-transfer", "--fault-every", "2",
+    ]);
+    let (status, first) = w.post("/v1/completions", &json!({"prompt": secret, "max_tokens": 16, "temperature": 0})).await;
+    assert_eq!(status, 200, "{first}");
+    for stream in [false, true] {
+        let body = json!({"prompt": other, "max_tokens": 16, "temperature": 0, "stream": stream});
+        let resp = w.http.post(format!("{}/v1/completions", w.base)).json(&body).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        assert_eq!(status, 502, "stream={stream}: {text}");
+        assert!(!text.contains("SECRET") && !text.contains("hunter2") && !text.contains("4242"), "leaked: {text}");
+        assert!(!text.contains("choices"), "a token was produced: {text}");
+        // Keep the fault on the next (odd, honest) request in step: send one in between.
+        let (status, _) = w.post("/v1/completions", &json!({"prompt": secret, "max_tokens": 16, "temperature": 0})).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(decode_tokens(&w).await, 3.0 * 16.0, "only the three honest requests generated");
+    assert_pools_empty(&w).await;
+}
