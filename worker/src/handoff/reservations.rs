@@ -32,6 +32,8 @@ pub struct Committed {
     pub lease: Lease,
     pub first_token: u32,
     pub reserved_tokens: u32,
+    /// A committed handoff nobody asks to decode is freed at the reservation's deadline too.
+    deadline: Instant,
 }
 
 struct Open {
@@ -269,7 +271,12 @@ impl Reservations {
         let Some(Entry::Open(open)) = table.entries.remove(&c.handoff) else { unreachable!() };
         self.metrics.duration.observe(open.created.elapsed().as_secs_f64());
         self.metrics.total.with_label_values(&["committed"]).inc();
-        table.entries.insert(c.handoff, Entry::Committed(Committed { lease: open.lease, first_token: c.first_token, reserved_tokens: open.reserved_tokens }));
+        table.entries.insert(c.handoff, Entry::Committed(Committed {
+                lease: open.lease,
+                first_token: c.first_token,
+                reserved_tokens: open.reserved_tokens,
+                deadline: open.deadline,
+            }));
         self.changed.notify_waiters();
         Ok(())
     }
@@ -339,10 +346,20 @@ impl Reservations {
         }
     }
 
-    /// Frees reservations past their deadline.
+    /// Frees reservations past their deadline: uncommitted ones are timeouts; committed ones
+    /// that nobody came to decode are just freed.
     pub fn expire(&self) {
         let mut table = self.lock();
         let now = Instant::now();
+        let abandoned: Vec<HandoffId> = table
+            .entries
+            .iter()
+            .filter_map(|(id, e)| matches!(e, Entry::Committed(c) if c.deadline <= now).then_some(*id))
+            .collect();
+        for id in abandoned {
+            table.tombstone(id, Entry::Expired);
+            self.metrics.expired.inc();
+        }
         let expired: Vec<HandoffId> = table
             .entries
             .iter()

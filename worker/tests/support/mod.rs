@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub struct Worker {
-    child: Child,
+    pub child: Child,
+    /// The line in which the worker reported where it listens.
+    pub line: String,
     pub base: String,
     pub http: reqwest::Client,
 }
@@ -54,7 +56,7 @@ impl Worker {
             .unwrap_or_else(|| panic!("worker did not report its address: {line:?}"))
             .to_string();
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
-        Worker { child, base: format!("http://{addr}"), http }
+        Worker { child, base: format!("http://{addr}"), http, line }
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
