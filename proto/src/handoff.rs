@@ -348,3 +348,49 @@ mod tests {
         assert!("xyz".parse::<HandoffId>().is_err());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+
+    /// Property: arbitrary bytes decode to a frame or an error; never a panic, and never an
+    /// allocation larger than the bytes present (payloads are copied from the input only).
+    #[test]
+    fn random_bytes_never_panic_the_decoder() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let valid = Frame::Commit(CommitFrame {
+            handoff: HandoffId(1),
+            tag: [0; TAG_LEN],
+            total_tokens: 1,
+            page_count: 1,
+            digest: 0,
+            first_token: 0,
+            model_fingerprint: 0,
+            layout_fingerprint: 0,
+        })
+        .encode();
+        for round in 0..20_000 {
+            let len = (next() % 160) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if round % 2 == 0 && len >= HEADER_LEN {
+                // Keep a valid header half the time so the body parsers are exercised too.
+                bytes[..HEADER_LEN].copy_from_slice(&valid[..HEADER_LEN]);
+                bytes[6] = 1 + (next() % 3) as u8;
+                let body_len = (len - HEADER_LEN) as u32;
+                bytes[8..12].copy_from_slice(&body_len.to_le_bytes());
+            }
+            if let Ok((frame, used)) = Frame::decode(&bytes) {
+                assert!(used <= bytes.len());
+                if let Frame::Page(p) = frame {
+                    assert!(p.payload.len() <= bytes.len());
+                }
+            }
+        }
+    }
+}
