@@ -31,6 +31,8 @@ pub struct Transfer<'a> {
     pub layout_fingerprint: &'a str,
     pub fault: Option<Fault>,
     pub metrics: &'a HandoffMetrics,
+    /// False only in the benchmark that measures what checksumming costs.
+    pub checksums: bool,
 }
 
 impl Transfer<'_> {
@@ -57,7 +59,7 @@ impl Transfer<'_> {
                 _ => {}
             }
             let payload = self.pool.access().page_bytes(self.lease, i).map_err(|e| e.to_string())?;
-            let checksum = xxh3_64(&payload);
+            let checksum = if self.checksums { xxh3_64(&payload) } else { 0 };
             checksums.push(checksum);
             let mut frame = PageFrame {
                 handoff: id,

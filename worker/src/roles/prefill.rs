@@ -95,6 +95,7 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
         layout_fingerprint: &role.engine.pool.layout().fingerprint(),
         fault,
         metrics: &role.metrics,
+        checksums: true,
     };
     let outcome = transfer.run().await;
     role.metrics.duration.observe(started.elapsed().as_secs_f64());
