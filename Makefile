@@ -18,3 +18,4 @@ lint:
 ## Benchmarks (printed as a Markdown table; numbers in the README come from here).
 bench:
 	$(CARGO) bench -p kvgate-worker --bench engine
+	$(CARGO) bench -p kvgate-worker --bench handoff
