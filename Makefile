@@ -2,14 +2,15 @@
 
 CARGO ?= cargo
 
-.PHONY: run test lint bench
+.PHONY: run test lint bench controlplane dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
 	$(CARGO) run --release -p kvgate-worker -- local
 
-## Every test of the workspace: unit, model, and HTTP tests against real worker processes.
-test:
+## Every test of the workspace: unit, model, HTTP tests against real worker processes, and the
+## control-plane tests (real etcd, kube-apiserver, kube-controller-manager, kubectl).
+test: controlplane
 	$(CARGO) test --workspace --locked
 
 lint:
@@ -19,3 +20,13 @@ lint:
 bench:
 	$(CARGO) bench -p kvgate-worker --bench engine
 	$(CARGO) bench -p kvgate-worker --bench handoff
+
+## Build kube-apiserver, kube-controller-manager and etcd from the official Go modules into
+## target/controlplane/bin/ (cached: seconds when nothing changed).
+controlplane:
+	bash tests/controlplane/build.sh
+
+## A control plane and node agent in the foreground; kubeconfig in target/dev-cluster/.
+dev-cluster: controlplane
+	$(CARGO) build -p kvgate-worker -p kvgate-testenv
+	$(CARGO) run -q -p kvgate-testenv --bin kvgate-dev-cluster

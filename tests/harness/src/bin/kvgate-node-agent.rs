@@ -1,0 +1,37 @@
+//! `kvgate-node-agent --kubeconfig K --server URL --ca-file CA --image NAME=PATH ...`
+//! Plays the kubelet's part: see `kvgate_testenv::node`.
+
+use std::path::PathBuf;
+
+use kvgate_testenv::node::{AgentConfig, ImageTable, NodeAgent};
+
+/// `--flag value` or `--flag=value`.
+fn arg(args: &[String], flag: &str) -> Option<String> {
+    let prefix = format!("{flag}=");
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| args.iter().find_map(|a| a.strip_prefix(&prefix).map(str::to_string)))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).init();
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH [--node-name NAME] [--dir DIR] [--image NAME=PATH]...");
+        return Ok(());
+    }
+    let need = |flag: &str| arg(&args, flag).ok_or_else(|| anyhow::anyhow!("{flag} is required (see --help)"));
+    let images: Vec<String> = args.windows(2).filter(|w| w[0] == "--image").map(|w| w[1].clone()).collect();
+    let kubeconfig = PathBuf::from(need("--kubeconfig")?);
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    let client = kube::Client::try_from(config)?;
+    let node_name = arg(&args, "--node-name").unwrap_or_else(|| "kvgate-node".into());
+    let dir = PathBuf::from(arg(&args, "--dir").unwrap_or_else(|| std::env::temp_dir().join(format!("kvgate-node-{node_name}")).display().to_string()));
+    std::fs::create_dir_all(&dir)?;
+    let cfg = AgentConfig { node_name, images: ImageTable::parse(&images)?, dir, server: need("--server")?, ca_file: PathBuf::from(need("--ca-file")?) };
+    println!("kvgate-node-agent: node {} ready", cfg.node_name);
+    NodeAgent::new(client, cfg).run().await
+}

@@ -1,0 +1,258 @@
+//! etcd, kube-apiserver and kube-controller-manager on free loopback ports, one set per test
+//! binary, with a kubeconfig for an admin in `system:masters`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use crate::certs::{self, Certs};
+use crate::process::{Proc, free_port, tail};
+
+/// Where `make controlplane` puts the binaries (override with `KVGATE_CONTROLPLANE_BIN`).
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("KVGATE_CONTROLPLANE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/controlplane/bin"))
+}
+
+fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let p = bin_dir().join(name);
+    if !p.is_file() {
+        bail!("{} not found: build the control plane with `make controlplane` (tests/controlplane/build.sh)", p.display());
+    }
+    Ok(p)
+}
+
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    pub certs: Certs,
+    procs: Mutex<Vec<Proc>>,
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if ready()? {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("{what} did not become ready within {timeout:?}")
+}
+
+impl ControlPlane {
+    /// The control plane shared by every test of this binary, started on first use.
+    pub fn shared() -> &'static ControlPlane {
+        static CP: OnceLock<ControlPlane> = OnceLock::new();
+        CP.get_or_init(|| ControlPlane::start().unwrap_or_else(|e| panic!("starting the test control plane: {e:#}")))
+    }
+
+    pub fn start() -> anyhow::Result<ControlPlane> {
+        let started = Instant::now();
+        let dir = std::env::temp_dir().join(format!("kvgate-cp-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir)?;
+        let certs = certs::generate(&dir)?;
+        let (client, peer, secure, kcm_port) = (free_port(), free_port(), free_port(), free_port());
+        let server = format!("https://127.0.0.1:{secure}");
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_text(&server, &certs))?;
+        let cp = ControlPlane { dir: dir.clone(), kubeconfig, server, certs, procs: Mutex::new(Vec::new()) };
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let path = |p: &Path| p.display().to_string();
+
+        let etcd = Proc::spawn(
+            "etcd",
+            &binary("etcd")?,
+            &s(&[
+                "--name=kvgate",
+                &format!("--data-dir={}", dir.join("etcd").display()),
+                &format!("--listen-client-urls=http://127.0.0.1:{client}"),
+                &format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                &format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                &format!("--initial-cluster=kvgate=http://127.0.0.1:{peer}"),
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ]),
+            &dir,
+        )?;
+        cp.procs.lock().unwrap().push(etcd);
+
+        let apiserver = Proc::spawn(
+            "kube-apiserver",
+            &binary("kube-apiserver")?,
+            &s(&[
+                &format!("--etcd-servers=http://127.0.0.1:{client}"),
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                &format!("--secure-port={secure}"),
+                &format!("--tls-cert-file={}", path(&cp.certs.server_cert)),
+                &format!("--tls-private-key-file={}", path(&cp.certs.server_key)),
+                &format!("--client-ca-file={}", path(&cp.certs.ca)),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                &format!("--service-account-key-file={}", path(&cp.certs.sa_pub)),
+                &format!("--service-account-signing-key-file={}", path(&cp.certs.sa_key)),
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--authorization-mode=RBAC",
+                // The kubernetes Service cannot point at a loopback address.
+                "--endpoint-reconciler-type=none",
+                "--v=1",
+            ]),
+            &dir,
+        )?;
+        cp.procs.lock().unwrap().push(apiserver);
+        wait_until("kube-apiserver", Duration::from_secs(90), || {
+            cp.check_alive()?;
+            Ok(cp.kubectl(&["get", "--raw", "/readyz"]).status.success())
+        })?;
+
+        let admin = path(&cp.kubeconfig);
+        let kcm = Proc::spawn(
+            "kube-controller-manager",
+            &binary("kube-controller-manager")?,
+            &s(&[
+                &format!("--kubeconfig={admin}"),
+                &format!("--authentication-kubeconfig={admin}"),
+                &format!("--authorization-kubeconfig={admin}"),
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={kcm_port}"),
+                "--leader-elect=false",
+                &format!("--service-account-private-key-file={}", path(&cp.certs.sa_key)),
+                &format!("--root-ca-file={}", path(&cp.certs.ca)),
+                &format!("--cluster-signing-cert-file={}", path(&cp.certs.ca)),
+                &format!("--cluster-signing-key-file={}", path(&cp.certs.ca_key)),
+                "--use-service-account-credentials=true",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--concurrent-deployment-syncs=10",
+                "--v=1",
+            ]),
+            &dir,
+        )?;
+        cp.procs.lock().unwrap().push(kcm);
+        // The controller manager is up once it has made the default ServiceAccount.
+        wait_until("kube-controller-manager", Duration::from_secs(60), || {
+            cp.check_alive()?;
+            Ok(cp.kubectl(&["get", "serviceaccount", "default", "-n", "default"]).status.success())
+        })?;
+        eprintln!("kvgate-testenv: control plane ready at {} in {:.1?} ({})", cp.server, started.elapsed(), cp.dir.display());
+        Ok(cp)
+    }
+
+    fn check_alive(&self) -> anyhow::Result<()> {
+        for p in self.procs.lock().unwrap().iter_mut() {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the real `kubectl` against this control plane.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new(kubectl_path())
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args)
+            .output()
+            .expect("kubectl is installed (Debian/Ubuntu: see README 'Test it')")
+    }
+
+    /// Runs `kubectl` authenticated only by `token` (no admin certificate).
+    pub fn kubectl_as(&self, token: &str, args: &[&str]) -> Output {
+        Command::new(kubectl_path())
+            .arg("--kubeconfig=/dev/null")
+            .arg(format!("--server={}", self.server))
+            .arg(format!("--certificate-authority={}", self.certs.ca.display()))
+            .arg(format!("--token={token}"))
+            .args(args)
+            .output()
+            .expect("kubectl is installed")
+    }
+
+    /// `kubectl` that must succeed; returns its stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(out.status.success(), "kubectl {args:?} failed:\n{}\n{}", String::from_utf8_lossy(&out.stderr), self.logs());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A new namespace for one test, with its default ServiceAccount in place.
+    pub fn namespace(&self, prefix: &str) -> String {
+        let name = format!("{prefix}-{:06x}", rand_suffix());
+        self.kubectl_ok(&["create", "namespace", &name]);
+        let _ = wait_until("the namespace's default ServiceAccount", Duration::from_secs(30), || {
+            Ok(self.kubectl(&["get", "serviceaccount", "default", "-n", &name]).status.success())
+        });
+        name
+    }
+
+    /// Starts a node agent (`kvgate-node-agent` at `agent`) that runs pods whose images are in
+    /// `images` (`name=path`), stopped when the returned process is dropped.
+    pub fn node_agent(&self, agent: &Path, node: &str, images: &[(&str, &Path)]) -> anyhow::Result<Proc> {
+        let mut args = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--server={}", self.server),
+            format!("--ca-file={}", self.certs.ca.display()),
+            format!("--node-name={node}"),
+            format!("--dir={}", self.dir.join(node).display()),
+        ];
+        for (name, path) in images {
+            args.push("--image".into());
+            args.push(format!("{name}={}", path.display()));
+        }
+        let mut p = Proc::spawn(node, agent, &args, &self.dir)?;
+        wait_until("the node agent's Node", Duration::from_secs(30), || {
+            p.check_alive()?;
+            Ok(self.kubectl(&["get", "node", node]).status.success())
+        })?;
+        Ok(p)
+    }
+
+    /// A kube client for the admin identity.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The tail of every component's log, for a failed test's output.
+    pub fn logs(&self) -> String {
+        self.procs
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|p| format!("--- {} ({}) ---\n{}", p.name, p.log.display(), tail(&p.log, 30)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for mut p in self.procs.lock().unwrap().drain(..).rev() {
+            p.stop();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn kubectl_path() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+fn rand_suffix() -> u32 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now()) as u32 & 0xff_ffff
+}
+
+fn kubeconfig_text(server: &str, certs: &Certs) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: kvgate-test\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate: {cert}\n    client-key: {key}\ncontexts:\n- name: kvgate-test\n  context:\n    cluster: kvgate-test\n    user: admin\ncurrent-context: kvgate-test\n",
+        ca = certs.ca.display(),
+        cert = certs.admin_cert.display(),
+        key = certs.admin_key.display(),
+    )
+}

@@ -1,0 +1,217 @@
+//! Registers a Node, keeps its Lease and Ready condition fresh, binds pending pods to itself,
+//! runs them as local processes (one loopback address each) and reports their status.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::images::ImageTable;
+use super::pod::PodRt;
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub node_name: String,
+    pub images: ImageTable,
+    /// Where pods' logs and kubeconfigs live.
+    pub dir: PathBuf,
+    /// API server URL and CA file written into pods' kubeconfigs.
+    pub server: String,
+    pub ca_file: PathBuf,
+}
+
+pub struct NodeAgent {
+    client: kube::Client,
+    cfg: AgentConfig,
+    pods: HashMap<String, PodRt>,
+    used_ips: BTreeSet<u8>,
+}
+
+const MANAGER: &str = "kvgate-node-agent";
+
+impl NodeAgent {
+    pub fn new(client: kube::Client, cfg: AgentConfig) -> Self {
+        NodeAgent { client, cfg, pods: HashMap::new(), used_ips: BTreeSet::new() }
+    }
+
+    async fn register(&self) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let name = &self.cfg.node_name;
+        if nodes.get_opt(name).await?.is_none() {
+            let node = Node { metadata: ObjectMeta { name: Some(name.clone()), labels: Some([("kubernetes.io/hostname".to_string(), name.clone())].into()), ..Default::default() }, ..Default::default() };
+            nodes.create(&PostParams::default(), &node).await?;
+        }
+        self.heartbeat().await
+    }
+
+    async fn heartbeat(&self) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let now = Timestamp::now();
+        let status = json!({ "status": {
+            "capacity": { "cpu": "16", "memory": "64Gi", "pods": "110" },
+            "allocatable": { "cpu": "16", "memory": "64Gi", "pods": "110" },
+            "addresses": [{ "type": "InternalIP", "address": "127.0.0.1" }, { "type": "Hostname", "address": self.cfg.node_name }],
+            "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kvgate node agent is posting ready status",
+                             "lastHeartbeatTime": now, "lastTransitionTime": now }],
+            "nodeInfo": { "kubeletVersion": "v1.37.2-kvgate", "containerRuntimeVersion": "kvgate-local://1", "operatingSystem": "linux",
+                          "architecture": std::env::consts::ARCH, "kernelVersion": "", "osImage": "", "kubeProxyVersion": "",
+                          "machineID": "", "systemUUID": "", "bootID": "" },
+        }});
+        nodes.patch_status(&self.cfg.node_name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
+        let lease = json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": { "name": self.cfg.node_name },
+            "spec": { "holderIdentity": self.cfg.node_name, "leaseDurationSeconds": 40, "renewTime": MicroTime(now) },
+        });
+        leases.patch(&self.cfg.node_name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&lease)).await?;
+        Ok(())
+    }
+
+    /// Runs until the process is stopped.
+    pub async fn run(mut self) -> anyhow::Result<()> {
+        self.register().await?;
+        let mut last_beat = Instant::now();
+        loop {
+            if last_beat.elapsed() > Duration::from_secs(10) {
+                if let Err(e) = self.heartbeat().await {
+                    tracing::warn!(error = %e, "node heartbeat failed");
+                }
+                last_beat = Instant::now();
+            }
+            if let Err(e) = self.sync().await {
+                tracing::warn!(error = %e, "pod sync failed");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn sync(&mut self) -> anyhow::Result<()> {
+        let all: Api<Pod> = Api::all(self.client.clone());
+        // Bind pending pods that name no node (no scheduler runs here).
+        for pod in all.list(&ListParams::default().fields("spec.nodeName=")).await? {
+            if pod.metadata.deletion_timestamp.is_none() {
+                self.bind(&pod).await;
+            }
+        }
+        let mine = all.list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name))).await?;
+        let mut seen = BTreeSet::new();
+        for pod in mine {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            seen.insert(uid.clone());
+            if pod.metadata.deletion_timestamp.is_some() {
+                self.terminate(&pod).await;
+                continue;
+            }
+            if !self.pods.contains_key(&uid) {
+                let rt = self.admit(&pod).await;
+                self.pods.insert(uid.clone(), rt);
+            }
+            let rt = self.pods.get_mut(&uid).unwrap();
+            rt.tick(&pod, &self.cfg.images).await;
+            let status = rt.status(&pod);
+            if rt.last_status.as_ref() != Some(&status) {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                match api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(json!({ "status": status }))).await {
+                    Ok(_) => rt.last_status = Some(status),
+                    Err(e) => tracing::warn!(pod = name, error = %e, "status update failed"),
+                }
+            }
+        }
+        // Pods removed behind our back: stop their processes.
+        let gone: Vec<String> = self.pods.keys().filter(|u| !seen.contains(*u)).cloned().collect();
+        for uid in gone {
+            if let Some(mut rt) = self.pods.remove(&uid) {
+                rt.stop(Duration::from_secs(1));
+                self.release_ip(&rt.ip);
+            }
+        }
+        Ok(())
+    }
+
+    async fn bind(&self, pod: &Pod) {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let binding = Binding {
+            metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+            target: ObjectReference { kind: Some("Node".into()), name: Some(self.cfg.node_name.clone()), api_version: Some("v1".into()), ..Default::default() },
+        };
+        if let Err(e) = api.create_subresource::<Binding, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
+            tracing::debug!(pod = name, error = %e, "binding failed (already bound?)");
+        }
+    }
+
+    fn take_ip(&mut self) -> String {
+        let n = (2u8..=254).find(|n| !self.used_ips.contains(n)).expect("at most 253 pods per node agent");
+        self.used_ips.insert(n);
+        format!("127.0.0.{n}")
+    }
+
+    fn release_ip(&mut self, ip: &str) {
+        if let Some(n) = ip.rsplit('.').next().and_then(|n| n.parse().ok()) {
+            self.used_ips.remove(&n);
+        }
+    }
+
+    /// A new pod: its address, directory, and a kubeconfig with its service account's token.
+    async fn admit(&mut self, pod: &Pod) -> PodRt {
+        let ip = self.take_ip();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let dir = self.cfg.dir.join(&uid);
+        let _ = std::fs::create_dir_all(&dir);
+        let kubeconfig = match self.token(pod).await {
+            Ok(Some(token)) => {
+                let path = dir.join("kubeconfig");
+                let text = format!(
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: sa\n    namespace: {}\ncurrent-context: c\n",
+                    self.cfg.server,
+                    self.cfg.ca_file.display(),
+                    pod.metadata.namespace.as_deref().unwrap_or("default"),
+                );
+                std::fs::write(&path, text).ok().map(|_| path)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "service account token request failed");
+                None
+            }
+        };
+        PodRt::new(pod, ip, dir, kubeconfig)
+    }
+
+    async fn token(&self, pod: &Pod) -> anyhow::Result<Option<String>> {
+        let spec = pod.spec.as_ref();
+        if spec.and_then(|s| s.automount_service_account_token) == Some(false) {
+            return Ok(None);
+        }
+        let sa = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into());
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
+        let req = TokenRequest { spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }), ..Default::default() };
+        let resp: TokenRequest = api.create_subresource("token", &sa, &PostParams::default(), &req).await?;
+        Ok(resp.status.and_then(|s| s.token))
+    }
+
+    async fn terminate(&mut self, pod: &Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).max(0) as u64;
+        if let Some(mut rt) = self.pods.remove(&uid) {
+            tokio::task::block_in_place(|| rt.stop(Duration::from_secs(grace)));
+            self.release_ip(&rt.ip);
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let dp = DeleteParams { grace_period_seconds: Some(0), preconditions: Some(kube::api::Preconditions { uid: Some(uid), resource_version: None }), ..Default::default() };
+        if let Err(e) = api.delete(&name, &dp).await {
+            tracing::debug!(pod = name, error = %e, "final delete failed");
+        }
+    }
+}

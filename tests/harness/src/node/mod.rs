@@ -1,0 +1,10 @@
+//! The node agent: plays the kubelet's part for a control plane without a container runtime.
+
+pub mod agent;
+pub mod env;
+pub mod images;
+pub mod pod;
+pub mod probes;
+
+pub use agent::{AgentConfig, NodeAgent};
+pub use images::ImageTable;

@@ -1,0 +1,336 @@
+//! One pod on the node agent: its containers as local processes on the pod's loopback address,
+//! their probes and restarts, and the status the kubelet would report.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::images::ImageTable;
+use super::{env, probes};
+
+#[derive(Debug, Clone)]
+enum State {
+    Waiting { reason: String, message: String },
+    Running { started: Time },
+    Terminated { exit_code: i32, reason: String, started: Time, finished: Time },
+}
+
+#[derive(Debug, Default)]
+struct Probing {
+    next_at: Option<Instant>,
+    failures: i32,
+}
+
+#[derive(Debug)]
+struct ContainerRt {
+    spec: Container,
+    child: Option<Child>,
+    restarts: i32,
+    state: State,
+    ready: bool,
+    started_at: Option<Instant>,
+    backoff_until: Option<Instant>,
+    readiness: Probing,
+    liveness: Probing,
+}
+
+#[derive(Debug)]
+pub struct PodRt {
+    pub uid: String,
+    pub ip: String,
+    dir: PathBuf,
+    containers: Vec<ContainerRt>,
+    kubeconfig: Option<PathBuf>,
+    started: Time,
+    pub last_status: Option<Value>,
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+impl PodRt {
+    pub fn new(pod: &Pod, ip: String, dir: PathBuf, kubeconfig: Option<PathBuf>) -> Self {
+        let containers = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .map(|c| ContainerRt {
+                spec: c.clone(),
+                child: None,
+                restarts: 0,
+                state: State::Waiting { reason: "ContainerCreating".into(), message: String::new() },
+                ready: false,
+                started_at: None,
+                backoff_until: None,
+                readiness: Probing::default(),
+                liveness: Probing::default(),
+            })
+            .collect();
+        PodRt { uid: pod.metadata.uid.clone().unwrap_or_default(), ip, dir, containers, kubeconfig, started: now(), last_status: None }
+    }
+
+    fn start(&mut self, i: usize, pod: &Pod, images: &ImageTable) {
+        let ip = self.ip.clone();
+        let c = &mut self.containers[i];
+        let program = match images.resolve(c.spec.image.as_deref().unwrap_or("")) {
+            Ok(p) => p,
+            Err(message) => {
+                c.state = State::Waiting { reason: "ErrImagePull".into(), message };
+                return;
+            }
+        };
+        let vars = match env::build(pod, &c.spec, &ip) {
+            Ok(v) => v,
+            Err(message) => {
+                c.state = State::Waiting { reason: "CreateContainerConfigError".into(), message };
+                return;
+            }
+        };
+        // `command` replaces the image's entrypoint: its first word names the binary, which the
+        // image table already resolved, so only the rest are arguments.
+        let mut argv: Vec<String> = c.spec.command.iter().flatten().skip(1).cloned().collect();
+        argv.extend(c.spec.args.iter().flatten().cloned());
+        let argv: Vec<String> = argv.iter().map(|a| env::expand(a, &vars)).collect();
+        let log = self.dir.join(format!("{}.log", c.spec.name));
+        let file = match std::fs::OpenOptions::new().create(true).append(true).open(&log) {
+            Ok(f) => f,
+            Err(e) => {
+                c.state = State::Waiting { reason: "CreateContainerError".into(), message: e.to_string() };
+                return;
+            }
+        };
+        let mut cmd = Command::new(&program);
+        cmd.args(&argv)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &self.dir)
+            .envs(&vars)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file);
+        // Containers stay in the agent's process group, so whoever stops the agent's group
+        // (the test harness does at exit) stops every pod with it: no orphans.
+        if let Some(k) = &self.kubeconfig {
+            cmd.env("KUBECONFIG", k);
+        }
+        match cmd.spawn() {
+            Ok(child) => {
+                c.child = Some(child);
+                c.state = State::Running { started: now() };
+                c.started_at = Some(Instant::now());
+                c.ready = false;
+                c.readiness = Probing::default();
+                c.liveness = Probing::default();
+            }
+            Err(e) => c.state = State::Waiting { reason: "RunContainerError".into(), message: format!("{}: {e}", program.display()) },
+        }
+    }
+
+    /// Starts what should run, notices exits, restarts per policy, and runs due probes.
+    pub async fn tick(&mut self, pod: &Pod, images: &ImageTable) {
+        let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_else(|| "Always".into());
+        for i in 0..self.containers.len() {
+            let c = &mut self.containers[i];
+            if let Some(child) = c.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let exit_code = status.code().unwrap_or(137);
+                    let started = match &c.state {
+                        State::Running { started } => started.clone(),
+                        _ => now(),
+                    };
+                    let reason = if exit_code == 0 { "Completed" } else { "Error" };
+                    c.state = State::Terminated { exit_code, reason: reason.into(), started, finished: now() };
+                    c.child = None;
+                    c.ready = false;
+                    let restart = policy == "Always" || (policy == "OnFailure" && exit_code != 0);
+                    if restart {
+                        // Back off 1 s, 2 s, 4 s ... up to 30 s, as CrashLoopBackOff does (faster).
+                        let delay = Duration::from_secs(1u64 << c.restarts.min(5) as u64).min(Duration::from_secs(30));
+                        c.backoff_until = Some(Instant::now() + delay);
+                    }
+                }
+            }
+            let c = &mut self.containers[i];
+            let due = match (&c.state, c.backoff_until) {
+                (State::Waiting { reason, .. }, _) if reason == "ContainerCreating" => true,
+                (State::Waiting { reason, .. }, _) if reason == "ErrImagePull" || reason == "ImagePullBackOff" => false,
+                (State::Terminated { .. }, Some(t)) => Instant::now() >= t,
+                _ => false,
+            };
+            if due {
+                if c.backoff_until.take().is_some() {
+                    c.restarts += 1;
+                }
+                self.start(i, pod, images);
+            }
+            self.probe(i).await;
+        }
+    }
+
+    async fn probe(&mut self, i: usize) {
+        let ip = self.ip.clone();
+        let c = &mut self.containers[i];
+        let Some(started) = c.started_at.filter(|_| c.child.is_some()) else { return };
+        if let Some(p) = c.spec.liveness_probe.clone() {
+            if due(&mut c.liveness, &p, started) {
+                if let Err(reason) = probes::run(&p, &c.spec, &ip).await {
+                    c.liveness.failures += 1;
+                    if c.liveness.failures >= p.failure_threshold.unwrap_or(3) {
+                        tracing::info!(container = c.spec.name, reason, "liveness probe failed; restarting");
+                        if let Some(child) = c.child.as_mut() {
+                            // SAFETY: signalling the container's own process.
+                            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                        }
+                    }
+                } else {
+                    c.liveness.failures = 0;
+                }
+            }
+        }
+        match c.spec.readiness_probe.clone() {
+            None => c.ready = true,
+            Some(p) => {
+                if due(&mut c.readiness, &p, started) {
+                    match probes::run(&p, &c.spec, &ip).await {
+                        Ok(()) => {
+                            c.readiness.failures = 0;
+                            c.ready = true;
+                        }
+                        Err(_) => {
+                            c.readiness.failures += 1;
+                            if c.readiness.failures >= p.failure_threshold.unwrap_or(3) {
+                                c.ready = false;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The status the kubelet would report, with `Ready` honouring the pod's readiness gates.
+    pub fn status(&self, pod: &Pod) -> Value {
+        let all_running = self.containers.iter().all(|c| matches!(c.state, State::Running { .. }));
+        let all_ready = !self.containers.is_empty() && self.containers.iter().all(|c| c.ready);
+        let terminal = self.containers.iter().all(|c| matches!(c.state, State::Terminated { .. }) && c.backoff_until.is_none());
+        let phase = if all_running {
+            "Running"
+        } else if terminal {
+            if self.containers.iter().all(|c| matches!(c.state, State::Terminated { exit_code: 0, .. })) { "Succeeded" } else { "Failed" }
+        } else if self.containers.iter().any(|c| c.restarts > 0 || matches!(c.state, State::Running { .. })) {
+            "Running"
+        } else {
+            "Pending"
+        };
+        let existing = pod.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+        let gates_ok = pod.spec.iter().flat_map(|s| s.readiness_gates.iter().flatten()).all(|g| {
+            existing.iter().any(|c| c.type_ == g.condition_type && c.status == "True")
+        });
+        let ready = all_ready && gates_ok;
+        let cond = |t: &str, ok: bool, reason: Option<&str>| {
+            let status = if ok { "True" } else { "False" };
+            // Keep the transition time while the status holds.
+            let since = existing
+                .iter()
+                .find(|c| c.type_ == t && c.status == status)
+                .and_then(|c| c.last_transition_time.clone())
+                .unwrap_or_else(now);
+            let mut v = json!({ "type": t, "status": status, "lastTransitionTime": since, "lastProbeTime": null });
+            if let Some(r) = reason.filter(|_| !ok) {
+                v["reason"] = json!(r);
+            }
+            v
+        };
+        let statuses: Vec<Value> = self
+            .containers
+            .iter()
+            .map(|c| {
+                let state = match &c.state {
+                    State::Waiting { reason, message } => json!({ "waiting": { "reason": reason, "message": message } }),
+                    State::Running { started } => json!({ "running": { "startedAt": started } }),
+                    State::Terminated { exit_code, reason, started, finished } => {
+                        if c.backoff_until.is_some() {
+                            json!({ "waiting": { "reason": "CrashLoopBackOff", "message": format!("back-off restarting failed container {}", c.spec.name) } })
+                        } else {
+                            json!({ "terminated": { "exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": finished } })
+                        }
+                    }
+                };
+                json!({
+                    "name": c.spec.name, "image": c.spec.image, "imageID": "", "ready": c.ready,
+                    "restartCount": c.restarts, "started": matches!(c.state, State::Running { .. }), "state": state,
+                })
+            })
+            .collect();
+        json!({
+            "phase": phase,
+            "podIP": self.ip,
+            "podIPs": [{ "ip": self.ip }],
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{ "ip": "127.0.0.1" }],
+            "startTime": self.started,
+            "conditions": [
+                cond("PodScheduled", true, None),
+                cond("Initialized", true, None),
+                cond("ContainersReady", all_ready, Some("ContainersNotReady")),
+                cond("Ready", ready, Some(if all_ready { "ReadinessGatesNotReady" } else { "ContainersNotReady" })),
+            ],
+            "containerStatuses": statuses,
+        })
+    }
+
+    /// SIGTERM, up to `grace` to exit, then SIGKILL.
+    pub fn stop(&mut self, grace: Duration) {
+        let deadline = Instant::now() + grace;
+        for c in &mut self.containers {
+            if let Some(child) = &c.child {
+                // SAFETY: signalling the container's own process.
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            }
+        }
+        for c in &mut self.containers {
+            if let Some(mut child) = c.child.take() {
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                // SAFETY: as above; the child is not reaped yet, so the pid is still ours.
+                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                let _ = child.wait();
+            }
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Logs of every container, for test failures.
+    pub fn logs(&self) -> BTreeMap<String, String> {
+        self.containers
+            .iter()
+            .map(|c| (c.spec.name.clone(), std::fs::read_to_string(self.dir.join(format!("{}.log", c.spec.name))).unwrap_or_default()))
+            .collect()
+    }
+}
+
+fn due(p: &mut Probing, probe: &k8s_openapi::api::core::v1::Probe, started: Instant) -> bool {
+    let now = Instant::now();
+    let first = started + Duration::from_secs(probe.initial_delay_seconds.unwrap_or(0) as u64);
+    let next = p.next_at.unwrap_or(first);
+    if now < next {
+        return false;
+    }
+    p.next_at = Some(now + Duration::from_secs(probe.period_seconds.unwrap_or(10).max(1) as u64));
+    true
+}

@@ -1,0 +1,103 @@
+//! Child processes that never outlive the test binary: each runs in its own process group, is
+//! stopped (SIGTERM, then SIGKILL) on drop, and is also stopped by an exit hook for the ones
+//! held in statics, which Rust never drops.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static LIVE: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+extern "C" fn kill_all_at_exit() {
+    if let Ok(pids) = LIVE.lock() {
+        for pid in pids.iter() {
+            // SAFETY: signalling a process group we created.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+fn register(pid: i32) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain extern "C" function once.
+    HOOK.call_once(|| unsafe {
+        libc::atexit(kill_all_at_exit);
+    });
+    LIVE.lock().unwrap().push(pid);
+}
+
+/// A component process with its output in a log file.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> anyhow::Result<Proc> {
+        let log = log_dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {}: {e}", program.display()))?;
+        register(child.id() as i32);
+        Ok(Proc { name: name.into(), log, child })
+    }
+
+    /// Fails with the log's tail if the process already exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            anyhow::bail!("{} exited ({status}):\n{}", self.name, tail(&self.log, 40));
+        }
+        Ok(())
+    }
+
+    pub fn stop(&mut self) {
+        let pid = self.child.id() as i32;
+        // SAFETY: signalling the process group we created.
+        unsafe {
+            libc::kill(-pid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: as above; harmless if the group is gone.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+        LIVE.lock().unwrap().retain(|p| *p != pid);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `lines` lines of a log file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for a test harness).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
