@@ -27,10 +27,18 @@ async fn decode_tokens(w: &Worker) -> f64 {
     w.metric(r#"kvgate_generation_tokens_total{role="decode"}"#).await
 }
 
-/// One request through a `local` worker with `fault` injected: the answer must be a non-200
-/// whose body names the check that failed, counted once under `reason`, with no token made.
+/// Three requests through a `local` worker that injects `fault` into every second handoff: the
+/// honest ones before and after must equal a colocated worker's output token for token; the
+/// faulty one must be a non-200 whose body names the check that failed, counted once under
+/// `reason`, with no token made from it.
 async fn caught(fault: &str, reason: &str, expect_in_message: &str) {
-    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", fault]);
+    let colocated = Worker::colocated(&[]);
+    let want = colocated.complete(&prompt(), 8).await;
+    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", fault, "--fault-every", "2"]);
+    let (status, first) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
+    assert_eq!(status, 200, "{fault}: {first}");
+    assert_eq!(first["choices"][0]["text"], want.as_str(), "{fault}: before the failure");
+    let honest_tokens = first["usage"]["completion_tokens"].as_f64().unwrap();
     let (status, body) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
     assert_eq!(status, 502, "{fault}: {body}");
     assert_eq!(body["error"]["code"], format!("kv_handoff_{reason}"), "{fault}: {body}");
@@ -38,9 +46,10 @@ async fn caught(fault: &str, reason: &str, expect_in_message: &str) {
     assert!(message.contains(expect_in_message), "{fault}: {message}");
     assert!(body.get("choices").is_none());
     assert_eq!(mismatches(&w, reason).await, 1.0, "{fault}");
-    assert_eq!(decode_tokens(&w).await, 0.0, "{fault}: decode generated from an unverified handoff");
+    assert_eq!(decode_tokens(&w).await, honest_tokens, "{fault}: decode generated from an unverified handoff");
     assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="failed",role="decode"}"#).await, 1.0);
-    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 0.0);
+    assert_eq!(w.complete(&prompt(), 8).await, want, "{fault}: after the failure");
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 2.0);
     assert_pools_empty(&w).await;
 }
 

@@ -369,25 +369,23 @@ impl Reservations {
     pub fn expire(&self) {
         let mut table = self.lock();
         let now = Instant::now();
-        let abandoned: Vec<HandoffId> = table
+        // (id, committed?) of every reservation past its deadline.
+        let due: Vec<(HandoffId, bool)> = table
             .entries
             .iter()
-            .filter_map(|(id, e)| matches!(e, Entry::Committed(c) if c.deadline <= now).then_some(*id))
+            .filter_map(|(id, e)| match e {
+                Entry::Open(o) if o.deadline <= now => Some((*id, false)),
+                Entry::Committed(c) if c.deadline <= now => Some((*id, true)),
+                _ => None,
+            })
             .collect();
-        for id in abandoned {
+        for (id, committed) in due {
             table.tombstone(id, Entry::Expired);
             self.metrics.expired.inc();
-        }
-        let expired: Vec<HandoffId> = table
-            .entries
-            .iter()
-            .filter_map(|(id, e)| matches!(e, Entry::Open(o) if o.deadline <= now).then_some(*id))
-            .collect();
-        for id in expired {
-            table.tombstone(id, Entry::Expired);
-            self.metrics.expired.inc();
-            self.metrics.mismatch.with_label_values(&["timeout"]).inc();
-            self.metrics.total.with_label_values(&["failed"]).inc();
+            if !committed {
+                self.metrics.mismatch.with_label_values(&["timeout"]).inc();
+                self.metrics.total.with_label_values(&["failed"]).inc();
+            }
         }
         self.changed.notify_waiters();
     }

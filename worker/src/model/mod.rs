@@ -5,6 +5,8 @@ pub mod config;
 pub mod llama;
 mod reference;
 #[cfg(test)]
+mod checkpoint_tests;
+#[cfg(test)]
 mod tests;
 pub mod rope;
 pub mod sampling;

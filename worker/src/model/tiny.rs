@@ -35,8 +35,13 @@ pub fn config() -> ModelConfig {
     }
 }
 
-/// Every tensor of the tiny model, named as in a checkpoint.
+/// Every tensor of the tiny model, as a checkpoint would name them.
 pub fn var_builder(device: &Device) -> Result<VarBuilder<'static>> {
+    Ok(VarBuilder::from_tensors(tensors(device)?, DType::F32, device))
+}
+
+/// The tiny model's weights by checkpoint name (also used to write it out as a checkpoint).
+pub fn tensors(device: &Device) -> Result<HashMap<String, Tensor>> {
     let cfg = config();
     let (h, i, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim());
     let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_kv_heads() * hd);
@@ -81,7 +86,7 @@ pub fn var_builder(device: &Device) -> Result<VarBuilder<'static>> {
         };
         tensors.insert(name, Tensor::from_vec(values, shape, device)?);
     }
-    Ok(VarBuilder::from_tensors(tensors, DType::F32, device))
+    Ok(tensors)
 }
 
 /// A tiny integer generator: the same bits on every platform, unlike float-based RNGs.
