@@ -157,7 +157,7 @@ impl ControlPlane {
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .args(args)
             .output()
-            .expect("kubectl is installed (Debian/Ubuntu: see README 'Test it')")
+            .expect("kubectl not found on PATH (or set KUBECTL=/path/to/kubectl): install kubectl v1.32 or newer")
     }
 
     /// Runs `kubectl` authenticated only by `token` (no admin certificate).
@@ -169,7 +169,7 @@ impl ControlPlane {
             .arg(format!("--token={token}"))
             .args(args)
             .output()
-            .expect("kubectl is installed")
+            .expect("kubectl not found on PATH (or set KUBECTL=/path/to/kubectl): install kubectl v1.32 or newer")
     }
 
     /// `kubectl` that must succeed; returns its stdout.
