@@ -8,13 +8,11 @@ use crate::engine::admission::Rejection;
 /// HTTP status codes the worker answers with (the `code` label).
 pub const CODES: [&str; 7] = ["200", "400", "404", "413", "500", "502", "503"];
 
+/// What every serving role exports: requests, rejections, latencies, tokens.
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
-    pub pool_capacity_tokens: IntGauge,
-    pub pool_used_tokens: IntGauge,
-    pub pool_pages: IntGauge,
-    pub pool_pages_in_use: IntGauge,
+    pub role: String,
     pub context_window_tokens: IntGauge,
     pub requests: IntCounterVec,
     pub rejected: IntCounterVec,
@@ -65,10 +63,7 @@ impl Metrics {
         let latency = || prometheus::exponential_buckets(0.001, 2.0, 16).unwrap();
         Metrics {
             registry: registry.clone(),
-            pool_capacity_tokens: gauge("kvgate_kv_pool_capacity_tokens", "Measured KV pool capacity: tokens in the pages really allocated."),
-            pool_used_tokens: gauge("kvgate_kv_pool_used_tokens", "Tokens of KV pool capacity held by live sequences (whole pages)."),
-            pool_pages: gauge("kvgate_kv_pool_pages", "Pages allocated in the KV pool."),
-            pool_pages_in_use: gauge("kvgate_kv_pool_pages_in_use", "KV pool pages held by live sequences or reservations."),
+            role: role.to_string(),
             context_window_tokens: gauge("kvgate_context_window_tokens", "Declared context window, in tokens."),
             requests: counter_vec("kvgate_requests_total", "Completion requests answered, by HTTP status code.", "code", &CODES),
             rejected: counter_vec("kvgate_requests_rejected_total", "Requests rejected before generation, by reason.", "reason", &Rejection::REASONS),
@@ -77,6 +72,31 @@ impl Metrics {
             duration: histogram(registry, "kvgate_request_duration_seconds", "Time from request arrival to its last token.", role, prometheus::exponential_buckets(0.005, 2.0, 16).unwrap()),
             prompt_tokens: counter("kvgate_prompt_tokens_total", "Prompt tokens of admitted requests."),
             generation_tokens: counter("kvgate_generation_tokens_total", "Tokens generated."),
+        }
+    }
+}
+
+/// The KV pool's gauges, for roles that hold a pool (not the router).
+#[derive(Clone)]
+pub struct PoolGauges {
+    pub capacity_tokens: IntGauge,
+    pub used_tokens: IntGauge,
+    pub pages: IntGauge,
+    pub pages_in_use: IntGauge,
+}
+
+impl PoolGauges {
+    pub fn new(registry: &Registry, role: &str) -> Self {
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::with_opts(opts(name, help, role)).unwrap();
+            registry.register(Box::new(g.clone())).unwrap();
+            g
+        };
+        PoolGauges {
+            capacity_tokens: gauge("kvgate_kv_pool_capacity_tokens", "Measured KV pool capacity: tokens in the pages really allocated."),
+            used_tokens: gauge("kvgate_kv_pool_used_tokens", "Tokens of KV pool capacity held by live sequences (whole pages)."),
+            pages: gauge("kvgate_kv_pool_pages", "Pages allocated in the KV pool."),
+            pages_in_use: gauge("kvgate_kv_pool_pages_in_use", "KV pool pages held by live sequences or reservations."),
         }
     }
 }

@@ -41,10 +41,11 @@ impl Engine {
     pub fn start(model: Arc<Model>, pool: Arc<KvPool>, window: usize, metrics: Metrics, config: SchedulerConfig) -> Self {
         let (tx, rx) = std::sync::mpsc::channel();
         let alive = Arc::new(AtomicBool::new(true));
-        metrics.pool_capacity_tokens.set(pool.capacity_tokens() as i64);
-        metrics.pool_pages.set(pool.num_pages() as i64);
+        let gauges = crate::metrics::PoolGauges::new(&metrics.registry, &metrics.role);
+        gauges.capacity_tokens.set(pool.capacity_tokens() as i64);
+        gauges.pages.set(pool.num_pages() as i64);
         metrics.context_window_tokens.set(window as i64);
-        pool.report_usage_to(metrics.pool_pages_in_use.clone(), metrics.pool_used_tokens.clone());
+        pool.report_usage_to(gauges.pages_in_use, gauges.used_tokens);
         let scheduler = scheduler::Scheduler::new(model.clone(), pool.clone(), metrics.clone(), config);
         let flag = alive.clone();
         std::thread::Builder::new()
