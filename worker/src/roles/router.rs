@@ -93,16 +93,7 @@ impl RouterBackend {
 
         // 1. Decode reserves pages for the whole sequence.
         let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens: max_tokens as u32 };
-        let resp = self
-            .http
-            .post(format!("{}{}", decode.base, super::RESERVE_PATH))
-            .json(&reserve)
-            .send()
-            .await
-            .map_err(|e| fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)))?;
-        if !resp.status().is_success() {
-            return Err(peer_error(resp, "decode").await);
-        }
+        let resp = self.call_decode(&decode.base, super::RESERVE_PATH, &reserve).await?;
         let reservation: Reservation = resp.json().await.map_err(|e| fail(502, "peer_error", format!("decode reservation: {e}")))?;
         let id = reservation.handoff_id.clone();
         self.metrics.prompt_tokens.inc_by(prompt.len() as u64);
@@ -135,24 +126,29 @@ impl RouterBackend {
         };
 
         // 3. Decode generates only from a verified handoff.
-        let s = SamplingParams { ..sampling };
         let generate = GenerateRequest {
             prompt,
             max_tokens: max_tokens as u32,
-            sampling: Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed },
+            sampling: Sampling { temperature: sampling.temperature, top_p: sampling.top_p, seed: sampling.seed },
             commit_wait_ms: commit_wait.map(|d| d.as_millis() as u64),
         };
+        let resp = self.call_decode(&decode.base, &super::generate_path(&id), &generate).await?;
+        self.relay(tx, resp, arrived).await
+    }
+
+    /// POSTs `body` to decode; any answer but success becomes the failure decode described.
+    async fn call_decode(&self, base: &str, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Event> {
         let resp = self
             .http
-            .post(format!("{}{}", decode.base, super::generate_path(&id)))
-            .json(&generate)
+            .post(format!("{base}{path}"))
+            .json(body)
             .send()
             .await
-            .map_err(|e| fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)))?;
+            .map_err(|e| fail(502, "peer_unreachable", format!("decode peer {base}: {e}")))?;
         if !resp.status().is_success() {
             return Err(peer_error(resp, "decode").await);
         }
-        self.relay(tx, resp, arrived).await
+        Ok(resp)
     }
 
     /// Forwards decode's NDJSON token stream as engine events.
