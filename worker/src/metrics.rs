@@ -29,49 +29,62 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-fn opts(name: &str, help: &str, role: &str) -> Opts {
-    Opts::new(name, help).const_label("role", role)
+/// Registers one role's metrics: every series carries the constant label `role`, and every
+/// known label value of a counter family starts at zero.
+#[derive(Clone, Copy)]
+pub struct RoleRegistry<'a> {
+    pub registry: &'a Registry,
+    pub role: &'a str,
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str, role: &str, buckets: Vec<f64>) -> Histogram {
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).const_label("role", role).buckets(buckets)).unwrap();
-    registry.register(Box::new(h.clone())).unwrap();
-    h
+impl RoleRegistry<'_> {
+    fn opts(&self, name: &str, help: &str) -> Opts {
+        Opts::new(name, help).const_label("role", self.role)
+    }
+
+    fn register<M: prometheus::core::Collector + Clone + 'static>(&self, m: M) -> M {
+        self.registry.register(Box::new(m.clone())).unwrap();
+        m
+    }
+
+    pub fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.register(IntGauge::with_opts(self.opts(name, help)).unwrap())
+    }
+
+    pub fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::with_opts(self.opts(name, help)).unwrap())
+    }
+
+    pub fn counter_vec(&self, name: &str, help: &str, label: &str, values: &[&str]) -> IntCounterVec {
+        let c = IntCounterVec::new(self.opts(name, help), &[label]).unwrap();
+        for v in values {
+            c.with_label_values(&[*v]);
+        }
+        self.register(c)
+    }
+
+    pub fn histogram(&self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+        let opts = HistogramOpts::new(name, help).const_label("role", self.role).buckets(buckets);
+        self.register(Histogram::with_opts(opts).unwrap())
+    }
 }
 
 impl Metrics {
     /// Metrics for one worker role, registered in `registry` (roles of one process share it).
     pub fn new(registry: &Registry, role: &str) -> Self {
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::with_opts(opts(name, help, role)).unwrap();
-            registry.register(Box::new(g.clone())).unwrap();
-            g
-        };
-        let counter_vec = |name: &str, help: &str, label: &str, values: &[&str]| {
-            let c = IntCounterVec::new(opts(name, help, role), &[label]).unwrap();
-            for v in values {
-                c.with_label_values(&[*v]);
-            }
-            registry.register(Box::new(c.clone())).unwrap();
-            c
-        };
-        let counter = |name: &str, help: &str| {
-            let c = IntCounter::with_opts(opts(name, help, role)).unwrap();
-            registry.register(Box::new(c.clone())).unwrap();
-            c
-        };
+        let r = RoleRegistry { registry, role };
         let latency = || prometheus::exponential_buckets(0.001, 2.0, 16).unwrap();
         Metrics {
             registry: registry.clone(),
             role: role.to_string(),
-            context_window_tokens: gauge("kvgate_context_window_tokens", "Declared context window, in tokens."),
-            requests: counter_vec("kvgate_requests_total", "Completion requests answered, by HTTP status code.", "code", &CODES),
-            rejected: counter_vec("kvgate_requests_rejected_total", "Requests rejected before generation, by reason.", "reason", &Rejection::REASONS),
-            ttft: histogram(registry, "kvgate_time_to_first_token_seconds", "Time from request arrival to its first generated token.", role, latency()),
-            inter_token: histogram(registry, "kvgate_inter_token_latency_seconds", "Time between consecutive generated tokens of one request.", role, latency()),
-            duration: histogram(registry, "kvgate_request_duration_seconds", "Time from request arrival to its last token.", role, prometheus::exponential_buckets(0.005, 2.0, 16).unwrap()),
-            prompt_tokens: counter("kvgate_prompt_tokens_total", "Prompt tokens of admitted requests."),
-            generation_tokens: counter("kvgate_generation_tokens_total", "Tokens generated."),
+            context_window_tokens: r.gauge("kvgate_context_window_tokens", "Declared context window, in tokens."),
+            requests: r.counter_vec("kvgate_requests_total", "Completion requests answered, by HTTP status code.", "code", &CODES),
+            rejected: r.counter_vec("kvgate_requests_rejected_total", "Requests rejected before generation, by reason.", "reason", &Rejection::REASONS),
+            ttft: r.histogram("kvgate_time_to_first_token_seconds", "Time from request arrival to its first generated token.", latency()),
+            inter_token: r.histogram("kvgate_inter_token_latency_seconds", "Time between consecutive generated tokens of one request.", latency()),
+            duration: r.histogram("kvgate_request_duration_seconds", "Time from request arrival to its last token.", prometheus::exponential_buckets(0.005, 2.0, 16).unwrap()),
+            prompt_tokens: r.counter("kvgate_prompt_tokens_total", "Prompt tokens of admitted requests."),
+            generation_tokens: r.counter("kvgate_generation_tokens_total", "Tokens generated."),
         }
     }
 }
@@ -87,16 +100,12 @@ pub struct PoolGauges {
 
 impl PoolGauges {
     pub fn new(registry: &Registry, role: &str) -> Self {
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::with_opts(opts(name, help, role)).unwrap();
-            registry.register(Box::new(g.clone())).unwrap();
-            g
-        };
+        let r = RoleRegistry { registry, role };
         PoolGauges {
-            capacity_tokens: gauge("kvgate_kv_pool_capacity_tokens", "Measured KV pool capacity: tokens in the pages really allocated."),
-            used_tokens: gauge("kvgate_kv_pool_used_tokens", "Tokens of KV pool capacity held by live sequences (whole pages)."),
-            pages: gauge("kvgate_kv_pool_pages", "Pages allocated in the KV pool."),
-            pages_in_use: gauge("kvgate_kv_pool_pages_in_use", "KV pool pages held by live sequences or reservations."),
+            capacity_tokens: r.gauge("kvgate_kv_pool_capacity_tokens", "Measured KV pool capacity: tokens in the pages really allocated."),
+            used_tokens: r.gauge("kvgate_kv_pool_used_tokens", "Tokens of KV pool capacity held by live sequences (whole pages)."),
+            pages: r.gauge("kvgate_kv_pool_pages", "Pages allocated in the KV pool."),
+            pages_in_use: r.gauge("kvgate_kv_pool_pages_in_use", "KV pool pages held by live sequences or reservations."),
         }
     }
 }
