@@ -4,10 +4,6 @@
 use std::net::SocketAddr;
 
 use crate::cli::{DecodeArgs, LocalArgs, PrefillArgs, RouterArgs};
-use crate::engine::{Engine, SchedulerConfig};
-use crate::metrics::Metrics;
-use crate::server::{self, AppState};
-use crate::setup;
 
 use super::roles;
 
@@ -58,30 +54,9 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
 }
 
 async fn colocated(args: LocalArgs, registry: prometheus::Registry) -> anyhow::Result<()> {
-    let window = args.engine.context_window as usize;
-    let loaded = setup::load(&args.engine)?;
-    let config = SchedulerConfig {
-        max_batch_tokens: args.scheduler.max_batch_tokens as usize,
-        admission_timeout: std::time::Duration::from_millis(args.scheduler.admission_timeout_ms),
-    };
-    let engine = Engine::start(loaded.model, loaded.pool, window, Metrics::new(&registry, "local"), config);
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    let r = &loaded.report;
-    println!(
-        "kvgate-worker local listening on http://{} (colocated: model {}, KV pool {} tokens = {} pages x {} on {} as {}, context window {} tokens)",
-        server::local_addr(&listener),
-        r.model,
-        r.capacity_tokens,
-        r.num_pages,
-        r.page_size,
-        r.device,
-        r.dtype,
-        window
-    );
-    let state = AppState::for_engine(engine, loaded.report, registry);
-    let ready = state.ready.clone();
-    server::serve(listener, server::router(state), ready, shutdown_signal()).await?;
-    Ok(())
+    let started = roles::colocated(&args, &registry).await?;
+    println!("kvgate-worker local listening on http://{} ({})", started.addr(), started.summary);
+    started.serve(shutdown_signal()).await
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

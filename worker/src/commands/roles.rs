@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, HandoffArgs, PrefillArgs, RouterArgs, SchedulerArgs};
+use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, HandoffArgs, LocalArgs, PrefillArgs, RouterArgs, SchedulerArgs};
 use crate::engine::{Engine, SchedulerConfig};
 use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
 use crate::metrics::{self, Metrics};
@@ -60,6 +60,15 @@ fn describe(role: &str, r: &kvgate_proto::CapacityReport, window: u64) -> String
         "{role}: model {}, KV pool {} tokens = {} pages x {} on {} as {}, context window {window} tokens",
         r.model, r.capacity_tokens, r.num_pages, r.page_size, r.device, r.dtype
     )
+}
+
+/// One engine that prefills and decodes itself, behind the OpenAI API (`local --colocated`).
+pub async fn colocated(args: &LocalArgs, registry: &prometheus::Registry) -> anyhow::Result<Started> {
+    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "local")?;
+    let summary = describe("colocated", &report, args.engine.context_window);
+    let state = AppState::for_engine(engine, report, registry.clone());
+    let ready = state.ready.clone();
+    Ok(Started { listener: bind(args.listen).await?, app: server::router(state), ready, summary })
 }
 
 pub fn secret(args: &HandoffArgs) -> anyhow::Result<Secret> {
