@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run test lint bench controlplane dev-cluster
+.PHONY: run test test-deps lint bench controlplane dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
@@ -10,8 +10,12 @@ run:
 
 ## Every test of the workspace: unit, model, HTTP tests against real worker processes, and the
 ## control-plane tests (real etcd, kube-apiserver, kube-controller-manager, kubectl).
-test: controlplane
+test: test-deps controlplane
 	$(CARGO) test --workspace --locked
+
+## Debian packages the tests need (installed with apt-get when missing and run as root).
+test-deps:
+	bash scripts/test-deps.sh
 
 lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings

@@ -10,14 +10,25 @@ use std::time::{Duration, Instant};
 
 static LIVE: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
+/// SIGTERM first, so components clean up after themselves (the node agent removes its pod
+/// addresses), then SIGKILL for whatever is left after two seconds.
 extern "C" fn kill_all_at_exit() {
-    if let Ok(pids) = LIVE.lock() {
-        for pid in pids.iter() {
-            // SAFETY: signalling a process group we created.
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-            }
-        }
+    let Ok(pids) = LIVE.lock() else { return };
+    // SAFETY (all three blocks): signalling process groups we created.
+    for pid in pids.iter() {
+        unsafe { libc::kill(-pid, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    // Reap the leaders we started (a zombie still counts as alive), then wait for their groups.
+    let alive = |pid: &i32| unsafe {
+        libc::waitpid(*pid, std::ptr::null_mut(), libc::WNOHANG);
+        libc::kill(-pid, 0) == 0
+    };
+    while Instant::now() < deadline && pids.iter().any(alive) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for pid in pids.iter() {
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
     }
 }
 

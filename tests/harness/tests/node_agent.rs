@@ -1,6 +1,6 @@
-//! The node agent: Deployments become real local processes on their own loopback addresses,
-//! readiness gates keep pods NotReady, restarts and bad images are reported, and RBAC applies
-//! to what a pod runs.
+//! The node agent: Deployments become real local processes on their own addresses, listed in
+//! their Services' EndpointSlices; readiness gates keep pods NotReady and out of those endpoints;
+//! restarts and bad images are reported; RBAC applies to what a pod runs.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -56,6 +56,20 @@ fn ready(pod: &Value) -> bool {
     pod["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
+/// Addresses of the Service's endpoints, each with whether it is ready.
+fn endpoints(cp: &ControlPlane, ns: &str, service: &str) -> Vec<(String, bool)> {
+    let slices = json(cp, &["-n", ns, "get", "endpointslices", "-l", &format!("kubernetes.io/service-name={service}")]);
+    let mut out: Vec<(String, bool)> = slices["items"].as_array().into_iter().flatten()
+        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+        .flat_map(|e| {
+            let ready = e["conditions"]["ready"] == true;
+            e["addresses"].as_array().cloned().unwrap_or_default().into_iter().map(move |a| (a.as_str().unwrap_or("").to_string(), ready))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 fn http_ok(ip: &str) -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect_timeout(&format!("{ip}:8080").parse().unwrap(), Duration::from_secs(1)) else { return false };
@@ -83,7 +97,8 @@ fn a_worker_deployment_runs_as_processes_on_their_own_addresses() {
     let cp = cluster();
     let ns = cp.namespace("agent");
     apply(cp, &ns, &format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{ name: w }}\nspec:\n  replicas: 2\n  selector: {{ matchLabels: {{ app: w }} }}\n  template:\n    metadata: {{ labels: {{ app: w }} }}\n    spec:{WORKER}"
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{ name: w }}\nspec:\n  replicas: 2\n  selector: {{ matchLabels: {{ app: w }} }}\n  template:\n    metadata: {{ labels: {{ app: w }} }}\n    spec:{WORKER}\n---\n{}",
+        service("w")
     ));
     let mut ips = Vec::new();
     eventually(cp, "2 ready worker pods", Duration::from_secs(60), || {
@@ -94,9 +109,12 @@ fn a_worker_deployment_runs_as_processes_on_their_own_addresses() {
     });
     assert_ne!(ips[0], ips[1]);
     for ip in &ips {
-        assert!(ip.starts_with("127.0.0."), "{ip}");
+        assert!(ip.starts_with("198.18."), "{ip}");
         assert!(http_ok(ip), "worker on {ip} does not answer");
     }
+    let mut want: Vec<(String, bool)> = ips.iter().map(|ip| (ip.clone(), true)).collect();
+    want.sort();
+    eventually(cp, "both pods in the Service's EndpointSlice", Duration::from_secs(30), || endpoints(cp, &ns, "w") == want);
     cp.kubectl_ok(&["-n", &ns, "scale", "deployment", "w", "--replicas=0"]);
     eventually(cp, "both pods gone", Duration::from_secs(30), || json(cp, &["-n", &ns, "get", "pods"])["items"].as_array().is_some_and(|a| a.is_empty()));
     for ip in &ips {
@@ -104,14 +122,17 @@ fn a_worker_deployment_runs_as_processes_on_their_own_addresses() {
     }
 }
 
+fn service(app: &str) -> String {
+    format!("apiVersion: v1\nkind: Service\nmetadata: {{ name: {app} }}\nspec:\n  selector: {{ app: {app} }}\n  ports: [{{ port: 8080, targetPort: http }}]\n")
+}
+
 #[test]
 fn a_pod_with_an_unmet_readiness_gate_is_never_ready() {
-    // Note: EndpointSlices cannot list these pods at all (the API server rejects loopback
-    // endpoint addresses), so this checks the Ready condition that Services are built from.
     let cp = cluster();
     let ns = cp.namespace("gate");
     apply(cp, &ns, &format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: gated, labels: {{ app: gated }} }}\nspec:\n      readinessGates: [{{ conditionType: kvgate.dev/kv-pool-verified }}]{WORKER}"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: gated, labels: {{ app: gated }} }}\nspec:\n      readinessGates: [{{ conditionType: kvgate.dev/kv-pool-verified }}]{WORKER}\n---\n{}",
+        service("gated")
     ));
     // The container is ready (its probe passes) but the gate is not: the pod is NotReady.
     eventually(cp, "containers ready", Duration::from_secs(60), || {
@@ -123,6 +144,9 @@ fn a_pod_with_an_unmet_readiness_gate_is_never_ready() {
     assert!(!ready(&pod), "{pod}");
     let reason = pod["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap()["reason"].clone();
     assert_eq!(reason, "ReadinessGatesNotReady", "{}", pod["status"]["conditions"]);
+    // The EndpointSlice lists it, but not ready: a Service sends it no traffic.
+    let ip = pod["status"]["podIP"].as_str().unwrap().to_string();
+    eventually(cp, "the gated pod listed as not ready", Duration::from_secs(30), || endpoints(cp, &ns, "gated") == vec![(ip.clone(), false)]);
     // Setting the gate's condition (as the operator will) makes it Ready, and the node agent
     // keeps the condition it does not own.
     let patch = r#"{"status":{"conditions":[{"type":"kvgate.dev/kv-pool-verified","status":"True","reason":"Test","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#;
@@ -131,6 +155,7 @@ fn a_pod_with_an_unmet_readiness_gate_is_never_ready() {
     std::thread::sleep(Duration::from_secs(1));
     let pod = json(cp, &["-n", &ns, "get", "pod", "gated"]);
     assert!(ready(&pod), "the node agent reverted the gate: {pod}");
+    eventually(cp, "the gated pod's endpoint ready", Duration::from_secs(30), || endpoints(cp, &ns, "gated") == vec![(ip.clone(), true)]);
 }
 
 #[test]

@@ -33,5 +33,13 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let cfg = AgentConfig { node_name, images: ImageTable::parse(&images)?, dir, server: need("--server")?, ca_file: PathBuf::from(need("--ca-file")?) };
     println!("kvgate-node-agent: node {} ready", cfg.node_name);
-    NodeAgent::new(client, cfg).run().await
+    let agent = NodeAgent::new(client, cfg)?;
+    // On SIGTERM or Ctrl-C the agent is dropped, which removes its pod addresses; the pods'
+    // processes share its process group and get the same signal.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = agent.run() => r,
+        _ = term.recv() => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
 }

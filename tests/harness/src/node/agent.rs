@@ -1,5 +1,5 @@
 //! Registers a Node, keeps its Lease and Ready condition fresh, binds pending pods to itself,
-//! runs them as local processes (one loopback address each) and reports their status.
+//! runs them as local processes (one address each, see `addresses`) and reports their status.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use super::addresses::PodAddresses;
 use super::images::ImageTable;
 use super::pod::PodRt;
 
@@ -31,14 +32,18 @@ pub struct NodeAgent {
     client: kube::Client,
     cfg: AgentConfig,
     pods: HashMap<String, PodRt>,
-    used_ips: BTreeSet<u8>,
+    addresses: PodAddresses,
 }
 
 const MANAGER: &str = "kvgate-node-agent";
 
 impl NodeAgent {
-    pub fn new(client: kube::Client, cfg: AgentConfig) -> Self {
-        NodeAgent { client, cfg, pods: HashMap::new(), used_ips: BTreeSet::new() }
+    /// Fails when pod addresses cannot be managed here (no `ip`, no CAP_NET_ADMIN).
+    pub fn new(client: kube::Client, cfg: AgentConfig) -> anyhow::Result<Self> {
+        let mut addresses = PodAddresses::new()?;
+        let probe = addresses.take()?;
+        addresses.release(probe);
+        Ok(NodeAgent { client, cfg, pods: HashMap::new(), addresses })
     }
 
     async fn register(&self) -> anyhow::Result<()> {
@@ -111,8 +116,13 @@ impl NodeAgent {
                 continue;
             }
             if !self.pods.contains_key(&uid) {
-                let rt = self.admit(&pod).await;
-                self.pods.insert(uid.clone(), rt);
+                match self.admit(&pod).await {
+                    Ok(rt) => self.pods.insert(uid.clone(), rt),
+                    Err(e) => {
+                        tracing::warn!(pod = pod.metadata.name, error = %e, "cannot start pod; retrying");
+                        continue;
+                    }
+                };
             }
             let rt = self.pods.get_mut(&uid).unwrap();
             rt.tick(&pod, &self.cfg.images).await;
@@ -131,7 +141,7 @@ impl NodeAgent {
         for uid in gone {
             if let Some(mut rt) = self.pods.remove(&uid) {
                 rt.stop(Duration::from_secs(1));
-                self.release_ip(&rt.ip);
+                self.addresses.release(rt.ip);
             }
         }
         Ok(())
@@ -150,21 +160,9 @@ impl NodeAgent {
         }
     }
 
-    fn take_ip(&mut self) -> String {
-        let n = (2u8..=254).find(|n| !self.used_ips.contains(n)).expect("at most 253 pods per node agent");
-        self.used_ips.insert(n);
-        format!("127.0.0.{n}")
-    }
-
-    fn release_ip(&mut self, ip: &str) {
-        if let Some(n) = ip.rsplit('.').next().and_then(|n| n.parse().ok()) {
-            self.used_ips.remove(&n);
-        }
-    }
-
     /// A new pod: its address, directory, and a kubeconfig with its service account's token.
-    async fn admit(&mut self, pod: &Pod) -> PodRt {
-        let ip = self.take_ip();
+    async fn admit(&mut self, pod: &Pod) -> anyhow::Result<PodRt> {
+        let ip = self.addresses.take()?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.dir.join(&uid);
         let _ = std::fs::create_dir_all(&dir);
@@ -185,7 +183,7 @@ impl NodeAgent {
                 None
             }
         };
-        PodRt::new(pod, ip, dir, kubeconfig)
+        Ok(PodRt::new(pod, ip, dir, kubeconfig))
     }
 
     async fn token(&self, pod: &Pod) -> anyhow::Result<Option<String>> {
@@ -205,7 +203,7 @@ impl NodeAgent {
         let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).max(0) as u64;
         if let Some(mut rt) = self.pods.remove(&uid) {
             tokio::task::block_in_place(|| rt.stop(Duration::from_secs(grace)));
-            self.release_ip(&rt.ip);
+            self.addresses.release(rt.ip);
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
         let name = pod.metadata.name.clone().unwrap_or_default();

@@ -1,5 +1,6 @@
 //! The node agent: plays the kubelet's part for a control plane without a container runtime.
 
+pub mod addresses;
 pub mod agent;
 pub mod env;
 pub mod images;

@@ -1,7 +1,8 @@
-//! One pod on the node agent: its containers as local processes on the pod's loopback address,
+//! One pod on the node agent: its containers as local processes on the pod's own address,
 //! their probes and restarts, and the status the kubelet would report.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -43,7 +44,7 @@ struct ContainerRt {
 #[derive(Debug)]
 pub struct PodRt {
     pub uid: String,
-    pub ip: String,
+    pub ip: Ipv4Addr,
     dir: PathBuf,
     containers: Vec<ContainerRt>,
     kubeconfig: Option<PathBuf>,
@@ -56,7 +57,7 @@ fn now() -> Time {
 }
 
 impl PodRt {
-    pub fn new(pod: &Pod, ip: String, dir: PathBuf, kubeconfig: Option<PathBuf>) -> Self {
+    pub fn new(pod: &Pod, ip: Ipv4Addr, dir: PathBuf, kubeconfig: Option<PathBuf>) -> Self {
         let containers = pod
             .spec
             .iter()
@@ -77,7 +78,7 @@ impl PodRt {
     }
 
     fn start(&mut self, i: usize, pod: &Pod, images: &ImageTable) {
-        let ip = self.ip.clone();
+        let ip = self.ip.to_string();
         let c = &mut self.containers[i];
         let program = match images.resolve(c.spec.image.as_deref().unwrap_or("")) {
             Ok(p) => p,
@@ -176,7 +177,7 @@ impl PodRt {
     }
 
     async fn probe(&mut self, i: usize) {
-        let ip = self.ip.clone();
+        let ip = self.ip.to_string();
         let c = &mut self.containers[i];
         let Some(started) = c.started_at.filter(|_| c.child.is_some()) else { return };
         if let Some(p) = c.spec.liveness_probe.clone() {
@@ -272,8 +273,8 @@ impl PodRt {
             .collect();
         json!({
             "phase": phase,
-            "podIP": self.ip,
-            "podIPs": [{ "ip": self.ip }],
+            "podIP": self.ip.to_string(),
+            "podIPs": [{ "ip": self.ip.to_string() }],
             "hostIP": "127.0.0.1",
             "hostIPs": [{ "ip": "127.0.0.1" }],
             "startTime": self.started,

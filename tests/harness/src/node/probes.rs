@@ -1,4 +1,4 @@
-//! HTTP GET and TCP probes against a pod's loopback address.
+//! HTTP GET and TCP probes against a pod's address.
 
 use std::time::Duration;
 
