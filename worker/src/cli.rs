@@ -56,11 +56,21 @@ pub struct RouterArgs {
     #[arg(long, default_value = "0.0.0.0:8080", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     /// Prefill peers' HTTP addresses (`host:port`), space-separated or repeated.
-    #[arg(long, num_args = 1.., required = true)]
+    #[arg(long, num_args = 1.., required_unless_present = "prefill_service", conflicts_with = "prefill_service")]
     pub prefill: Vec<String>,
     /// Decode peers' HTTP addresses (`host:port`), space-separated or repeated.
-    #[arg(long, num_args = 1.., required = true)]
+    #[arg(long, num_args = 1.., required_unless_present = "decode_service", conflicts_with = "decode_service")]
     pub decode: Vec<String>,
+    /// In a cluster: find prefill peers as the ready endpoints (port `http`) of this Service's
+    /// EndpointSlices (needs get/list on endpointslices; kubeconfig from $KUBECONFIG or in-cluster).
+    #[arg(long, requires = "decode_service")]
+    pub prefill_service: Option<String>,
+    /// In a cluster: find decode peers likewise.
+    #[arg(long, requires = "prefill_service")]
+    pub decode_service: Option<String>,
+    /// Namespace of those Services.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub namespace: String,
     /// `tiny` or a checkpoint directory: the router needs only its name and tokenizer.
     #[arg(long, default_value = "tiny", env = "KVGATE_MODEL")]
     pub model: ModelSource,

@@ -31,7 +31,7 @@ fn a_memory_fraction_is_measured_from_available_memory() {
     let (ok, stdout, stderr) = probe(&["--context-window", "16", "--kv-memory-fraction", "0.001", "--json"]);
     assert!(ok, "{stderr}");
     let r: kvgate_proto::CapacityReport = serde_json::from_str(&stdout).unwrap();
-    assert!(r.capacity_tokens >= 16 && r.capacity_tokens % 16 == 0, "{r:?}");
+    assert!(r.capacity_tokens >= 16 && r.capacity_tokens.is_multiple_of(16), "{r:?}");
     let (ok, _, stderr) = probe(&["--context-window", "16", "--kv-memory-fraction", "1.5"]);
     assert!(!ok && stderr.contains("--kv-memory-fraction"), "{stderr}");
 }

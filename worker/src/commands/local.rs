@@ -45,6 +45,9 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             decode: vec![decode_addr.to_string()],
             model: args.engine.model.clone(),
             context_window: args.engine.context_window,
+            prefill_service: None,
+            decode_service: None,
+            namespace: String::new(),
         },
         &registry,
     )

@@ -14,6 +14,7 @@ use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
 use crate::metrics::{self, Metrics};
 use crate::model::ModelSource;
 use crate::roles::decode::{self, DecodeRole};
+use crate::roles::discovery;
 use crate::roles::peers::Peers;
 use crate::roles::prefill::{self, PrefillRole};
 use crate::roles::router::RouterBackend;
@@ -138,9 +139,18 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry) -> anyho
     let metrics = Metrics::new(registry, "router");
     metrics.context_window_tokens.set(args.context_window as i64);
     let window = args.context_window as usize;
-    let backend = RouterBackend::new(Peers::new(&args.prefill, &args.decode), window, metrics.clone());
+    let backend = RouterBackend::new(Arc::new(Peers::new(&args.prefill, &args.decode)), window, metrics.clone());
     backend.peers.refresh(&backend.http).await;
     backend.spawn_refresh(Duration::from_secs(5));
+    let peers_text = match (&args.prefill_service, &args.decode_service) {
+        (Some(prefill), Some(decode)) => {
+            let client = kube::Client::try_default().await.context("connecting to the API server for peer discovery")?;
+            let services = discovery::Services { namespace: args.namespace.clone(), prefill: prefill.clone(), decode: decode.clone() };
+            tokio::spawn(discovery::run(client, services, backend.peers.clone(), backend.http.clone(), Duration::from_secs(1)));
+            format!("peers from EndpointSlices of services {prefill} and {decode} in {}", args.namespace)
+        }
+        _ => format!("prefill {:?}, decode {:?}", args.prefill, args.decode),
+    };
     let state = AppState {
         backend: Backend::Router(backend),
         tokenizer: Arc::new(tokenizer),
@@ -151,7 +161,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry) -> anyho
         ready: Arc::new(AtomicBool::new(true)),
         registry: registry.clone(),
     };
-    let summary = format!("router: prefill {:?}, decode {:?}, context window {window} tokens", args.prefill, args.decode);
+    let summary = format!("router: {peers_text}, context window {window} tokens");
     let ready = state.ready.clone();
     Ok(Started { listener: bind(args.listen).await?, app: server::router(state), ready, summary })
 }

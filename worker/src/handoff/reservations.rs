@@ -101,11 +101,10 @@ impl Table {
         self.entries.insert(id, entry);
         self.finished.push_back(id);
         while self.finished.len() > TOMBSTONES {
-            if let Some(old) = self.finished.pop_front() {
-                if matches!(self.entries.get(&old), Some(Entry::Failed(_) | Entry::Cancelled { .. } | Entry::Expired)) {
+            if let Some(old) = self.finished.pop_front()
+                && matches!(self.entries.get(&old), Some(Entry::Failed(_) | Entry::Cancelled { .. } | Entry::Expired)) {
                     self.entries.remove(&old);
                 }
-            }
         }
     }
 }

@@ -138,11 +138,10 @@ impl KvPool {
         if self.scrub_on_free {
             for p in pages {
                 // Scrub only what this owner really holds; the release below reports the rest.
-                if inner.alloc.check(owner, *p).is_ok() {
-                    if let Err(e) = inner.store.scrub(p.id) {
+                if inner.alloc.check(owner, *p).is_ok()
+                    && let Err(e) = inner.store.scrub(p.id) {
                         tracing::error!(page = p.id, error = %e, "failed to scrub KV page");
                     }
-                }
             }
         }
         if let Err(e) = inner.alloc.release(owner, pages) {
@@ -220,6 +219,8 @@ impl PoolGuard<'_> {
 
     /// Attention of one query token (`q`: `[heads][head_dim]`) over positions `0..ctx_len` of
     /// `lease` in `layer`, read page by page through the lease's page table.
+    // The hot loop's inputs, passed flat on purpose (no per-call struct to build).
+    #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &mut self,
         lease: &Lease,

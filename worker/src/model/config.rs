@@ -106,22 +106,21 @@ impl ModelConfig {
         if let Some(arch) = self.architectures.iter().find(|a| !SUPPORTED.contains(&a.as_str())) {
             return Err(ModelError::UnsupportedArchitecture { found: arch.clone(), supported: SUPPORTED.join(", ") });
         }
-        if let Some(scaling) = &self.rope_scaling {
-            if scaling.rope_type != "llama3" && scaling.rope_type != "default" {
+        if let Some(scaling) = &self.rope_scaling
+            && scaling.rope_type != "llama3" && scaling.rope_type != "default" {
                 return Err(ModelError::Config(format!(
                     "rope_scaling.rope_type `{}` is not supported (llama3 or default)",
                     scaling.rope_type
                 )));
             }
-        }
         let heads = self.num_attention_heads;
-        if heads == 0 || self.num_kv_heads() == 0 || heads % self.num_kv_heads() != 0 {
+        if heads == 0 || self.num_kv_heads() == 0 || !heads.is_multiple_of(self.num_kv_heads()) {
             return Err(ModelError::Config(format!(
                 "num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads ({})",
                 self.num_kv_heads()
             )));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(ModelError::Config(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim())));
         }
         Ok(())

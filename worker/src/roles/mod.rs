@@ -1,6 +1,7 @@
 //! The three worker roles of a disaggregated deployment, and the HTTP calls between them.
 
 pub mod decode;
+pub mod discovery;
 pub mod peers;
 pub mod prefill;
 pub mod router;

@@ -53,10 +53,18 @@ impl Peer {
     }
 }
 
-#[derive(Debug)]
+/// Both roles' peers. The lists are fixed (`--prefill`/`--decode`) or replaced as discovery
+/// sees EndpointSlices change (`--prefill-service`/`--decode-service`).
+#[derive(Debug, Default)]
 pub struct Peers {
-    pub prefill: Vec<Arc<Peer>>,
-    pub decode: Vec<Arc<Peer>>,
+    prefill: Mutex<Vec<Arc<Peer>>>,
+    decode: Mutex<Vec<Arc<Peer>>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum PeerRole {
+    Prefill,
+    Decode,
 }
 
 fn compatible(a: &CapacityReport, b: &CapacityReport) -> bool {
@@ -65,23 +73,64 @@ fn compatible(a: &CapacityReport, b: &CapacityReport) -> bool {
 
 impl Peers {
     pub fn new(prefill: &[String], decode: &[String]) -> Self {
-        Peers { prefill: prefill.iter().map(|a| Peer::new(a)).collect(), decode: decode.iter().map(|a| Peer::new(a)).collect() }
+        let peers = Peers::default();
+        peers.set(PeerRole::Prefill, prefill);
+        peers.set(PeerRole::Decode, decode);
+        peers
+    }
+
+    fn list(&self, role: PeerRole) -> &Mutex<Vec<Arc<Peer>>> {
+        match role {
+            PeerRole::Prefill => &self.prefill,
+            PeerRole::Decode => &self.decode,
+        }
+    }
+
+    fn snapshot(&self, role: PeerRole) -> Vec<Arc<Peer>> {
+        self.list(role).lock().unwrap().clone()
+    }
+
+    /// Replaces a role's peers with `addrs`, keeping what is known (report, load) of those that
+    /// stay; returns the new ones, whose reports are still to be read.
+    pub fn set(&self, role: PeerRole, addrs: &[String]) -> Vec<Arc<Peer>> {
+        let mut list = self.list(role).lock().unwrap();
+        let mut added = Vec::new();
+        let next: Vec<Arc<Peer>> = addrs
+            .iter()
+            .map(|a| {
+                let fresh = Peer::new(a);
+                list.iter().find(|p| p.base == fresh.base).cloned().unwrap_or_else(|| {
+                    added.push(fresh.clone());
+                    fresh
+                })
+            })
+            .collect();
+        *list = next;
+        added
     }
 
     /// Re-reads every peer's capacity report; an unreachable peer has none and is not picked.
     pub async fn refresh(&self, http: &reqwest::Client) {
-        for p in self.prefill.iter().chain(&self.decode) {
+        for p in self.snapshot(PeerRole::Prefill).iter().chain(&self.snapshot(PeerRole::Decode)) {
+            p.refresh(http).await;
+        }
+    }
+
+    /// Reads the reports of `peers` (new ones from discovery).
+    pub async fn refresh_some(http: &reqwest::Client, peers: &[Arc<Peer>]) {
+        for p in peers {
             p.refresh(http).await;
         }
     }
 
     /// The least loaded decode peer, with the least loaded prefill peer that matches it.
     pub fn pick(&self) -> Option<(Arc<Peer>, Arc<Peer>)> {
-        let mut decodes: Vec<(&Arc<Peer>, CapacityReport)> = self.decode.iter().filter_map(|d| d.report().map(|r| (d, r))).collect();
+        let decode = self.snapshot(PeerRole::Decode);
+        let prefill = self.snapshot(PeerRole::Prefill);
+        let mut decodes: Vec<(&Arc<Peer>, CapacityReport)> = decode.iter().filter_map(|d| d.report().map(|r| (d, r))).collect();
         decodes.sort_by_key(|(d, _)| d.load());
         for (d, dr) in decodes {
-            let prefill = self
-                .prefill
+            let prefill = prefill
                 .iter()
                 .filter(|p| p.report().is_some_and(|pr| compatible(&pr, &dr)))
                 .min_by_key(|p| p.load());
@@ -94,13 +143,14 @@ impl Peers {
 
     /// Why `pick` found nothing, for the error a client sees.
     pub fn explain_no_pair(&self) -> String {
+        let (prefill, decode) = (self.snapshot(PeerRole::Prefill), self.snapshot(PeerRole::Decode));
         let known = |ps: &[Arc<Peer>]| ps.iter().filter(|p| p.report().is_some()).count();
         format!(
             "no prefill/decode pair with matching model and KV layout fingerprints is available ({} of {} prefill and {} of {} decode peers reachable)",
-            known(&self.prefill),
-            self.prefill.len(),
-            known(&self.decode),
-            self.decode.len()
+            known(&prefill),
+            prefill.len(),
+            known(&decode),
+            decode.len()
         )
     }
 }

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::model::SamplingParams;
 
 pub struct RouterBackend {
-    pub peers: Peers,
+    pub peers: Arc<Peers>,
     pub http: reqwest::Client,
     pub window: usize,
     pub metrics: Metrics,
@@ -48,7 +48,7 @@ async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
 }
 
 impl RouterBackend {
-    pub fn new(peers: Peers, window: usize, metrics: Metrics) -> Arc<Self> {
+    pub fn new(peers: Arc<Peers>, window: usize, metrics: Metrics) -> Arc<Self> {
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().expect("HTTP client");
         Arc::new(RouterBackend { peers, http, window, metrics, grace: Duration::from_secs(2) })
     }

@@ -43,10 +43,12 @@ impl Backend {
         }
     }
 
+    /// Can serve: the engine runs, or the router knows a usable prefill/decode pair (so a
+    /// Service sends no traffic to a router that could only answer 503).
     fn is_alive(&self) -> bool {
         match self {
             Backend::Engine(e) => e.is_alive(),
-            Backend::Router(_) => true,
+            Backend::Router(r) => r.peers.pick().is_some(),
         }
     }
 }

@@ -125,6 +125,9 @@ impl NodeAgent {
                 };
             }
             let rt = self.pods.get_mut(&uid).unwrap();
+            if rt.volumes_missing() {
+                rt.set_volumes(super::volumes::prepare(&self.client, &pod, rt.dir(), rt.token.as_deref()).await);
+            }
             rt.tick(&pod, &self.cfg.images).await;
             let status = rt.status(&pod);
             if rt.last_status.as_ref() != Some(&status) {
@@ -166,8 +169,15 @@ impl NodeAgent {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.dir.join(&uid);
         let _ = std::fs::create_dir_all(&dir);
-        let kubeconfig = match self.token(pod).await {
-            Ok(Some(token)) => {
+        let token = match self.token(pod).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "service account token request failed");
+                None
+            }
+        };
+        let kubeconfig = match &token {
+            Some(token) => {
                 let path = dir.join("kubeconfig");
                 let text = format!(
                     "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: sa\n    namespace: {}\ncurrent-context: c\n",
@@ -177,13 +187,10 @@ impl NodeAgent {
                 );
                 std::fs::write(&path, text).ok().map(|_| path)
             }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "service account token request failed");
-                None
-            }
+            None => None,
         };
-        Ok(PodRt::new(pod, ip, dir, kubeconfig))
+        let volumes = super::volumes::prepare(&self.client, pod, &dir, token.as_deref()).await;
+        Ok(PodRt::new(pod, ip, dir, kubeconfig, token, volumes))
     }
 
     async fn token(&self, pod: &Pod) -> anyhow::Result<Option<String>> {

@@ -6,6 +6,7 @@ pub mod env;
 pub mod images;
 pub mod pod;
 pub mod probes;
+pub mod volumes;
 
 pub use agent::{AgentConfig, NodeAgent};
 pub use images::ImageTable;

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::images::ImageTable;
-use super::{env, probes};
+use super::{env, probes, volumes};
 
 #[derive(Debug, Clone)]
 enum State {
@@ -48,6 +49,10 @@ pub struct PodRt {
     dir: PathBuf,
     containers: Vec<ContainerRt>,
     kubeconfig: Option<PathBuf>,
+    /// The service-account token (for the projected token volume).
+    pub token: Option<String>,
+    /// Volume name -> directory, or why the pod's volumes could not be prepared.
+    volumes: Result<BTreeMap<String, PathBuf>, String>,
     started: Time,
     pub last_status: Option<Value>,
 }
@@ -57,7 +62,7 @@ fn now() -> Time {
 }
 
 impl PodRt {
-    pub fn new(pod: &Pod, ip: Ipv4Addr, dir: PathBuf, kubeconfig: Option<PathBuf>) -> Self {
+    pub fn new(pod: &Pod, ip: Ipv4Addr, dir: PathBuf, kubeconfig: Option<PathBuf>, token: Option<String>, volumes: Result<BTreeMap<String, PathBuf>, String>) -> Self {
         let containers = pod
             .spec
             .iter()
@@ -74,7 +79,16 @@ impl PodRt {
                 liveness: Probing::default(),
             })
             .collect();
-        PodRt { uid: pod.metadata.uid.clone().unwrap_or_default(), ip, dir, containers, kubeconfig, started: now(), last_status: None }
+        PodRt { uid: pod.metadata.uid.clone().unwrap_or_default(), ip, dir, containers, kubeconfig, token, volumes, started: now(), last_status: None }
+    }
+
+    /// Volumes not ready yet (e.g. a Secret not created yet) are retried, as the kubelet does.
+    pub fn volumes_missing(&self) -> bool {
+        self.volumes.is_err()
+    }
+
+    pub fn set_volumes(&mut self, volumes: Result<BTreeMap<String, PathBuf>, String>) {
+        self.volumes = volumes;
     }
 
     fn start(&mut self, i: usize, pod: &Pod, images: &ImageTable) {
@@ -84,6 +98,13 @@ impl PodRt {
             Ok(p) => p,
             Err(message) => {
                 c.state = State::Waiting { reason: "ErrImagePull".into(), message };
+                return;
+            }
+        };
+        let binds = match self.volumes.as_ref().map_err(Clone::clone).and_then(|v| volumes::binds(&c.spec, v)) {
+            Ok(b) => b,
+            Err(message) => {
+                c.state = State::Waiting { reason: "CreateContainerConfigError".into(), message };
                 return;
             }
         };
@@ -122,6 +143,10 @@ impl PodRt {
         if let Some(k) = &self.kubeconfig {
             cmd.env("KUBECONFIG", k);
         }
+        // SAFETY: `enter` makes only syscalls (unshare, mount) in the forked child.
+        unsafe {
+            cmd.pre_exec(move || volumes::enter(&binds));
+        }
         match cmd.spawn() {
             Ok(child) => {
                 c.child = Some(child);
@@ -140,8 +165,8 @@ impl PodRt {
         let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_else(|| "Always".into());
         for i in 0..self.containers.len() {
             let c = &mut self.containers[i];
-            if let Some(child) = c.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
+            if let Some(child) = c.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait() {
                     let exit_code = status.code().unwrap_or(137);
                     let started = match &c.state {
                         State::Running { started } => started.clone(),
@@ -158,10 +183,9 @@ impl PodRt {
                         c.backoff_until = Some(Instant::now() + delay);
                     }
                 }
-            }
             let c = &mut self.containers[i];
             let due = match (&c.state, c.backoff_until) {
-                (State::Waiting { reason, .. }, _) if reason == "ContainerCreating" => true,
+                (State::Waiting { reason, .. }, _) if reason == "ContainerCreating" || reason == "CreateContainerConfigError" => true,
                 (State::Waiting { reason, .. }, _) if reason == "ErrImagePull" || reason == "ImagePullBackOff" => false,
                 (State::Terminated { .. }, Some(t)) => Instant::now() >= t,
                 _ => false,
@@ -180,8 +204,8 @@ impl PodRt {
         let ip = self.ip.to_string();
         let c = &mut self.containers[i];
         let Some(started) = c.started_at.filter(|_| c.child.is_some()) else { return };
-        if let Some(p) = c.spec.liveness_probe.clone() {
-            if due(&mut c.liveness, &p, started) {
+        if let Some(p) = c.spec.liveness_probe.clone()
+            && due(&mut c.liveness, &p, started) {
                 if let Err(reason) = probes::run(&p, &c.spec, &ip).await {
                     c.liveness.failures += 1;
                     if c.liveness.failures >= p.failure_threshold.unwrap_or(3) {
@@ -195,7 +219,6 @@ impl PodRt {
                     c.liveness.failures = 0;
                 }
             }
-        }
         match c.spec.readiness_probe.clone() {
             None => c.ready = true,
             Some(p) => {

@@ -1,0 +1,51 @@
+//! Command-line interface of `kvgate-operator`.
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The worker image of this operator's own version.
+pub const DEFAULT_WORKER_IMAGE: &str = concat!("ghcr.io/kvgate/kvgate-worker:", env!("CARGO_PKG_VERSION"));
+
+#[derive(Debug, Parser)]
+#[command(name = "kvgate-operator", version, about = "kvgate's operator: deploys disaggregated prefill/decode workers and refuses rollouts whose measured KV pool is below the declared context window")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller (kubeconfig from $KUBECONFIG or ~/.kube/config, else in-cluster).
+    Run(RunArgs),
+    /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
+    Crd,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, else the in-cluster config).
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "KVGATE_METRICS_ADDR")]
+    pub metrics_addr: SocketAddr,
+    /// Watch one namespace only (default: all namespaces).
+    #[arg(long, env = "KVGATE_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Worker image for deployments that name none.
+    #[arg(long, default_value = DEFAULT_WORKER_IMAGE, env = "KVGATE_WORKER_IMAGE")]
+    pub worker_image: String,
+    /// Take a Lease before reconciling, so that of several replicas only one writes.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "kvgate-operator")]
+    pub lease_name: String,
+    /// Namespace of the leader-election Lease (default: this pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This replica's identity in the Lease (default: hostname or pod name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}

@@ -1,0 +1,46 @@
+//! metav1.Condition bookkeeping: a condition's transition time moves only when its status does.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+pub const AVAILABLE: &str = "Available";
+pub const PROGRESSING: &str = "Progressing";
+pub const CAPACITY_VERIFIED: &str = "CapacityVerified";
+pub const ROLLOUT_REFUSED: &str = "RolloutRefused";
+
+/// Sets `type_` in `conds`, keeping `lastTransitionTime` when the status is unchanged.
+pub fn set(conds: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: String, generation: Option<i64>) {
+    let status = if status { "True" } else { "False" }.to_string();
+    let since = conds
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(Timestamp::now()));
+    conds.retain(|c| c.type_ != type_);
+    conds.push(Condition { type_: type_.into(), status, reason: reason.into(), message, observed_generation: generation, last_transition_time: since });
+    conds.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
+pub fn is_true(conds: &[Condition], type_: &str) -> bool {
+    conds.iter().any(|c| c.type_ == type_ && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_time_moves_only_with_the_status() {
+        let mut c = Vec::new();
+        set(&mut c, AVAILABLE, false, "Waiting", "a".into(), Some(1));
+        let t0 = c[0].last_transition_time.clone();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        set(&mut c, AVAILABLE, false, "StillWaiting", "b".into(), Some(2));
+        assert_eq!(c[0].last_transition_time, t0);
+        assert_eq!((c[0].reason.as_str(), c[0].message.as_str()), ("StillWaiting", "b"));
+        set(&mut c, AVAILABLE, true, "Serving", "c".into(), Some(2));
+        assert_ne!(c[0].last_transition_time, t0);
+        assert!(is_true(&c, AVAILABLE));
+        assert_eq!(c.len(), 1);
+    }
+}

@@ -1,0 +1,277 @@
+//! The `InferenceDeployment` custom resource (`kvgate.dev/v1alpha1`, short name `infd`).
+//!
+//! Doc comments become the schema's descriptions (`kubectl explain infd.spec...`); schema ranges
+//! and CEL rules make the API server reject bad specs with the field's name.
+
+// kube-derive repeats `type_ = ...` across printcolumns, which this lint mistakes for duplicates.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A disaggregated LLM deployment: a router, prefill workers and decode workers, rolled out only
+/// when every worker's measured KV pool holds the declared context window.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "kvgate.dev",
+    version = "v1alpha1",
+    kind = "InferenceDeployment",
+    namespaced,
+    shortname = "infd",
+    category = "kvgate",
+    status = "InferenceDeploymentStatus",
+    printcolumn(name = "Window", type_ = "integer", json_path = ".spec.contextWindow", description = "Declared context window (tokens)"),
+    printcolumn(name = "Prefill-Pool", type_ = "integer", json_path = ".status.prefill.minMeasuredTokens", description = "Smallest measured prefill KV pool of the current revision (tokens)"),
+    printcolumn(name = "Decode-Pool", type_ = "integer", json_path = ".status.decode.minMeasuredTokens", description = "Smallest measured decode KV pool of the current revision (tokens)"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready", description = "Ready router/prefill/decode pods of the serving revision"),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.phase", description = "Available, Progressing or Refused"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.prefill.kvPool.pageSize == self.decode.kvPool.pageSize").message("spec.prefill.kvPool.pageSize must equal spec.decode.kvPool.pageSize: decode stores the pages prefill sends").reason(Reason::FieldValueInvalid).field_path(".prefill.kvPool.pageSize"))]
+pub struct InferenceDeploymentSpec {
+    /// The model every role serves.
+    pub model: ModelSpec,
+    /// Declared context window in tokens: the most prompt + completion tokens one request may
+    /// use. Every prefill and decode pod must measure a KV pool at least this large, or the
+    /// revision is refused and never receives traffic.
+    #[schemars(range(min = 1))]
+    pub context_window: u64,
+    /// Worker image. Defaults to the kvgate-worker image of the operator's own version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Prefill workers: compute prompts' KV and stream it to decode.
+    pub prefill: WorkerRole,
+    /// Decode workers: reserve KV pages, verify each handoff, generate.
+    pub decode: WorkerRole,
+    /// The router: the deployment's API; admits requests and pairs prefill with decode.
+    #[serde(default)]
+    pub router: RouterRole,
+    /// Handoff between prefill and decode.
+    #[serde(default)]
+    pub handoff: HandoffSpec,
+}
+
+/// Which model: the built-in `tiny` model, or a checkpoint directory on a volume.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.name) != has(self.path)").message("set exactly one of spec.model.name (a built-in model) and spec.model.path (a checkpoint directory)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.path) || has(self.volume)").message("spec.model.path needs spec.model.volume: the volume the checkpoint is on").reason(Reason::FieldValueRequired).field_path(".volume"))]
+pub struct ModelSpec {
+    /// A built-in model: `tiny` (Llama-shaped, seeded weights, for tests and demos).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == 'tiny'").message("spec.model.name: the only built-in model is 'tiny'; use spec.model.path for a checkpoint").reason(Reason::FieldValueInvalid))]
+    pub name: Option<String>,
+    /// A checkpoint directory (config.json, *.safetensors, tokenizer.json) inside `volume`,
+    /// relative to the volume's root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The volume holding the checkpoint, mounted read-only at /models in every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<ModelVolume>,
+}
+
+/// Where a checkpoint lives.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.persistentVolumeClaim) != has(self.hostPath)").message("spec.model.volume: set exactly one of persistentVolumeClaim and hostPath").reason(Reason::FieldValueInvalid))]
+pub struct ModelVolume {
+    /// Name of a PersistentVolumeClaim in the deployment's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<String>,
+    /// A directory on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+}
+
+/// Prefill or decode workers.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerRole {
+    /// Pods of this role.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// The worker's KV pool.
+    pub kv_pool: KvPoolSpec,
+    /// CPU, memory and accelerator requests and limits of the worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Node labels the pods must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+}
+
+fn one() -> i32 {
+    1
+}
+
+/// KV pool of a worker. The pool is allocated (and every byte touched) at start-up; what the
+/// worker then measures is what the rollout gate checks.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.bytes), has(self.tokens), has(self.memoryFraction)].filter(x, x).size() <= 1").message("set at most one of kvPool.bytes, kvPool.tokens and kvPool.memoryFraction").reason(Reason::FieldValueInvalid))]
+pub struct KvPoolSpec {
+    /// Tokens per KV page, a power of two from 1 to 4096. Must be equal for prefill and decode.
+    #[serde(default = "page_size")]
+    #[x_kube(validation = Rule::new("self in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]").message("pageSize must be a power of two from 1 to 4096").reason(Reason::FieldValueInvalid))]
+    pub page_size: u32,
+    /// Pool size in bytes (rounded down to whole pages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub bytes: Option<u64>,
+    /// Pool size in tokens (rounded up to whole pages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub tokens: Option<u64>,
+    /// Pool size as a fraction of the memory the worker may use after loading the model, as a
+    /// decimal string in (0, 1], e.g. "0.9". Without any size the pool holds 4 context windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^(0?\\\\.[0-9]*[1-9][0-9]*|1(\\\\.0*)?)$')").message("memoryFraction must be a decimal in (0, 1], e.g. \"0.9\"").reason(Reason::FieldValueInvalid))]
+    pub memory_fraction: Option<String>,
+    /// Element type of stored K/V: f32, f16 or bf16.
+    #[serde(default = "dtype")]
+    #[schemars(regex(pattern = r"^(f32|f16|bf16)$"))]
+    pub dtype: String,
+    /// Where the pool lives: `cpu`, `cuda` or `cuda:N` (the CUDA worker image).
+    #[serde(default = "device")]
+    #[schemars(regex(pattern = r"^(cpu|cuda(:[0-9]+)?)$"))]
+    pub device: String,
+}
+
+fn page_size() -> u32 {
+    16
+}
+fn dtype() -> String {
+    "f32".into()
+}
+fn device() -> String {
+    "cpu".into()
+}
+
+/// The router.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterRole {
+    /// Router pods.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// Requests and limits of the router container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Node labels the pods must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+}
+
+impl Default for RouterRole {
+    fn default() -> Self {
+        RouterRole { replicas: 1, resources: None, node_selector: None, tolerations: None }
+    }
+}
+
+/// Handoff between prefill and decode.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.secretName) == has(oldSelf.secretName)").message("spec.handoff.secretName cannot be added or removed after creation").reason(Reason::FieldValueForbidden).field_path(".secretName"))]
+pub struct HandoffSpec {
+    /// How long decode holds a reservation waiting for prefill's commit before freeing it.
+    #[serde(default = "timeout_ms")]
+    #[schemars(range(min = 100, max = 600000))]
+    pub timeout_ms: u64,
+    /// A Secret (key `secret`, at least 16 bytes) the handoff auth tags are keyed with. Without
+    /// it the operator generates one into a Secret it owns. Immutable: old and new revisions must
+    /// share it during a rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.handoff.secretName is immutable").reason(Reason::FieldValueForbidden))]
+    pub secret_name: Option<String>,
+}
+
+impl Default for HandoffSpec {
+    fn default() -> Self {
+        HandoffSpec { timeout_ms: timeout_ms(), secret_name: None }
+    }
+}
+
+fn timeout_ms() -> u64 {
+    30_000
+}
+
+/// What the operator observed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceDeploymentStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Available, Progressing or Refused (for the printer column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `router/prefill/decode` ready pods of the serving revision, e.g. `1/2/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// Conditions: Available, Progressing, CapacityVerified, RolloutRefused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The last revision whose pods all passed the gate: the one serving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_revision: Option<String>,
+    /// The context window the serving revision was verified against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_context_window: Option<u64>,
+    /// The revision being rolled out, while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_revision: Option<String>,
+    /// The last refused revision and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_revision: Option<RefusedRevision>,
+    /// Prefill pods of the serving (or, before the first, the candidate) revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<RoleStatus>,
+    /// Decode pods, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<RoleStatus>,
+    /// Router pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<RoleStatus>,
+}
+
+/// A revision the rollout gate refused.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedRevision {
+    pub revision: String,
+    /// KVPoolBelowContextWindow or FingerprintMismatch.
+    pub reason: String,
+    /// With the pod and both numbers, e.g. `prefill pod x measured 681280 tokens < contextWindow 1048576`.
+    pub message: String,
+}
+
+/// Pods of one role.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleStatus {
+    /// The revision these numbers are of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    pub desired_replicas: i32,
+    pub ready_replicas: i32,
+    /// Pods whose KV pool passed the gate.
+    #[serde(default)]
+    pub verified_replicas: i32,
+    /// Smallest measured KV pool among the pods (tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_measured_tokens: Option<u64>,
+}

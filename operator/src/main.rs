@@ -1,0 +1,19 @@
+use clap::Parser;
+use kvgate_operator::cli::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", kvgate_operator::crdgen::yaml()?);
+            Ok(())
+        }
+        Command::Run(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()))
+                .init();
+            kvgate_operator::run::run(args).await
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The operator's metrics, and the HTTP server for /metrics, /healthz and /readyz.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: IntCounterVec,
+    pub reconcile_duration: Histogram,
+    pub refused: IntCounterVec,
+    pub pool_tokens: IntGaugeVec,
+    pub context_window: IntGaugeVec,
+    pub leader: IntGauge,
+}
+
+/// Every label value a counter can take, so rates work from the first scrape.
+pub const RESULTS: [&str; 2] = ["success", "error"];
+pub const REFUSAL_REASONS: [&str; 2] = ["KVPoolBelowContextWindow", "FingerprintMismatch"];
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reconciles = IntCounterVec::new(Opts::new("kvgate_operator_reconcile_total", "Reconciles of InferenceDeployments by result"), &["result"]).unwrap();
+        let reconcile_duration = Histogram::with_opts(
+            HistogramOpts::new("kvgate_operator_reconcile_duration_seconds", "Time one reconcile takes")
+                .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+        )
+        .unwrap();
+        let refused = IntCounterVec::new(Opts::new("kvgate_operator_rollouts_refused_total", "Revisions refused by the rollout gate, by reason"), &["reason"]).unwrap();
+        let pool_tokens = IntGaugeVec::new(
+            Opts::new("kvgate_operator_kv_pool_capacity_tokens", "Smallest measured KV pool of the serving revision's pods (tokens)"),
+            &["namespace", "name", "role"],
+        )
+        .unwrap();
+        let context_window =
+            IntGaugeVec::new(Opts::new("kvgate_operator_context_window_tokens", "Declared context window of each InferenceDeployment (tokens)"), &["namespace", "name"]).unwrap();
+        let leader = IntGauge::new("kvgate_operator_leader", "1 while this replica holds the leader Lease (and reconciles)").unwrap();
+        let build = IntGaugeVec::new(Opts::new("kvgate_build_info", "Build information; always 1"), &["component", "version"]).unwrap();
+        build.with_label_values(&["operator", env!("CARGO_PKG_VERSION")]).set(1);
+        for c in [Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>, Box::new(reconcile_duration.clone()), Box::new(refused.clone()), Box::new(pool_tokens.clone()), Box::new(context_window.clone()), Box::new(leader.clone()), Box::new(build)] {
+            registry.register(c).unwrap();
+        }
+        for r in RESULTS {
+            reconciles.with_label_values(&[r]);
+        }
+        for r in REFUSAL_REASONS {
+            refused.with_label_values(&[r]);
+        }
+        Metrics { registry, reconciles, reconcile_duration, refused, pool_tokens, context_window, leader }
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Liveness and readiness: live while the process serves; ready once it has reached the API
+/// server and found the CRD (a standby replica waiting for the Lease is ready too, so rolling
+/// updates of the operator proceed; `kvgate_operator_leader` says which one leads).
+#[derive(Clone, Default)]
+pub struct Health {
+    pub ready: Arc<AtomicBool>,
+}
+
+pub async fn serve(addr: SocketAddr, metrics: Metrics, health: Health, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(|State((m, _)): State<(Metrics, Health)>| async move { m.render() }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State((_, h)): State<(Metrics, Health)>| async move {
+                if h.ready.load(Ordering::SeqCst) { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "not started") }
+            }),
+        )
+        .with_state((metrics, health));
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    Ok(())
+}

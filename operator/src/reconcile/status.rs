@@ -1,0 +1,113 @@
+//! The status an InferenceDeployment gets from what one reconcile observed. Pure.
+
+use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, PROGRESSING, ROLLOUT_REFUSED};
+use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
+use crate::gate::{Role, Verdict};
+
+use super::pods::Verification;
+
+/// What the reconcile saw and decided.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// The revision the spec asks for.
+    pub spec_revision: String,
+    /// The verified revision that serves, if any.
+    pub serving: Option<String>,
+    pub serving_window: Option<u64>,
+    pub refused: Option<RefusedRevision>,
+    /// The gate's findings on the spec's revision.
+    pub candidate: Verification,
+    /// The revision the role counts describe (serving, else the spec's) and its pods.
+    pub shown: String,
+    pub shown_pods: Verification,
+    /// Ready pods of `shown`: prefill, decode.
+    pub ready: [i32; 2],
+    pub router_ready: i32,
+}
+
+pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Observed) -> InferenceDeploymentStatus {
+    let generation = d.metadata.generation;
+    let refused_now = o.refused.as_ref().filter(|r| r.revision == o.spec_revision);
+    let rolled_out = o.serving.as_ref() == Some(&o.spec_revision);
+    let role = |role: Role, idx: usize, prev: &Option<RoleStatus>| -> RoleStatus {
+        let desired = match role {
+            Role::Prefill => d.spec.prefill.replicas,
+            Role::Decode => d.spec.decode.replicas,
+        };
+        // A refused revision is scaled to zero: keep what its pods measured.
+        let kept = prev.as_ref().filter(|p| p.revision.as_deref() == Some(o.shown.as_str())).and_then(|p| p.min_measured_tokens);
+        RoleStatus {
+            revision: Some(o.shown.clone()),
+            desired_replicas: desired,
+            ready_replicas: o.ready[idx],
+            verified_replicas: o.shown_pods.verified.get(&role).copied().unwrap_or(0),
+            min_measured_tokens: o.shown_pods.min_measured.get(&role).copied().or(kept),
+        }
+    };
+    let prefill = role(Role::Prefill, 0, &prev.prefill);
+    let decode = role(Role::Decode, 1, &prev.decode);
+    let router = RoleStatus { revision: None, desired_replicas: d.spec.router.replicas, ready_replicas: o.router_ready, verified_replicas: 0, min_measured_tokens: None };
+
+    let mut conds = prev.conditions.clone();
+    let available = o.serving.is_some() && o.router_ready > 0 && o.ready[0] > 0 && o.ready[1] > 0;
+    let serving_text = o.serving.as_ref().map_or("no revision has passed the rollout gate".to_string(), |s| {
+        format!("revision {s} serves contextWindow {}: {} router, {} prefill, {} decode pods ready", o.serving_window.unwrap_or(0), o.router_ready, o.ready[0], o.ready[1])
+    });
+    let (reason, message) = match (&o.serving, available, refused_now) {
+        (_, true, _) => ("Serving", serving_text.clone()),
+        (None, _, Some(r)) => ("RolloutRefused", format!("never available: {}", r.message)),
+        (None, _, None) => ("AwaitingVerification", "the first revision's pods are not all verified and Ready yet".to_string()),
+        (Some(_), false, _) => ("NotEnoughReadyPods", serving_text.clone()),
+    };
+    conditions::set(&mut conds, AVAILABLE, available, reason, message, generation);
+
+    let progressing = !rolled_out && refused_now.is_none();
+    let (reason, message) = if let Some(r) = refused_now {
+        ("RolloutRefused", format!("revision {} refused; change the spec to try again", r.revision))
+    } else if rolled_out {
+        ("RolloutComplete", format!("revision {} is serving", o.spec_revision))
+    } else {
+        let v = &o.candidate;
+        let count = |r: Role| format!("{}/{}", v.verified.get(&r).copied().unwrap_or(0), match r {
+            Role::Prefill => d.spec.prefill.replicas,
+            Role::Decode => d.spec.decode.replicas,
+        });
+        ("VerifyingKVPools", format!("revision {}: {} prefill and {} decode pods verified", o.spec_revision, count(Role::Prefill), count(Role::Decode)))
+    };
+    conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation);
+
+    let (ok, reason, message) = match (refused_now, &o.candidate.verdict, rolled_out) {
+        (Some(r), _, _) => (false, r.reason.clone(), r.message.clone()),
+        (None, _, true) => (true, "KVPoolVerified".to_string(), format!("every pod of revision {} measured a KV pool >= contextWindow {}", o.spec_revision, d.spec.context_window)),
+        (None, Verdict::Verified, false) => (true, "KVPoolVerified".to_string(), format!("every pod of revision {} measured a KV pool >= contextWindow {}; waiting for all to be Ready", o.spec_revision, d.spec.context_window)),
+        (None, _, false) => (false, "AwaitingCapacityReports".to_string(), format!("waiting for the capacity reports of revision {}", o.spec_revision)),
+    };
+    conditions::set(&mut conds, CAPACITY_VERIFIED, ok, &reason, message, generation);
+
+    let (reason, message) = match refused_now {
+        Some(r) => (r.reason.clone(), format!("revision {}: {}", r.revision, r.message)),
+        None => ("NotRefused".to_string(), String::new()),
+    };
+    conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), &reason, message, generation);
+
+    let phase = if refused_now.is_some() {
+        "Refused"
+    } else if rolled_out && available {
+        "Available"
+    } else {
+        "Progressing"
+    };
+    InferenceDeploymentStatus {
+        observed_generation: generation,
+        phase: Some(phase.into()),
+        ready: Some(format!("{}/{}/{}", o.router_ready, o.ready[0], o.ready[1])),
+        conditions: conds,
+        current_revision: o.serving.clone(),
+        current_context_window: o.serving_window,
+        candidate_revision: (!rolled_out && refused_now.is_none()).then(|| o.spec_revision.clone()),
+        refused_revision: o.refused.clone(),
+        prefill: Some(prefill),
+        decode: Some(decode),
+        router: Some(router),
+    }
+}

@@ -1,0 +1,45 @@
+//! The objects an `InferenceDeployment` owns, built from its spec. Pure: no I/O.
+
+pub mod labels;
+pub mod revision;
+pub mod router;
+pub mod secret;
+pub mod workers;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use crate::crd::InferenceDeployment;
+
+/// Ports every worker role listens on (on the pod IP).
+pub const ROUTER_PORT: i32 = 8080;
+pub const PREFILL_PORT: i32 = 8081;
+pub const DECODE_PORT: i32 = 8082;
+pub const KV_PORT: i32 = 8083;
+
+/// Where the handoff secret is mounted in decode pods.
+pub const SECRET_DIR: &str = "/var/run/kvgate/handoff";
+/// Where a checkpoint volume is mounted.
+pub const MODEL_DIR: &str = "/models";
+
+/// Metadata of an owned object: its name, the deployment's namespace and labels, and an owner
+/// reference so that deleting the deployment deletes it.
+pub fn owned_meta(d: &InferenceDeployment, name: String, labels: std::collections::BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: d.metadata.namespace.clone(),
+        labels: Some(labels),
+        owner_references: Some(vec![owner(d)]),
+        ..Default::default()
+    }
+}
+
+pub fn owner(d: &InferenceDeployment) -> OwnerReference {
+    let mut o = d.controller_owner_ref(&()).expect("an InferenceDeployment read from the API has a name and uid");
+    o.block_owner_deletion = Some(true);
+    o
+}
+
+pub fn name(d: &InferenceDeployment) -> &str {
+    d.metadata.name.as_deref().unwrap_or_default()
+}

@@ -1,0 +1,113 @@
+//! The router: its Deployment, the Service of the deployment's API, and the ServiceAccount and
+//! Role with which it reads the workers' EndpointSlices.
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServiceAccount, ServicePort, ServiceSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::workers::{downward_env, http_probe, model_flag, restricted, service_name};
+use super::{ROUTER_PORT, labels, name, owned_meta};
+use crate::crd::InferenceDeployment;
+use crate::gate::Role;
+
+pub const COMPONENT: &str = "router";
+
+pub fn router_name(d: &InferenceDeployment) -> String {
+    format!("{}-router", name(d))
+}
+
+/// The router's Deployment. `context_window` is the serving revision's: while a bigger window
+/// waits for (or is refused by) the gate, the router keeps admitting what is verified.
+pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> Deployment {
+    let n = name(d);
+    let selector = labels::role_selector(n, COMPONENT);
+    let r = &d.spec.router;
+    let (model, model_volume) = model_flag(d);
+    let (pod_sc, container_sc) = restricted();
+    let args = vec![
+        "router".to_string(),
+        format!("--listen=$(POD_IP):{ROUTER_PORT}"),
+        format!("--prefill-service={}", service_name(d, Role::Prefill)),
+        format!("--decode-service={}", service_name(d, Role::Decode)),
+        format!("--model={model}"),
+        format!("--context-window={context_window}"),
+    ];
+    let mounts = model_volume.as_ref().map(|v| {
+        vec![k8s_openapi::api::core::v1::VolumeMount { name: v.name.clone(), mount_path: super::MODEL_DIR.into(), read_only: Some(true), ..Default::default() }]
+    });
+    Deployment {
+        metadata: owned_meta(d, router_name(d), labels::with(labels::common(n), selector.clone())),
+        spec: DeploymentSpec {
+            replicas: Some(r.replicas),
+            selector: LabelSelector { match_labels: Some(selector.clone()), ..Default::default() },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels::with(labels::common(n), selector)), ..Default::default() }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(router_name(d)),
+                    containers: vec![Container {
+                        name: "router".into(),
+                        image: Some(image.into()),
+                        args: Some(args),
+                        env: Some(downward_env()),
+                        ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: ROUTER_PORT, ..Default::default() }]),
+                        readiness_probe: Some(http_probe("/readyz", 2)),
+                        liveness_probe: Some(http_probe("/healthz", 10)),
+                        resources: r.resources.clone(),
+                        security_context: Some(container_sc),
+                        volume_mounts: mounts,
+                        ..Default::default()
+                    }],
+                    security_context: Some(pod_sc),
+                    node_selector: r.node_selector.clone(),
+                    tolerations: r.tolerations.clone(),
+                    volumes: model_volume.map(|v| vec![v]),
+                    termination_grace_period_seconds: Some(10),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The deployment's API: `<name>` port 80 -> the routers.
+pub fn api_service(d: &InferenceDeployment) -> Service {
+    let n = name(d);
+    Service {
+        metadata: owned_meta(d, n.to_string(), labels::with(labels::common(n), labels::role_selector(n, COMPONENT))),
+        spec: Some(ServiceSpec {
+            selector: Some(labels::role_selector(n, COMPONENT)),
+            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, target_port: Some(IntOrString::String("http".into())), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn service_account(d: &InferenceDeployment) -> ServiceAccount {
+    ServiceAccount { metadata: owned_meta(d, router_name(d), labels::common(name(d))), ..Default::default() }
+}
+
+/// Exactly what discovery needs: read EndpointSlices in this namespace.
+pub fn role(d: &InferenceDeployment) -> RbacRole {
+    RbacRole {
+        metadata: owned_meta(d, router_name(d), labels::common(name(d))),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["discovery.k8s.io".into()]),
+            resources: Some(vec!["endpointslices".into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..Default::default()
+        }]),
+    }
+}
+
+pub fn role_binding(d: &InferenceDeployment) -> RoleBinding {
+    RoleBinding {
+        metadata: owned_meta(d, router_name(d), labels::common(name(d))),
+        role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: "Role".into(), name: router_name(d) },
+        subjects: Some(vec![Subject { kind: "ServiceAccount".into(), name: router_name(d), namespace: d.metadata.namespace.clone(), ..Default::default() }]),
+    }
+}

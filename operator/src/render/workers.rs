@@ -1,0 +1,209 @@
+//! Prefill and decode: one Deployment per role and revision, and one headless Service per role
+//! through whose EndpointSlices the router finds the ready (that is: verified) pods.
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodReadinessGate, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{DECODE_PORT, KV_PORT, MODEL_DIR, PREFILL_PORT, SECRET_DIR, labels, name, owned_meta, secret};
+use crate::crd::{InferenceDeployment, WorkerRole};
+use crate::gate::{self, Role};
+
+fn role_spec(d: &InferenceDeployment, role: Role) -> &WorkerRole {
+    match role {
+        Role::Prefill => &d.spec.prefill,
+        Role::Decode => &d.spec.decode,
+    }
+}
+
+pub fn deployment_name(d: &InferenceDeployment, role: Role, revision: &str) -> String {
+    format!("{}-{}-{revision}", name(d), role.as_str())
+}
+
+pub fn service_name(d: &InferenceDeployment, role: Role) -> String {
+    format!("{}-{}", name(d), role.as_str())
+}
+
+/// `--model` and the volume it needs, if any.
+pub fn model_flag(d: &InferenceDeployment) -> (String, Option<Volume>) {
+    let m = &d.spec.model;
+    match (&m.name, &m.path, &m.volume) {
+        (Some(n), _, _) => (n.clone(), None),
+        (None, Some(path), Some(v)) => {
+            let volume = Volume {
+                name: "model".into(),
+                persistent_volume_claim: v.persistent_volume_claim.clone().map(|claim_name| PersistentVolumeClaimVolumeSource { claim_name, read_only: Some(true) }),
+                host_path: v.host_path.clone().map(|path| HostPathVolumeSource { path, type_: Some("Directory".into()) }),
+                ..Default::default()
+            };
+            (format!("{MODEL_DIR}/{}", path.trim_start_matches('/')), Some(volume))
+        }
+        // The schema rejects these; `tiny` keeps a broken object harmless.
+        _ => ("tiny".into(), None),
+    }
+}
+
+fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar { name: name.into(), value_from: Some(EnvVarSource { field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }), ..Default::default() }), ..Default::default() }
+}
+
+/// Env every worker container gets: where it runs (for its listen addresses and logs).
+pub fn downward_env() -> Vec<EnvVar> {
+    vec![env_field("POD_IP", "status.podIP"), env_field("POD_NAME", "metadata.name"), env_field("POD_NAMESPACE", "metadata.namespace")]
+}
+
+/// Non-root, read-only root filesystem, no capabilities: workers need none.
+pub fn restricted() -> (PodSecurityContext, SecurityContext) {
+    let pod = PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+        ..Default::default()
+    };
+    let container = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        ..Default::default()
+    };
+    (pod, container)
+}
+
+pub fn http_probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction { path: Some(path.into()), port: IntOrString::String("http".into()), ..Default::default() }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
+    let r = role_spec(d, role);
+    let pool = &r.kv_pool;
+    let (model, _) = model_flag(d);
+    let mut args = vec![role.as_str().to_string()];
+    match role {
+        Role::Prefill => args.push(format!("--listen=$(POD_IP):{PREFILL_PORT}")),
+        Role::Decode => {
+            args.push(format!("--listen=$(POD_IP):{DECODE_PORT}"));
+            args.push(format!("--kv-listen=$(POD_IP):{KV_PORT}"));
+            args.push(format!("--handoff-secret-file={SECRET_DIR}/{}", secret::KEY));
+            args.push(format!("--handoff-timeout-ms={}", d.spec.handoff.timeout_ms));
+        }
+    }
+    args.push(format!("--model={model}"));
+    args.push(format!("--context-window={}", d.spec.context_window));
+    args.push(format!("--page-size={}", pool.page_size));
+    args.push(format!("--kv-dtype={}", pool.dtype));
+    args.push(format!("--device={}", pool.device));
+    if let Some(b) = pool.bytes {
+        args.push(format!("--kv-pool-bytes={b}"));
+    }
+    if let Some(t) = pool.tokens {
+        args.push(format!("--kv-pool-tokens={t}"));
+    }
+    if let Some(f) = &pool.memory_fraction {
+        args.push(format!("--kv-memory-fraction={f}"));
+    }
+    args
+}
+
+/// The Deployment of one role at one revision, with `replicas` pods.
+pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &str, replicas: i32) -> Deployment {
+    let n = name(d);
+    let r = role_spec(d, role);
+    let selector = labels::revision_selector(n, role.as_str(), revision);
+    let pod_labels = labels::with(labels::common(n), selector.clone());
+    let (_, model_volume) = model_flag(d);
+    let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
+    let mut mounts: Vec<VolumeMount> = volumes.iter().map(|v| VolumeMount { name: v.name.clone(), mount_path: MODEL_DIR.into(), read_only: Some(true), ..Default::default() }).collect();
+    let port = match role {
+        Role::Prefill => PREFILL_PORT,
+        Role::Decode => DECODE_PORT,
+    };
+    let mut ports = vec![ContainerPort { name: Some("http".into()), container_port: port, ..Default::default() }];
+    if role == Role::Decode {
+        ports.push(ContainerPort { name: Some("kv".into()), container_port: KV_PORT, ..Default::default() });
+        volumes.push(Volume {
+            name: "handoff-secret".into(),
+            secret: Some(SecretVolumeSource { secret_name: Some(secret::secret_name(d)), default_mode: Some(0o400), ..Default::default() }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount { name: "handoff-secret".into(), mount_path: SECRET_DIR.into(), read_only: Some(true), ..Default::default() });
+    }
+    let (pod_sc, container_sc) = restricted();
+    let container = Container {
+        name: "worker".into(),
+        image: Some(image.into()),
+        args: Some(worker_args(d, role)),
+        env: Some(downward_env()),
+        ports: Some(ports),
+        readiness_probe: Some(http_probe("/readyz", 2)),
+        liveness_probe: Some(http_probe("/healthz", 10)),
+        resources: r.resources.clone(),
+        security_context: Some(container_sc),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: owned_meta(d, deployment_name(d, role, revision), labels::with(labels::common(n), selector.clone())),
+        spec: DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector { match_labels: Some(selector), ..Default::default() },
+            // A revision's pods are verified one by one; surge keeps the old ones until the new
+            // ones are Ready (which, with the readiness gate, means verified).
+            strategy: Some(DeploymentStrategy { type_: Some("RollingUpdate".into()), ..Default::default() }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
+                    // Workers never call the API server.
+                    automount_service_account_token: Some(false),
+                    security_context: Some(pod_sc),
+                    node_selector: r.node_selector.clone(),
+                    tolerations: r.tolerations.clone(),
+                    volumes: (!volumes.is_empty()).then_some(volumes),
+                    termination_grace_period_seconds: Some(10),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The headless Service of one role (all revisions; only Ready pods are used by the router).
+pub fn service(d: &InferenceDeployment, role: Role) -> Service {
+    let n = name(d);
+    let mut ports = vec![ServicePort {
+        name: Some("http".into()),
+        port: match role {
+            Role::Prefill => PREFILL_PORT,
+            Role::Decode => DECODE_PORT,
+        },
+        target_port: Some(IntOrString::String("http".into())),
+        ..Default::default()
+    }];
+    if role == Role::Decode {
+        ports.push(ServicePort { name: Some("kv".into()), port: KV_PORT, target_port: Some(IntOrString::String("kv".into())), ..Default::default() });
+    }
+    Service {
+        metadata: owned_meta(d, service_name(d, role), labels::with(labels::common(n), labels::role_selector(n, role.as_str()))),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(labels::role_selector(n, role.as_str())),
+            ports: Some(ports),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

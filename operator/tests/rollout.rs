@@ -1,0 +1,197 @@
+//! End to end on a real control plane: the operator deploys real worker processes, verifies
+//! their measured KV pools, serves from verified revisions only, and refuses the incident.
+
+mod support;
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvgate_testenv::ControlPlane;
+use support::*;
+
+fn env() -> (&'static ControlPlane, &'static Operator) {
+    static OP: OnceLock<Operator> = OnceLock::new();
+    let cp = cluster();
+    (cp, OP.get_or_init(|| Operator::start(cp, "operator")))
+}
+
+const LONG: Duration = Duration::from_secs(120);
+
+#[test]
+fn the_incident_is_refused_with_both_numbers_and_never_available() {
+    let (cp, op) = env();
+    let ns = cp.namespace("incident");
+    let refused_before = op.metric(r#"kvgate_operator_rollouts_refused_total{reason="KVPoolBelowContextWindow"}"#).unwrap_or(0.0);
+    cp.kubectl_ok(&["-n", &ns, "apply", "-f", repo("examples/incident.yaml").to_str().unwrap()]);
+    eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "incident"), "RolloutRefused"));
+    let d = infd(cp, &ns, "incident");
+    let msg = condition(&d, "RolloutRefused").unwrap()["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("measured 681280 tokens < contextWindow 1048576") && msg.contains("prefill pod incident-prefill-"), "{msg}");
+    assert_eq!(condition(&d, "RolloutRefused").unwrap()["reason"], "KVPoolBelowContextWindow");
+    assert_eq!(condition(&d, "Available").unwrap()["status"], "False", "{d}");
+    assert!(condition(&d, "Available").unwrap()["message"].as_str().unwrap().contains("681280"), "{d}");
+    assert_eq!(d["status"]["phase"], "Refused");
+    assert_eq!(d["status"]["prefill"]["minMeasuredTokens"], 681280, "{d}");
+    assert!(d["status"]["currentRevision"].is_null());
+    // The Warning Event and the metric.
+    eventually(cp, &ns, "a RolloutRefused Event", Duration::from_secs(30), || {
+        let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=RolloutRefused"]);
+        evs["items"].as_array().is_some_and(|a| a.iter().any(|e| e["type"] == "Warning" && e["message"].as_str().unwrap_or("").contains("681280 tokens < contextWindow 1048576")))
+    });
+    assert!(op.metric(r#"kvgate_operator_rollouts_refused_total{reason="KVPoolBelowContextWindow"}"#).unwrap() >= refused_before + 1.0);
+    // Its pods are scaled away, and none was ever Ready: nothing could have routed to them.
+    eventually(cp, &ns, "the refused pods gone", LONG, || {
+        get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component in (prefill,decode)"])["items"].as_array().is_some_and(|a| a.is_empty())
+    });
+    // Stays refused: no retry of the same revision.
+    std::thread::sleep(Duration::from_secs(3));
+    let d = infd(cp, &ns, "incident");
+    assert_eq!(d["status"]["phase"], "Refused");
+    let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=RolloutRefused"]);
+    let count: i64 = evs["items"].as_array().unwrap().iter().map(|e| e["count"].as_i64().unwrap_or(1).max(e["series"]["count"].as_i64().unwrap_or(1))).sum();
+    assert_eq!(count, 1, "the refusal was reported more than once: {evs}");
+}
+
+#[test]
+fn a_good_deployment_serves_a_bad_update_is_refused_without_a_blip_and_a_fix_rolls_forward() {
+    let (cp, _) = env();
+    let ns = cp.namespace("rollout");
+    apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "llm")["status"]["phase"] == "Available");
+    let d = infd(cp, &ns, "llm");
+    assert!(condition_true(&d, "Available") && condition_true(&d, "CapacityVerified"), "{d}");
+    assert!(!condition_true(&d, "RolloutRefused") && !condition_true(&d, "Progressing"), "{d}");
+    assert_eq!(d["status"]["decode"]["minMeasuredTokens"], 1024);
+    let good = d["status"]["currentRevision"].as_str().unwrap().to_string();
+    let mut routers = Vec::new();
+    eventually(cp, &ns, "a ready router endpoint", LONG, || {
+        routers = router_endpoints(cp, &ns, "llm");
+        !routers.is_empty()
+    });
+    let router = routers[0].clone();
+    let (status, body) = complete(&router, "Hello", 8).expect("router answers");
+    assert_eq!(status, 200, "{body}");
+    let good_pods = pod_uids(cp, &ns, &good);
+    assert_eq!(good_pods.len(), 2);
+
+    // Requests keep flowing through the whole bad update.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let load = {
+        let (stop, ok, failed, router) = (stop.clone(), ok.clone(), failed.clone(), router.clone());
+        std::thread::spawn(move || {
+            let mut errors = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                match complete(&router, "The quick brown fox", 8) {
+                    Some((200, _)) => ok.fetch_add(1, Ordering::SeqCst),
+                    other => {
+                        errors.push(format!("{other:?}"));
+                        failed.fetch_add(1, Ordering::SeqCst)
+                    }
+                };
+            }
+            errors
+        })
+    };
+    // A bigger window than the pools hold: the new revision is refused.
+    apply_yaml(cp, &ns, &tiny("llm", 4096, 1024, 1024, ""));
+    eventually(cp, &ns, "the update refused", LONG, || condition_true(&infd(cp, &ns, "llm"), "RolloutRefused"));
+    let d = infd(cp, &ns, "llm");
+    let bad = d["status"]["refusedRevision"]["revision"].as_str().unwrap().to_string();
+    assert_ne!(bad, good);
+    assert!(d["status"]["refusedRevision"]["message"].as_str().unwrap().contains("measured 1024 tokens < contextWindow 4096"), "{d}");
+    assert_eq!(d["status"]["currentRevision"], good.as_str(), "the serving revision changed");
+    assert!(condition_true(&d, "Available"), "the old revision stopped being available: {d}");
+    // The refused revision's pods never became Ready, so no EndpointSlice ever offered them.
+    for p in get_json(cp, &["-n", &ns, "get", "pods", "-l", &format!("kvgate.dev/revision={bad}")])["items"].as_array().into_iter().flatten() {
+        assert!(!condition_true(p, "Ready"), "a refused pod is Ready: {p}");
+    }
+    eventually(cp, &ns, "the refused revision scaled away", LONG, || pod_uids(cp, &ns, &bad).is_empty());
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    let errors = load.join().unwrap();
+    assert!(errors.is_empty(), "requests failed during the refused rollout: {errors:?}");
+    assert!(ok.load(Ordering::SeqCst) > 0);
+    assert_eq!(pod_uids(cp, &ns, &good), good_pods, "the serving pods were replaced or restarted");
+    // The router still admits what the serving revision was verified for, and no more.
+    let (status, body) = complete(&router, &"x".repeat(300), 4).unwrap();
+    assert_eq!(status, 400, "a prompt beyond the verified window was admitted: {body}");
+
+    // Fixing the pools rolls forward.
+    apply_yaml(cp, &ns, &tiny("llm", 4096, 8192, 8192, ""));
+    eventually(cp, &ns, "the fix rolled out", LONG, || {
+        let d = infd(cp, &ns, "llm");
+        d["status"]["phase"] == "Available" && d["status"]["currentRevision"] != good.as_str()
+    });
+    let d = infd(cp, &ns, "llm");
+    assert!(!condition_true(&d, "RolloutRefused"), "{d}");
+    assert_eq!(d["status"]["currentContextWindow"], 4096);
+    eventually(cp, &ns, "old revisions' Deployments deleted", LONG, || {
+        let deps = get_json(cp, &["-n", &ns, "get", "deployments", "-l", "kvgate.dev/revision"]);
+        deps["items"].as_array().is_some_and(|a| a.len() == 2 && a.iter().all(|x| x["metadata"]["labels"]["kvgate.dev/revision"] == d["status"]["currentRevision"]))
+    });
+    let mut routers = Vec::new();
+    eventually(cp, &ns, "the router on the new window", LONG, || {
+        routers = router_endpoints(cp, &ns, "llm");
+        routers.iter().any(|r| complete(r, &"x".repeat(300), 4).is_some_and(|(s, _)| s == 200))
+    });
+}
+
+#[test]
+fn prefill_and_decode_with_different_kv_layouts_are_refused() {
+    let (cp, _) = env();
+    let ns = cp.namespace("fingerprint");
+    apply_yaml(cp, &ns, &tiny("mixed", 256, 1024, 1024, ", dtype: bf16"));
+    eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "mixed"), "RolloutRefused"));
+    let d = infd(cp, &ns, "mixed");
+    let c = condition(&d, "RolloutRefused").unwrap();
+    assert_eq!(c["reason"], "FingerprintMismatch", "{d}");
+    assert!(c["message"].as_str().unwrap().contains("fingerprints"), "{c}");
+    assert_eq!(d["status"]["phase"], "Refused");
+}
+
+#[test]
+fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
+    let (cp, _) = env();
+    let ns = cp.namespace("invalid");
+    let cases = [
+        (tiny("a", 0, 1024, 1024, ""), "spec.contextWindow"),
+        (tiny("b", 256, 1024, 1024, ", pageSize: 24"), "pageSize must be a power of two"),
+        (tiny("c", 256, 1024, 1024, ", pageSize: 32"), "spec.prefill.kvPool.pageSize must equal spec.decode.kvPool.pageSize"),
+        (tiny("d", 256, 1024, 1024, ", bytes: 100000"), "set at most one of kvPool.bytes"),
+        (tiny("e", 256, 1024, 1024, "").replace("name: tiny }", "name: gpt }"), "the only built-in model is 'tiny'"),
+        (tiny("f", 256, 1024, 1024, "").replace("replicas: 1", "replicas: -1"), "spec.prefill.replicas"),
+        (tiny("g", 256, 1024, 1024, ", dtype: f64"), "spec.prefill.kvPool.dtype"),
+    ];
+    for (yaml, want) in cases {
+        let (ok, err) = try_apply(cp, &ns, &yaml);
+        assert!(!ok, "accepted: {yaml}");
+        assert!(err.contains(want), "error for {yaml} does not say {want:?}: {err}");
+    }
+    let explain = cp.kubectl_ok(&["explain", "infd.spec.contextWindow"]);
+    assert!(explain.contains("Declared context window in tokens"), "{explain}");
+
+    apply_yaml(cp, &ns, &tiny("shown", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "shown")["status"]["phase"] == "Available");
+    let table = cp.kubectl_ok(&["-n", &ns, "get", "infd"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "WINDOW", "PREFILL-POOL", "DECODE-POOL", "READY", "STATUS", "AGE"], "{table}");
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(&row[..6], ["shown", "256", "1024", "1024", "1/1/1", "Available"], "{table}");
+
+    // Deleting it deletes everything it owned.
+    cp.kubectl_ok(&["-n", &ns, "delete", "infd", "shown", "--wait=true"]);
+    eventually(cp, &ns, "owned objects garbage-collected", LONG, || {
+        let all = get_json(cp, &["-n", &ns, "get", "deployments,services,secrets,serviceaccounts,roles,rolebindings,pods", "-l", "app.kubernetes.io/instance=shown"]);
+        all["items"].as_array().is_some_and(|a| a.is_empty())
+    });
+}
+
+fn pod_uids(cp: &ControlPlane, ns: &str, revision: &str) -> Vec<String> {
+    let pods = get_json(cp, &["-n", ns, "get", "pods", "-l", &format!("kvgate.dev/revision={revision}")]);
+    let mut uids: Vec<String> = pods["items"].as_array().into_iter().flatten().filter_map(|p| p["metadata"]["uid"].as_str().map(String::from)).collect();
+    uids.sort();
+    uids
+}

@@ -1,0 +1,207 @@
+//! A control plane, a node agent that runs the worker image as real `kvgate-worker` processes,
+//! and the operator as a real process: what every end-to-end test starts from.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kvgate_testenv::ControlPlane;
+use kvgate_testenv::process::{Proc, free_port, tail};
+use serde_json::Value;
+
+pub const WORKER_IMAGE: &str = "ghcr.io/kvgate/kvgate-worker";
+
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug").join(name);
+    assert!(p.is_file(), "{} not found: build it with `cargo build --workspace` (make test does)", p.display());
+    p
+}
+
+pub fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+/// The operator, run as a process with the admin kubeconfig.
+pub struct Operator {
+    pub proc: Proc,
+    pub metrics: String,
+}
+
+impl Operator {
+    pub fn start(cp: &ControlPlane, name: &str) -> Operator {
+        let port = free_port();
+        let args = vec![
+            "run".to_string(),
+            format!("--kubeconfig={}", cp.kubeconfig.display()),
+            format!("--metrics-addr=127.0.0.1:{port}"),
+            "--leader-elect".to_string(),
+            format!("--identity={name}"),
+            "--lease-namespace=default".to_string(),
+        ];
+        let mut proc = Proc::spawn(name, Path::new(env!("CARGO_BIN_EXE_kvgate-operator")), &args, &cp.dir).unwrap();
+        let metrics = format!("http://127.0.0.1:{port}/metrics");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while get(&metrics).is_none() {
+            proc.check_alive().unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(Instant::now() < deadline, "the operator did not serve /metrics:\n{}", tail(&proc.log, 40));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Operator { proc, metrics }
+    }
+
+    /// The value of one sample of the operator's /metrics (`name{labels}` as printed).
+    pub fn metric(&self, sample: &str) -> Option<f64> {
+        let text = get(&self.metrics)?;
+        text.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse().ok()))
+    }
+}
+
+/// Installs the CRDs from `crds/` and starts a node agent mapping the worker image.
+pub fn cluster() -> &'static ControlPlane {
+    use std::sync::OnceLock;
+    static AGENT: OnceLock<Proc> = OnceLock::new();
+    let cp = ControlPlane::shared();
+    AGENT.get_or_init(|| {
+        cp.kubectl_ok(&["apply", "-f", repo("crds").to_str().unwrap()]);
+        cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/inferencedeployments.kvgate.dev", "--timeout=30s"]);
+        let worker = workspace_bin("kvgate-worker");
+        cp.node_agent(&workspace_bin("kvgate-node-agent"), "node-1", &[(WORKER_IMAGE, &worker)]).unwrap_or_else(|e| panic!("node agent: {e:#}"))
+    });
+    cp
+}
+
+pub fn apply_yaml(cp: &ControlPlane, ns: &str, yaml: &str) {
+    let path = cp.dir.join(format!("{ns}-{:x}.yaml", Instant::now().elapsed().as_nanos() ^ yaml.len() as u128 ^ std::process::id() as u128));
+    std::fs::write(&path, yaml).unwrap();
+    cp.kubectl_ok(&["-n", ns, "apply", "-f", path.to_str().unwrap()]);
+}
+
+/// `kubectl apply` that may fail: (success, stderr).
+pub fn try_apply(cp: &ControlPlane, ns: &str, yaml: &str) -> (bool, String) {
+    let path = cp.dir.join(format!("{ns}-try-{}.yaml", yaml.len()));
+    std::fs::write(&path, yaml).unwrap();
+    let out = cp.kubectl(&["-n", ns, "apply", "-f", path.to_str().unwrap()]);
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+pub fn get_json(cp: &ControlPlane, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["-o", "json"]);
+    let out = cp.kubectl(&a);
+    if !out.status.success() {
+        return Value::Null;
+    }
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+pub fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+}
+
+pub fn condition_true(obj: &Value, type_: &str) -> bool {
+    condition(obj, type_).is_some_and(|c| c["status"] == "True")
+}
+
+/// Waits for `check`, or fails with what the namespace looks like.
+pub fn eventually(cp: &ControlPlane, ns: &str, what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("{what} did not happen within {timeout:?}\n{}", diagnostics(cp, ns));
+}
+
+/// Objects, events and pod logs of a namespace, and the components' logs.
+pub fn diagnostics(cp: &ControlPlane, ns: &str) -> String {
+    let k = |args: &[&str]| {
+        let out = cp.kubectl(args);
+        format!("$ kubectl {}\n{}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let mut out = vec![
+        k(&["-n", ns, "get", "infd,deploy,pods,endpointslices", "-o", "wide"]),
+        k(&["-n", ns, "get", "infd", "-o", "yaml"]),
+        k(&["-n", ns, "get", "events", "--sort-by=.lastTimestamp"]),
+    ];
+    let pods = get_json(cp, &["-n", ns, "get", "pods"]);
+    for p in pods["items"].as_array().into_iter().flatten() {
+        let uid = p["metadata"]["uid"].as_str().unwrap_or("");
+        let log = cp.dir.join("node-1").join(uid).join("worker.log");
+        out.push(format!("--- pod {} ---\n{}\n{}", p["metadata"]["name"], p["status"]["conditions"], tail(&log, 15)));
+    }
+    out.push(cp.logs());
+    for entry in std::fs::read_dir(&cp.dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("operator") && name.ends_with(".log") {
+            out.push(format!("--- {name} ---\n{}", tail(&entry.path(), 40)));
+        }
+    }
+    out.join("\n")
+}
+
+pub fn get(url: &str) -> Option<String> {
+    http("GET", url, None).filter(|(s, _)| *s == 200).map(|(_, b)| b)
+}
+
+/// A minimal HTTP/1.1 client: (status, body).
+pub fn http(method: &str, url: &str, body: Option<&str>) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
+    let mut s = std::net::TcpStream::connect_timeout(&host.parse().ok()?, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    let body = body.unwrap_or("");
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    Some((status, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The router pods' addresses, from the API Service's EndpointSlices (ready ones).
+pub fn router_endpoints(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> {
+    let slices = get_json(cp, &["-n", ns, "get", "endpointslices", "-l", &format!("kubernetes.io/service-name={name}")]);
+    slices["items"].as_array().into_iter().flatten()
+        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter(|e| e["conditions"]["ready"] == true)
+        .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str().map(|a| format!("{a}:8080")))
+        .collect()
+}
+
+/// A completion through the router: (status, body).
+pub fn complete(router: &str, prompt: &str, max_tokens: u32) -> Option<(u16, String)> {
+    let body = serde_json::json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 }).to_string();
+    http("POST", &format!("http://{router}/v1/completions"), Some(&body))
+}
+
+/// The InferenceDeployment as JSON.
+pub fn infd(cp: &ControlPlane, ns: &str, name: &str) -> Value {
+    get_json(cp, &["-n", ns, "get", "infd", name])
+}
+
+/// An InferenceDeployment of the tiny model with the given window and pools.
+pub fn tiny(name: &str, window: u64, prefill_tokens: u64, decode_tokens: u64, extra: &str) -> String {
+    format!(
+        "apiVersion: kvgate.dev/v1alpha1\nkind: InferenceDeployment\nmetadata: {{ name: {name} }}\nspec:\n  model: {{ name: tiny }}\n  contextWindow: {window}\n  prefill:\n    replicas: 1\n    kvPool: {{ tokens: {prefill_tokens}{extra} }}\n  decode:\n    replicas: 1\n    kvPool: {{ tokens: {decode_tokens} }}\n"
+    )
+}

@@ -1,0 +1,115 @@
+//! Pod volumes on the node agent: `secret`, `configMap`, `emptyDir` and `projected` (the
+//! service-account token volume the API server adds to pods) become directories under the pod's
+//! directory, `hostPath` is used as is, and each container sees them at their
+//! `mountPath` through its own mount namespace (bind mounts, read-only where asked), as a real
+//! container would.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use kube::api::Api;
+
+/// Materializes the pod's volumes; a name -> directory map, or why a volume cannot be had.
+pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option<&str>) -> Result<BTreeMap<String, PathBuf>, String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let mut out = BTreeMap::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        let path = dir.join("volumes").join(&v.name);
+        let files: Option<(BTreeMap<String, Vec<u8>>, i32)> = if let Some(s) = &v.secret {
+            let name = s.secret_name.clone().unwrap_or_default();
+            let secret = Api::<Secret>::namespaced(client.clone(), ns).get(&name).await.map_err(|e| format!("volume {}: secret {name}: {e}", v.name))?;
+            let data = secret.data.unwrap_or_default().into_iter().map(|(k, b)| (k, b.0)).collect();
+            Some((data, s.default_mode.unwrap_or(0o644)))
+        } else if let Some(c) = &v.config_map {
+            let name = c.name.clone();
+            let cm = Api::<ConfigMap>::namespaced(client.clone(), ns).get(&name).await.map_err(|e| format!("volume {}: configmap {name}: {e}", v.name))?;
+            let data = cm.data.unwrap_or_default().into_iter().map(|(k, s)| (k, s.into_bytes())).collect();
+            Some((data, c.default_mode.unwrap_or(0o644)))
+        } else if let Some(p) = &v.projected {
+            let mut data = BTreeMap::new();
+            for src in p.sources.iter().flatten() {
+                if let Some(t) = &src.service_account_token {
+                    let token = token.ok_or_else(|| format!("volume {}: no service-account token for this pod", v.name))?;
+                    data.insert(t.path.clone(), token.as_bytes().to_vec());
+                } else if let Some(c) = &src.config_map {
+                    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns).get(&c.name).await.map_err(|e| format!("volume {}: configmap {}: {e}", v.name, c.name))?;
+                    let values = cm.data.unwrap_or_default();
+                    for item in c.items.iter().flatten() {
+                        data.insert(item.path.clone(), values.get(&item.key).cloned().unwrap_or_default().into_bytes());
+                    }
+                } else if let Some(d) = &src.downward_api {
+                    for item in d.items.iter().flatten() {
+                        let field = item.field_ref.as_ref().map(|f| f.field_path.as_str()).unwrap_or("");
+                        let value = super::env::field(pod, field, "").ok_or_else(|| format!("volume {}: field {field} is not supported", v.name))?;
+                        data.insert(item.path.clone(), value.into_bytes());
+                    }
+                }
+            }
+            Some((data, p.default_mode.unwrap_or(0o644)))
+        } else if v.empty_dir.is_some() {
+            Some((BTreeMap::new(), 0))
+        } else if let Some(h) = &v.host_path {
+            out.insert(v.name.clone(), PathBuf::from(&h.path));
+            None
+        } else {
+            return Err(format!("volume {}: only secret, configMap, emptyDir, projected and hostPath volumes are supported by the kvgate node agent", v.name));
+        };
+        if let Some((files, mode)) = files {
+            std::fs::create_dir_all(&path).map_err(|e| format!("volume {}: {e}", v.name))?;
+            for (key, bytes) in files {
+                let file = path.join(&key);
+                std::fs::write(&file, bytes).map_err(|e| format!("volume {}: {key}: {e}", v.name))?;
+                let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode as u32));
+            }
+            out.insert(v.name.clone(), path);
+        }
+    }
+    Ok(out)
+}
+
+/// A bind mount for one container, prepared before fork so the child only makes syscalls.
+#[derive(Debug)]
+pub struct Bind {
+    source: CString,
+    target: CString,
+    read_only: bool,
+}
+
+/// The container's mounts; creates each mount point on the host (an empty directory, harmless).
+pub fn binds(c: &Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Vec<Bind>, String> {
+    c.volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| {
+            let source = volumes.get(&m.name).ok_or_else(|| format!("volumeMount {}: no volume of that name", m.name))?;
+            std::fs::create_dir_all(&m.mount_path).map_err(|e| format!("volumeMount {}: {}: {e}", m.name, m.mount_path))?;
+            let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
+            Ok(Bind { source: c(source)?, target: c(Path::new(&m.mount_path))?, read_only: m.read_only == Some(true) })
+        })
+        .collect()
+}
+
+/// In the forked child: a private mount namespace with the binds. Only async-signal-safe calls.
+pub fn enter(binds: &[Bind]) -> std::io::Result<()> {
+    if binds.is_empty() {
+        return Ok(());
+    }
+    let check = |r: i32| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+    // SAFETY: plain syscalls on pointers to NUL-terminated strings that outlive the calls.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        check(libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+        for b in binds {
+            check(libc::mount(b.source.as_ptr(), b.target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
+            if b.read_only {
+                let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+                check(libc::mount(std::ptr::null(), b.target.as_ptr(), std::ptr::null(), flags, std::ptr::null()))?;
+            }
+        }
+    }
+    Ok(())
+}
