@@ -30,6 +30,12 @@ pub struct Operator {
 
 impl Operator {
     pub fn start(cp: &ControlPlane, name: &str) -> Operator {
+        Self::start_in(cp, name, "kvgate-operator", None)
+    }
+
+    /// An operator watching only `namespace` (tests that run operators side by side); replicas
+    /// started with the same `lease` elect one leader among them.
+    pub fn start_in(cp: &ControlPlane, name: &str, lease: &str, namespace: Option<&str>) -> Operator {
         let port = free_port();
         let args = vec![
             "run".to_string(),
@@ -38,7 +44,10 @@ impl Operator {
             "--leader-elect".to_string(),
             format!("--identity={name}"),
             "--lease-namespace=default".to_string(),
+            format!("--lease-name={lease}"),
         ];
+        let mut args = args;
+        args.extend(namespace.map(|ns| format!("--namespace={ns}")));
         let mut proc = Proc::spawn(name, Path::new(env!("CARGO_BIN_EXE_kvgate-operator")), &args, &cp.dir).unwrap();
         let metrics = format!("http://127.0.0.1:{port}/metrics");
         let deadline = Instant::now() + Duration::from_secs(30);
