@@ -24,6 +24,8 @@ lint:
 bench:
 	$(CARGO) bench -p kvgate-worker --bench engine
 	$(CARGO) bench -p kvgate-worker --bench handoff
+	$(CARGO) build -p kvgate-worker -p kvgate-testenv
+	$(CARGO) bench -p kvgate-operator --bench operator
 
 ## Build kube-apiserver, kube-controller-manager and etcd from the official Go modules into
 ## target/controlplane/bin/ (cached: seconds when nothing changed).

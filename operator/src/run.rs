@@ -69,13 +69,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(ns) => (Api::<Deployment>::namespaced(client.clone(), ns), Api::<Pod>::namespaced(client.clone(), ns)),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        http: crate::capacity::client(),
-        metrics: metrics.clone(),
-        recorder: Recorder::new(client.clone(), Reporter { controller: "kvgate-operator".into(), instance: Some(identity.clone()) }),
-        worker_image: args.worker_image.clone(),
-    });
+    let recorder = Recorder::new(client.clone(), Reporter { controller: "kvgate-operator".into(), instance: Some(identity.clone()) });
+    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), recorder, args.worker_image.clone()));
     let managed = watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::OPERATOR));
     // Pods are owned by ReplicaSets, not by us: map them to their deployment by label.
     let pod_owner = |pod: Pod| {

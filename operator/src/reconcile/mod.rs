@@ -7,7 +7,8 @@ pub mod pods;
 pub mod rollout;
 pub mod status;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -27,6 +28,23 @@ pub struct Context {
     pub metrics: Metrics,
     pub recorder: Recorder,
     pub worker_image: String,
+    /// Consecutive failures per object, for the retry backoff.
+    pub failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(client: kube::Client, metrics: Metrics, recorder: Recorder, worker_image: String) -> Self {
+        Context { client, http: crate::capacity::client(), metrics, recorder, worker_image, failures: Mutex::default() }
+    }
+}
+
+fn key(d: &InferenceDeployment) -> String {
+    format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any())
+}
+
+/// 1 s, 2 s, 4 s ... up to 256 s after consecutive failures.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.saturating_sub(1).min(8))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -43,19 +61,38 @@ pub fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
 pub async fn reconcile(d: Arc<InferenceDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
     let result = rollout::reconcile(&d, &ctx).await;
+    if result.is_ok() {
+        ctx.failures.lock().unwrap().remove(&key(&d));
+    }
     ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
     ctx.metrics.reconciles.with_label_values(&[if result.is_ok() { "success" } else { "error" }]).inc();
     result
 }
 
-/// Failed reconciles are retried with backoff (the controller's) and become Warning Events.
+/// Failed reconciles are retried with exponential backoff and become Warning Events.
 pub fn error_policy(d: Arc<InferenceDeployment>, err: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(name = d.name_any(), namespace = d.namespace(), error = %err, "reconcile failed");
+    let failures = {
+        let mut map = ctx.failures.lock().unwrap();
+        let n = map.entry(key(&d)).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let retry = backoff(failures);
+    tracing::warn!(name = d.name_any(), namespace = d.namespace(), error = %err, failures, ?retry, "reconcile failed");
     let ctx = ctx.clone();
     let reference = d.object_ref(&());
     let note = err.to_string();
     tokio::spawn(async move { event(&ctx, &reference, EventType::Warning, "ReconcileError", "Reconcile", note).await });
-    Action::requeue(Duration::from_secs(5))
+    Action::requeue(retry)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn backoff_doubles_up_to_256_seconds() {
+        let secs: Vec<u64> = (1..=11).map(|n| super::backoff(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 256, 256]);
+    }
 }
 
 pub async fn event(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {

@@ -207,3 +207,80 @@ pub fn service(d: &InferenceDeployment, role: Role) -> Service {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::router;
+
+    fn d(spec: serde_json::Value) -> InferenceDeployment {
+        let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
+        d.metadata.namespace = Some("ns".into());
+        d.metadata.uid = Some("uid-1".into());
+        d
+    }
+
+    fn spec() -> serde_json::Value {
+        serde_json::json!({
+            "model": { "name": "tiny" }, "contextWindow": 1024,
+            "prefill": { "replicas": 2, "kvPool": { "tokens": 4096, "dtype": "bf16" } },
+            "decode": { "replicas": 3, "kvPool": { "memoryFraction": "0.9" } },
+        })
+    }
+
+    #[test]
+    fn decode_pods_mount_the_handoff_secret_and_carry_the_gate() {
+        let dep = deployment(&d(spec()), Role::Decode, "abc", "img:1", 3);
+        assert_eq!(dep.metadata.name.as_deref(), Some("llm-decode-abc"));
+        assert_eq!(dep.spec.replicas, Some(3));
+        let pod = dep.spec.template.spec.unwrap();
+        assert_eq!(pod.readiness_gates.unwrap()[0].condition_type, gate::CONDITION);
+        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff"));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let c = &pod.containers[0];
+        let args = c.args.clone().unwrap();
+        for want in ["decode", "--kv-listen=$(POD_IP):8083", "--handoff-secret-file=/var/run/kvgate/handoff/secret", "--context-window=1024", "--kv-memory-fraction=0.9", "--model=tiny"] {
+            assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
+        }
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!((sc.read_only_root_filesystem, sc.allow_privilege_escalation), (Some(true), Some(false)));
+        assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+        // The owner reference makes deletion cascade.
+        assert_eq!(dep.metadata.owner_references.unwrap()[0].uid, "uid-1");
+    }
+
+    #[test]
+    fn prefill_pods_get_their_pool_flags_and_no_secret() {
+        let dep = deployment(&d(spec()), Role::Prefill, "abc", "img:1", 2);
+        let pod = dep.spec.template.spec.unwrap();
+        assert!(pod.volumes.is_none());
+        let args = pod.containers[0].args.clone().unwrap();
+        assert!(args.contains(&"--kv-pool-tokens=4096".to_string()) && args.contains(&"--kv-dtype=bf16".to_string()), "{args:?}");
+    }
+
+    #[test]
+    fn a_checkpoint_on_a_claim_is_mounted_read_only_at_models() {
+        let mut s = spec();
+        s["model"] = serde_json::json!({ "path": "qwen", "volume": { "persistentVolumeClaim": "weights" } });
+        let dep = deployment(&d(s), Role::Prefill, "abc", "img:1", 1);
+        let pod = dep.spec.template.spec.unwrap();
+        let v = &pod.volumes.unwrap()[0];
+        assert_eq!(v.persistent_volume_claim.as_ref().unwrap().claim_name, "weights");
+        assert!(pod.containers[0].args.as_ref().unwrap().contains(&"--model=/models/qwen".to_string()));
+        assert_eq!(pod.containers[0].volume_mounts.as_ref().unwrap()[0].read_only, Some(true));
+    }
+
+    #[test]
+    fn the_router_discovers_peers_and_admits_the_window_it_is_given() {
+        let dep = router::deployment(&d(spec()), "img:1", 512);
+        let pod = dep.spec.template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("llm-router"));
+        let args = pod.containers[0].args.clone().unwrap();
+        for want in ["--prefill-service=llm-prefill", "--decode-service=llm-decode", "--context-window=512"] {
+            assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
+        }
+        let role = router::role(&d(spec()));
+        let rule = &role.rules.unwrap()[0];
+        assert_eq!((rule.resources.clone().unwrap(), rule.verbs.clone()), (vec!["endpointslices".to_string()], vec!["get".to_string(), "list".into(), "watch".into()]));
+    }
+}

@@ -65,6 +65,10 @@ impl Proc {
         Ok(Proc { name: name.into(), log, child })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Fails with the log's tail if the process already exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
