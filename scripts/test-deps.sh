@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests use when they are missing (run by `make test`).
 #   ip (iproute2): the node agent gives each pod its own address on lo.
+#   prometheus, promtool (prometheus): the alert-rule tests and the live-Prometheus test.
+#   python3: dashboards/generate.py --check.
 set -euo pipefail
 missing=()
 command -v ip >/dev/null || missing+=(iproute2)
+command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
+command -v python3 >/dev/null || missing+=(python3)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "missing Debian packages: ${missing[*]}; install them with: apt-get install ${missing[*]}" >&2
   exit 1
 fi
 echo "installing ${missing[*]}"
-apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

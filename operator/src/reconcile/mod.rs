@@ -86,18 +86,18 @@ pub fn error_policy(d: Arc<InferenceDeployment>, err: &Error, ctx: Arc<Context>)
     Action::requeue(retry)
 }
 
+pub async fn event(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
+    let ev = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&ev, reference).await {
+        tracing::warn!(error = %e, reason, "could not publish an event");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn backoff_doubles_up_to_256_seconds() {
         let secs: Vec<u64> = (1..=11).map(|n| super::backoff(n).as_secs()).collect();
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 256, 256]);
-    }
-}
-
-pub async fn event(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
-    let ev = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
-    if let Err(e) = ctx.recorder.publish(&ev, reference).await {
-        tracing::warn!(error = %e, reason, "could not publish an event");
     }
 }

@@ -125,18 +125,36 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         router_ready: router_dep.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
     };
     let next = status::compute(d, &prev, &observed);
-    ctx.metrics.context_window.with_label_values(&[&ns, &name]).set(d.spec.context_window as i64);
-    for (role, rs) in [("prefill", &next.prefill), ("decode", &next.decode)] {
-        if let Some(m) = rs.as_ref().and_then(|r| r.min_measured_tokens) {
-            ctx.metrics.pool_tokens.with_label_values(&[&ns, &name, role]).set(m as i64);
-        }
-    }
+    export(ctx, &ns, &name, d, &next);
     if next != prev {
         let body = serde_json::json!({ "apiVersion": InferenceDeployment::api_version(&()), "kind": InferenceDeployment::kind(&()), "status": next });
         api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(kube_err("writing status"))?;
     }
     let settled = serving.as_ref() == Some(&rev) || refused.as_ref().is_some_and(|r| r.revision == rev);
     Ok(Action::requeue(if settled { Duration::from_secs(30) } else { Duration::from_secs(2) }))
+}
+
+/// The per-deployment gauges: the window, the serving revision's smallest measured pools, and
+/// whether the spec's revision stands refused.
+fn export(ctx: &Context, ns: &str, name: &str, d: &InferenceDeployment, status: &crate::crd::InferenceDeploymentStatus) {
+    let m = &ctx.metrics;
+    m.context_window.with_label_values(&[ns, name]).set(d.spec.context_window as i64);
+    for (role, rs) in [("prefill", &status.prefill), ("decode", &status.decode)] {
+        let serving = rs.as_ref().filter(|r| r.revision.is_some() && r.revision == status.current_revision);
+        match serving.and_then(|r| r.min_measured_tokens) {
+            Some(tokens) => m.pool_tokens.with_label_values(&[ns, name, role]).set(tokens as i64),
+            None => {
+                let _ = m.pool_tokens.remove_label_values(&[ns, name, role]);
+            }
+        }
+    }
+    let refused = status.refused_revision.as_ref().filter(|_| crate::conditions::is_true(&status.conditions, crate::conditions::ROLLOUT_REFUSED));
+    for reason in crate::metrics::REFUSAL_REASONS {
+        let _ = m.refused_now.remove_label_values(&[ns, name, reason]);
+    }
+    if let Some(r) = refused {
+        m.refused_now.with_label_values(&[ns, name, &r.reason]).set(1);
+    }
 }
 
 fn replicas(d: &InferenceDeployment, role: Role) -> i32 {

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Writes kvgate's Grafana dashboards (dashboards/*.json) from the panel lists below.
+
+Run `python3 dashboards/generate.py` after editing; `--check` fails when a file is stale (a test
+runs it). Conventions (checked by operator/tests/observability.rs): one datasource variable
+`datasource`, `namespace` and `deployment` variables from label values, stable uids, a unit and a
+description on every panel, `$__rate_interval` in rates.
+"""
+import json
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+W = 'namespace=~"$namespace", deployment=~"$deployment"'   # worker series
+OP = 'namespace=~"$namespace", name=~"$deployment"'        # operator series of one deployment
+TOKENS = "suffix: tokens"
+
+
+def quantiles(metric, sel, by=""):
+    group = f"le{', ' + by if by else ''}"
+    legend = f"{{{{{by}}}}} " if by else ""
+    return [
+        (f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{{{sel}}}[$__rate_interval])))", f"{legend}p{int(q * 100)}")
+        for q in (0.5, 0.9, 0.99)
+    ]
+
+
+def panel(title, description, unit, targets, kind="timeseries", thresholds=None, w=12, h=8):
+    defaults = {"unit": unit}
+    if thresholds:
+        defaults["thresholds"] = {"mode": "absolute", "steps": thresholds}
+        defaults["color"] = {"mode": "thresholds"}
+    p = {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {},
+        "targets": [
+            {"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend}
+            for i, (expr, legend) in enumerate(targets)
+        ],
+        "_size": (w, h),
+    }
+    if kind == "stat":
+        p["options"] = {"colorMode": "background", "graphMode": "none", "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+    if kind == "table":
+        for t in p["targets"]:
+            t["instant"] = True
+            t["format"] = "table"
+    return p
+
+
+def variable(name, label, query):
+    return {
+        "name": name, "label": label, "type": "query", "datasource": DS,
+        "query": {"query": query, "refId": f"{name}-query"}, "definition": query,
+        "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "sort": 1,
+    }
+
+
+def dashboard(uid, title, description, panels):
+    x = y = row_h = 0
+    for i, p in enumerate(panels, start=1):
+        w, h = p.pop("_size")
+        if x + w > 24:
+            x, y, row_h = 0, y + row_h, 0
+        p["id"] = i
+        p["gridPos"] = {"x": x, "y": y, "w": w, "h": h}
+        x, row_h = x + w, max(row_h, h)
+    return {
+        "uid": uid, "title": title, "description": description, "tags": ["kvgate"],
+        "schemaVersion": 39, "version": 1, "editable": True, "graphTooltip": 1,
+        "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "timezone": "",
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}, "hide": 0},
+            variable("namespace", "Namespace", "label_values(kvgate_build_info, namespace)"),
+            variable("deployment", "Deployment", 'label_values(kvgate_requests_total{namespace=~"$namespace"}, deployment)'),
+        ]},
+        "annotations": {"list": []}, "links": [], "panels": panels,
+    }
+
+
+INTEGRITY = dashboard("kvgate-integrity", "kvgate / Integrity", "KV handoff integrity: every handoff decode refused, rejections, refused rollouts.", [
+    panel("Handoff mismatches in range", "Handoffs decode refused in the selected time range (any reason). Anything above zero is a KV integrity violation that kvgate caught: see the runbook KvgateHandoffIntegrityViolation.", "short",
+          [(f"sum(increase(kvgate_handoff_mismatch_total{{{W}}}[$__range])) or vector(0)", "mismatches")], kind="stat",
+          thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}], w=6),
+    panel("Handoff mismatches by reason", "Rate of handoffs decode refused, by reason: token_count, checksum, page_set, auth, fingerprint, timeout, unknown_handoff, rejected_forwarded.", "ops",
+          [(f"sum by (reason) (rate(kvgate_handoff_mismatch_total{{{W}}}[$__rate_interval]))", "{{reason}}")], w=18),
+    panel("Handoff outcomes", "Handoffs per second by outcome: committed (verified and decoded), rejected (cancelled after prefill rejected the prompt), failed.", "ops",
+          [(f"sum by (outcome) (rate(kvgate_handoff_total{{{W}, role=\"decode\"}}[$__rate_interval]))", "{{outcome}}")]),
+    panel("Reservations cancelled and expired", "Decode reservations freed without a commit: cancelled (prefill or router gave up) or expired (no commit within the handoff timeout).", "ops",
+          [(f"sum(rate(kvgate_handoff_reservations_cancelled_total{{{W}}}[$__rate_interval]))", "cancelled"),
+           (f"sum(rate(kvgate_handoff_reservations_expired_total{{{W}}}[$__rate_interval]))", "expired")]),
+    panel("Requests rejected by reason", "Requests refused before any KV was touched: context_length_exceeded, prompt_too_large, pool_busy, invalid_request.", "reqps",
+          [(f"sum by (reason) (rate(kvgate_requests_rejected_total{{{W}}}[$__rate_interval]))", "{{reason}}")]),
+    panel("Rollouts refused by reason", "Revisions the operator's rollout gate refused, by reason (KVPoolBelowContextWindow, FingerprintMismatch).", "short",
+          [("sum by (reason) (increase(kvgate_operator_rollouts_refused_total[$__range]))", "{{reason}}")], kind="stat",
+          thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]),
+])
+
+CAPACITY = dashboard("kvgate-capacity", "kvgate / Capacity", "Measured KV pools against declared context windows, and pool use per pod.", [
+    panel("Measured KV pool vs context window", "Smallest measured KV pool of the serving revision per role, against the declared context window. A pool line below the window line is the incident's condition; the operator refuses such revisions.", TOKENS,
+          [(f"min by (name, role) (kvgate_operator_kv_pool_capacity_tokens{{{OP}}})", "{{name}} {{role}} pool"),
+           (f"max by (name) (kvgate_operator_context_window_tokens{{{OP}}})", "{{name}} context window")]),
+    panel("Pool headroom over the window", "Measured pool minus declared window, per deployment and role: below zero means a pod cannot hold one full-window request.", TOKENS,
+          [(f"min by (name, role) (kvgate_operator_kv_pool_capacity_tokens{{{OP}}}) - on (name) group_left max by (name) (kvgate_operator_context_window_tokens{{{OP}}})", "{{name}} {{role}}")],
+          thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 0}]),
+    panel("Pool used vs capacity per pod", "Tokens of KV pool held by live sequences, and each pod's measured capacity.", TOKENS,
+          [(f"sum by (pod, role) (kvgate_kv_pool_used_tokens{{{W}}})", "{{pod}} used"),
+           (f"sum by (pod, role) (kvgate_kv_pool_capacity_tokens{{{W}}})", "{{pod}} capacity")]),
+    panel("Pool utilisation per pod", "Used / capacity of each pod's KV pool.", "percentunit",
+          [(f"sum by (pod) (kvgate_kv_pool_used_tokens{{{W}}}) / sum by (pod) (kvgate_kv_pool_capacity_tokens{{{W}}})", "{{pod}}")]),
+    panel("Pages in use", "KV pages held by live sequences and pages allocated, per pod.", "short",
+          [(f"sum by (pod) (kvgate_kv_pool_pages_in_use{{{W}}})", "{{pod}} in use"),
+           (f"sum by (pod) (kvgate_kv_pool_pages{{{W}}})", "{{pod}} allocated")], w=24),
+])
+
+R = f'{W}, role=~"router|local"'
+SERVING = dashboard("kvgate-serving", "kvgate / Serving", "Requests, latency, throughput and handoff traffic.", [
+    panel("Requests by status code", "Requests answered by the routers (or colocated workers) per second, by HTTP status code.", "reqps",
+          [(f"sum by (code) (rate(kvgate_requests_total{{{R}}}[$__rate_interval]))", "{{code}}")]),
+    panel("Error ratio", "Share of requests answered with a non-2xx status.", "percentunit",
+          [(f"sum(rate(kvgate_requests_total{{{R}, code!~\"2..\"}}[$__rate_interval])) / sum(rate(kvgate_requests_total{{{R}}}[$__rate_interval]))", "errors")]),
+    panel("Time to first token", "From arrival to the first generated token: p50, p90, p99.", "s", quantiles("kvgate_time_to_first_token_seconds", R), w=8),
+    panel("Inter-token latency", "Between consecutive tokens of one request: p50, p90, p99.", "s", quantiles("kvgate_inter_token_latency_seconds", R), w=8),
+    panel("Request duration", "From arrival to the last token: p50, p90, p99.", "s", quantiles("kvgate_request_duration_seconds", R), w=8),
+    panel("Tokens per second", "Prompt tokens admitted and tokens generated per second.", "suffix: tokens/s",
+          [(f"sum(rate(kvgate_prompt_tokens_total{{{R}}}[$__rate_interval]))", "prompt"),
+           (f"sum(rate(kvgate_generation_tokens_total{{{R}}}[$__rate_interval]))", "generated")], w=8),
+    panel("Handoff throughput", "KV bytes moved from prefill to decode per second.", "Bps",
+          [(f"sum by (role) (rate(kvgate_handoff_bytes_total{{{W}}}[$__rate_interval]))", "{{role}}")], w=8),
+    panel("Handoff duration", "Reservation to verified commit (decode) and transfer to ack (prefill): p50, p90, p99.", "s",
+          quantiles("kvgate_handoff_duration_seconds", W, by="role"), w=8),
+])
+
+OPERATOR = dashboard("kvgate-operator", "kvgate / Operator", "The kvgate operator: reconciles, latency, refused rollouts, leadership.", [
+    panel("Reconciles by result", "Reconciles of InferenceDeployments per second, success or error.", "ops",
+          [("sum by (result) (rate(kvgate_operator_reconcile_total[$__rate_interval]))", "{{result}}")]),
+    panel("Reconcile latency", "Time one reconcile takes: p50, p90, p99.", "s", quantiles("kvgate_operator_reconcile_duration_seconds", "")),
+    panel("Refused rollouts", "Revisions refused by the rollout gate in the selected range, by reason.", "short",
+          [("sum by (reason) (increase(kvgate_operator_rollouts_refused_total[$__range]))", "{{reason}}")], kind="stat",
+          thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}], w=8),
+    panel("Deployments refused now", "InferenceDeployments whose spec's revision stands refused (the previous revision, if any, keeps serving).", "short",
+          [(f"kvgate_operator_rollout_refused{{{OP}}} == 1", "{{namespace}}/{{name}} {{reason}}")], kind="table", w=8),
+    panel("Leader", "1 for the operator replica that holds the leader Lease and reconciles.", "bool",
+          [("max by (pod, instance) (kvgate_operator_leader)", "{{pod}} {{instance}}")], kind="stat", w=8),
+])
+
+FILES = {"integrity.json": INTEGRITY, "capacity.json": CAPACITY, "serving.json": SERVING, "operator.json": OPERATOR}
+
+
+def main():
+    check = "--check" in sys.argv
+    stale = []
+    for name, d in FILES.items():
+        text = json.dumps(d, indent=2) + "\n"
+        path = HERE / name
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        sys.exit(f"stale dashboards {stale}: run python3 dashboards/generate.py")
+
+
+if __name__ == "__main__":
+    main()

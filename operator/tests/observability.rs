@@ -1,0 +1,309 @@
+//! Dashboards and alert rules: conventions, promtool unit tests, and a live Prometheus that
+//! scrapes the operator and the worker pods of real deployments on the test control plane plus a
+//! `local` worker with an injected fault: the integrity and refused-rollout alerts fire, every metric the panels and
+//! rules name is really exported, and every panel query returns data.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kvgate_testenv::process::{Proc, free_port, tail};
+use serde_json::Value;
+use support::*;
+
+const DASHBOARDS: [&str; 4] = ["integrity", "capacity", "serving", "operator"];
+
+fn tool(name: &str) -> PathBuf {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().unwrap();
+    assert!(found.status.success(), "{name} not found: install Debian's prometheus package (`apt-get install prometheus`, which `make test-deps` does)");
+    PathBuf::from(String::from_utf8(found.stdout).unwrap().trim())
+}
+
+fn dashboard(name: &str) -> Value {
+    let text = std::fs::read_to_string(repo(&format!("dashboards/{name}.json"))).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("dashboards/{name}.json: {e}"))
+}
+
+/// Every (panel title, expr) of a dashboard.
+fn queries(d: &Value) -> Vec<(String, String)> {
+    d["panels"].as_array().unwrap().iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(move |t| (p["title"].as_str().unwrap().to_string(), t["expr"].as_str().unwrap().to_string())))
+        .collect()
+}
+
+fn alert_rules() -> Vec<Value> {
+    let text = std::fs::read_to_string(repo("dashboards/alerts.yaml")).unwrap();
+    let y: Value = serde_yaml::from_str(&text).unwrap();
+    y["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap().clone()).collect()
+}
+
+/// kvgate metric names an expression uses (histogram series map to their family).
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while let Some(at) = expr[i..].find("kvgate_") {
+        let start = i + at;
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        let name = &expr[start..end];
+        let family = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+        out.insert(family.to_string());
+        i = end;
+    }
+    out
+}
+
+#[test]
+fn dashboards_follow_the_conventions_and_are_generated() {
+    let out = Command::new("python3").arg(repo("dashboards/generate.py")).arg("--check").output().expect("python3 is needed to check dashboards/generate.py");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut uids = Vec::new();
+    for name in DASHBOARDS {
+        let d = dashboard(name);
+        uids.push(d["uid"].as_str().unwrap().to_string());
+        assert!(d["schemaVersion"].as_i64().unwrap() >= 39, "{name}: schemaVersion");
+        assert!(d["title"].as_str().unwrap().starts_with("kvgate / "), "{name}: title");
+        let vars = d["templating"]["list"].as_array().unwrap();
+        let datasources: Vec<&Value> = vars.iter().filter(|v| v["type"] == "datasource").collect();
+        assert_eq!(datasources.len(), 1, "{name}: one datasource variable");
+        assert_eq!((datasources[0]["name"].as_str(), datasources[0]["query"].as_str()), (Some("datasource"), Some("prometheus")));
+        for var in ["namespace", "deployment"] {
+            let v = vars.iter().find(|v| v["name"] == var).unwrap_or_else(|| panic!("{name}: no {var} variable"));
+            assert_eq!(v["type"], "query");
+            assert!(v["definition"].as_str().unwrap().starts_with("label_values("), "{name}: {var} from label values");
+        }
+        for p in d["panels"].as_array().unwrap() {
+            let title = p["title"].as_str().unwrap();
+            assert!(p["fieldConfig"]["defaults"]["unit"].as_str().is_some_and(|u| !u.is_empty()), "{name}/{title}: no unit");
+            assert!(p["description"].as_str().is_some_and(|s| s.len() > 20), "{name}/{title}: no description");
+            assert_eq!(p["datasource"]["uid"], "${datasource}", "{name}/{title}: hard-coded datasource");
+            for t in p["targets"].as_array().unwrap() {
+                assert_eq!(t["datasource"]["uid"], "${datasource}", "{name}/{title}: hard-coded datasource in a target");
+                let expr = t["expr"].as_str().unwrap();
+                for (at, _) in expr.match_indices("rate(") {
+                    let window = expr[at..].split('[').nth(1).and_then(|w| w.split(']').next()).unwrap_or("");
+                    assert_eq!(window, "$__rate_interval", "{name}/{title}: {expr}");
+                }
+            }
+        }
+    }
+    assert_eq!(uids, ["kvgate-integrity", "kvgate-capacity", "kvgate-serving", "kvgate-operator"], "dashboard uids must stay stable");
+}
+
+#[test]
+fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
+    let promtool = tool("promtool");
+    let check = Command::new(&promtool).args(["check", "rules"]).arg(repo("dashboards/alerts.yaml")).output().unwrap();
+    assert!(check.status.success(), "{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+    let test = Command::new(&promtool).args(["test", "rules"]).arg(repo("dashboards/tests/alerts_test.yaml")).output().unwrap();
+    assert!(test.status.success(), "{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
+
+    let tests = std::fs::read_to_string(repo("dashboards/tests/alerts_test.yaml")).unwrap();
+    let runbooks = std::fs::read_to_string(repo("docs/runbooks.md")).unwrap();
+    let want = [
+        "KvgateHandoffIntegrityViolation", "KvgateRejectedRequestForwarded", "KvgateKVPoolBelowContextWindow", "KvgateRolloutRefused",
+        "KvgateHandoffFailuresHigh", "KvgateOperatorReconcileErrors", "KvgateOperatorDown", "KvgateWorkerMetricsAbsent",
+    ];
+    let rules = alert_rules();
+    let names: BTreeSet<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
+    assert_eq!(names, want.into_iter().collect(), "alert set");
+    for r in &rules {
+        let name = r["alert"].as_str().unwrap();
+        assert!(["critical", "warning"].contains(&r["labels"]["severity"].as_str().unwrap_or("")), "{name}: severity");
+        for a in ["summary", "description", "runbook_url"] {
+            assert!(r["annotations"][a].as_str().is_some_and(|s| !s.is_empty()), "{name}: no {a}");
+        }
+        let anchor = name.to_lowercase();
+        assert!(r["annotations"]["runbook_url"].as_str().unwrap().ends_with(&format!("docs/runbooks.md#{anchor}")), "{name}: runbook_url");
+        assert!(runbooks.contains(&format!("\n## {name}\n")), "docs/runbooks.md has no section for {name}");
+        assert!(tests.contains(&format!("alertname: {name}\n")), "dashboards/tests/alerts_test.yaml does not test {name}");
+    }
+}
+
+struct Prometheus {
+    _proc: Proc,
+    url: String,
+}
+
+impl Prometheus {
+    fn start(dir: &std::path::Path, config: &str) -> Prometheus {
+        let bin = tool("prometheus");
+        let port = free_port();
+        let cfg = dir.join("prometheus.yml");
+        std::fs::write(&cfg, config).unwrap();
+        let args = vec![
+            format!("--config.file={}", cfg.display()),
+            format!("--storage.tsdb.path={}", dir.join("prometheus-data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--web.enable-lifecycle".to_string(),
+        ];
+        let mut proc = Proc::spawn("prometheus", &bin, &args, dir).unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while get(&format!("{url}/-/ready")).is_none() {
+            proc.check_alive().unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(Instant::now() < deadline, "prometheus did not start:\n{}", tail(&proc.log, 30));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Prometheus { _proc: proc, url }
+    }
+
+    fn query(&self, expr: &str) -> Vec<Value> {
+        let q: String = expr.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+        let body = get(&format!("{}/api/v1/query?query={q}", self.url)).unwrap_or_default();
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    fn firing(&self, alert: &str) -> Vec<Value> {
+        let body = get(&format!("{}/api/v1/alerts", self.url)).unwrap_or_default();
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["data"]["alerts"].as_array().into_iter().flatten().filter(|a| a["labels"]["alertname"] == alert && a["state"] == "firing").cloned().collect()
+    }
+}
+
+#[test]
+fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics() {
+    let cp = cluster();
+    let ns = cp.namespace("observe");
+    let op = Operator::start_in(cp, "operator-observe", "lease-observe", Some(&ns));
+    apply_yaml(cp, &ns, &tiny("good", 256, 1024, 1024, ""));
+    apply_yaml(cp, &ns, &tiny("small", 4096, 1024, 1024, ""));
+
+    // A local worker whose prefill corrupts every second handoff: the incident's kind of fault.
+    let port = free_port();
+    let mut faulty = Proc::spawn("faulty-worker", &workspace_bin("kvgate-worker"), &[
+        "local".into(), format!("--listen=127.0.0.1:{port}"), "--context-window=256".into(),
+        "--inject-fault=corrupt-page".into(), "--allow-fault-injection".into(), "--fault-every=2".into(),
+    ], &cp.dir).unwrap();
+    let faulty_url = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&format!("http://{faulty_url}/readyz")).is_none() {
+        faulty.check_alive().unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(Instant::now() < deadline, "the faulty worker did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Debian's Prometheus is built without Kubernetes service discovery, so the test plays the
+    // PodMonitor: it lists the deployment's pods and writes them as file_sd targets, labelled as
+    // the chart's PodMonitor relabels them (namespace, pod, deployment).
+    let prom_dir = cp.dir.join(format!("prometheus-{ns}"));
+    std::fs::create_dir_all(&prom_dir).unwrap();
+    let targets_file = prom_dir.join("targets.json");
+    std::fs::write(&targets_file, "[]").unwrap();
+    let op_addr = op.metrics.trim_start_matches("http://").trim_end_matches("/metrics").to_string();
+    let config = format!(r#"
+global: {{ scrape_interval: 1s, evaluation_interval: 1s }}
+rule_files: ["{rules}"]
+scrape_configs:
+  - job_name: kvgate-workers
+    file_sd_configs: [{{ files: ["{targets}"], refresh_interval: 1s }}]
+  - job_name: kvgate-operator
+    honor_labels: true
+    static_configs: [{{ targets: ["{op_addr}"], labels: {{ pod: operator-observe }} }}]
+  - job_name: kvgate-local
+    static_configs: [{{ targets: ["{faulty_url}"], labels: {{ namespace: "{ns}", deployment: faulty, pod: faulty-worker }} }}]
+"#, rules = repo("dashboards/alerts.yaml").display(), targets = targets_file.display());
+    let prom = Prometheus::start(&prom_dir, &config);
+
+    eventually(cp, &ns, "good Available and small Refused", Duration::from_secs(120), || {
+        infd(cp, &ns, "good")["status"]["phase"] == "Available" && infd(cp, &ns, "small")["status"]["phase"] == "Refused"
+    });
+    let mut routers = Vec::new();
+    eventually(cp, &ns, "good's router endpoint", Duration::from_secs(60), || {
+        routers = router_endpoints(cp, &ns, "good");
+        !routers.is_empty()
+    });
+    let targets: Vec<Value> = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate"])["items"].as_array().unwrap().iter()
+        .filter_map(|p| {
+            let ip = p["status"]["podIP"].as_str()?;
+            let port = p["spec"]["containers"][0]["ports"].as_array()?.iter().find(|x| x["name"] == "http")?["containerPort"].as_i64()?;
+            Some(serde_json::json!({ "targets": [format!("{ip}:{port}")], "labels": {
+                "namespace": ns, "pod": p["metadata"]["name"], "deployment": p["metadata"]["labels"]["app.kubernetes.io/instance"] } }))
+        })
+        .collect();
+    std::fs::write(&targets_file, serde_json::to_string(&targets).unwrap()).unwrap();
+    // Counters must be scraped at their starting values first: Prometheus sees no increase in
+    // a series whose first sample already counts the failures.
+    eventually(cp, &ns, "every target scraped", Duration::from_secs(60), || {
+        prom.query(r#"up{job="kvgate-workers"} == 1"#).len() == targets.len()
+            && !prom.query(r#"kvgate_handoff_mismatch_total{deployment="faulty"}"#).is_empty()
+            && !prom.query("kvgate_operator_leader").is_empty()
+    });
+    // Traffic: good requests through the cluster, and requests into the faulty worker.
+    let mut codes = BTreeSet::new();
+    for i in 0..6 {
+        assert_eq!(complete(&routers[0], &format!("hello {i}"), 4).map(|r| r.0), Some(200));
+        codes.insert(complete(&faulty_url, &format!("hello {i}"), 4).map(|r| r.0).unwrap_or(0));
+    }
+    assert!(codes.contains(&502), "the faulty worker never failed a handoff: {codes:?}");
+
+    // The integrity violation pages within a bounded time, locating the faulty worker.
+    let started = Instant::now();
+    eventually(cp, &ns, "KvgateHandoffIntegrityViolation firing", Duration::from_secs(60), || {
+        prom.firing("KvgateHandoffIntegrityViolation").iter().any(|a| a["labels"]["deployment"] == "faulty" && a["labels"]["reason"] == "checksum")
+    });
+    eprintln!("KvgateHandoffIntegrityViolation fired {:.1} s after the traffic", started.elapsed().as_secs_f64());
+    eventually(cp, &ns, "KvgateRolloutRefused firing for small", Duration::from_secs(60), || {
+        prom.firing("KvgateRolloutRefused").iter().any(|a| a["labels"]["name"] == "small" && a["labels"]["namespace"] == ns.as_str())
+    });
+    assert!(prom.firing("KvgateRolloutRefused").iter().all(|a| a["labels"]["name"] != "good"));
+
+    // Every metric named by a panel or a rule is exported by a live worker or the operator.
+    let mut exported = BTreeSet::new();
+    let mut live = vec![format!("http://{faulty_url}/metrics"), op.metrics.clone()];
+    for p in get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=good"])["items"].as_array().unwrap() {
+        let ip = p["status"]["podIP"].as_str().unwrap();
+        let port = p["spec"]["containers"][0]["ports"][0]["containerPort"].as_i64().unwrap();
+        live.push(format!("http://{ip}:{port}/metrics"));
+    }
+    for url in &live {
+        let text = get(url).unwrap_or_else(|| panic!("{url} did not answer"));
+        exported.extend(text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split_whitespace().next()).map(String::from));
+    }
+    let mut used = BTreeSet::new();
+    for name in DASHBOARDS {
+        for (_, expr) in queries(&dashboard(name)) {
+            used.extend(metric_names(&expr));
+        }
+    }
+    for r in alert_rules() {
+        used.extend(metric_names(r["expr"].as_str().unwrap()));
+    }
+    let missing: Vec<&String> = used.iter().filter(|m| !exported.contains(*m)).collect();
+    assert!(missing.is_empty(), "panels or rules use metrics nothing exports: {missing:?}");
+
+    // The README's metrics reference lists exactly what is exported, with the right types.
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let documented: BTreeSet<String> = readme.lines().filter_map(|l| l.strip_prefix("| `kvgate_")).filter_map(|l| l.split('`').next()).map(|n| format!("kvgate_{n}")).collect();
+    let ours: BTreeSet<String> = exported.iter().filter(|m| m.starts_with("kvgate_")).cloned().collect();
+    assert_eq!(documented, ours, "the README's metrics tables and the live /metrics differ");
+    for url in &live {
+        for l in get(url).unwrap().lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let mut w = l.split_whitespace();
+            let (name, kind) = (w.next().unwrap(), w.next().unwrap());
+            let row = readme.lines().find(|r| r.starts_with(&format!("| `{name}` |"))).unwrap();
+            assert!(row.contains(&format!("| {kind} |")), "README row for {name} does not say {kind}: {row}");
+        }
+    }
+
+    // Every panel query, with the variables filled in, returns data from this Prometheus.
+    let fill = |expr: &str| expr.replace("$namespace", &ns).replace("$deployment", ".*").replace("$__rate_interval", "1m").replace("$__range", "10m");
+    for name in DASHBOARDS {
+        for (title, expr) in queries(&dashboard(name)) {
+            let q = fill(&expr);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while prom.query(&q).is_empty() {
+                assert!(Instant::now() < deadline, "{name} / {title}: no data for {q}\n{}", diagnostics(cp, &ns));
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    }
+    drop(faulty);
+}
