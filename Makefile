@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run test test-deps lint bench controlplane dev-cluster
+.PHONY: run test test-deps lint bench controlplane tools images dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
@@ -10,7 +10,7 @@ run:
 
 ## Every test of the workspace: unit, model, HTTP tests against real worker processes, and the
 ## control-plane tests (real etcd, kube-apiserver, kube-controller-manager, kubectl).
-test: test-deps controlplane
+test: test-deps controlplane tools
 	$(CARGO) test --workspace --locked
 
 ## Debian packages the tests need (installed with apt-get when missing and run as root).
@@ -31,6 +31,19 @@ bench:
 ## target/controlplane/bin/ (cached: seconds when nothing changed).
 controlplane:
 	bash tests/controlplane/build.sh
+
+## The helm client the chart tests use, built from its Go module into target/tools/bin/.
+tools:
+	bash tests/tools/build.sh
+
+## Container images (needs a container engine: docker or podman).
+ENGINE ?= $(shell command -v docker || command -v podman)
+VERSION ?= 0.1.0
+images:
+	@test -n "$(ENGINE)" || { echo "no docker or podman here: images are built where a container engine exists"; exit 1; }
+	$(ENGINE) build -f images/operator.Dockerfile -t ghcr.io/kvgate/kvgate-operator:$(VERSION) .
+	$(ENGINE) build -f images/worker.Dockerfile -t ghcr.io/kvgate/kvgate-worker:$(VERSION) .
+	$(ENGINE) build -f images/worker-cuda.Dockerfile -t ghcr.io/kvgate/kvgate-worker:$(VERSION)-cuda .
 
 ## A control plane and node agent in the foreground; kubeconfig in target/dev-cluster/.
 dev-cluster: controlplane

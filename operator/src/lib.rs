@@ -12,3 +12,4 @@ pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod run;
+pub mod rbac;

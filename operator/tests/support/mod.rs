@@ -11,6 +11,7 @@ use kvgate_testenv::process::{Proc, free_port, tail};
 use serde_json::Value;
 
 pub const WORKER_IMAGE: &str = "ghcr.io/kvgate/kvgate-worker";
+pub const OPERATOR_IMAGE: &str = "ghcr.io/kvgate/kvgate-operator";
 
 pub fn workspace_bin(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug").join(name);
@@ -75,7 +76,9 @@ pub fn cluster() -> &'static ControlPlane {
         cp.kubectl_ok(&["apply", "-f", repo("crds").to_str().unwrap()]);
         cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/inferencedeployments.kvgate.dev", "--timeout=30s"]);
         let worker = workspace_bin("kvgate-worker");
-        cp.node_agent(&workspace_bin("kvgate-node-agent"), "node-1", &[(WORKER_IMAGE, &worker)]).unwrap_or_else(|e| panic!("node agent: {e:#}"))
+        let operator = PathBuf::from(env!("CARGO_BIN_EXE_kvgate-operator"));
+        cp.node_agent(&workspace_bin("kvgate-node-agent"), "node-1", &[(WORKER_IMAGE, &worker), (OPERATOR_IMAGE, &operator)])
+            .unwrap_or_else(|e| panic!("node agent: {e:#}"))
     });
     cp
 }
