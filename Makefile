@@ -2,11 +2,16 @@
 
 CARGO ?= cargo
 
-.PHONY: run test test-deps lint bench controlplane tools images dev-cluster
+.PHONY: run demo test test-deps lint bench controlplane tools images dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
 	$(CARGO) run --release -p kvgate-worker -- local
+
+## One command, a fresh machine: the local control plane and node agent, the CRDs and the chart,
+## the tiny example (Available, answering) and the incident example (refused); up until Ctrl-C.
+demo:
+	bash scripts/demo.sh
 
 ## Every test of the workspace: unit, model, HTTP tests against real worker processes, and the
 ## control-plane tests (real etcd, kube-apiserver, kube-controller-manager, kubectl).
@@ -47,5 +52,5 @@ images:
 
 ## A control plane and node agent in the foreground; kubeconfig in target/dev-cluster/.
 dev-cluster: controlplane
-	$(CARGO) build -p kvgate-worker -p kvgate-testenv
+	$(CARGO) build -p kvgate-worker -p kvgate-operator -p kvgate-testenv
 	$(CARGO) run -q -p kvgate-testenv --bin kvgate-dev-cluster
