@@ -1,6 +1,6 @@
 //! Dashboards and alert rules: conventions, promtool unit tests, and a live Prometheus that
-//! scrapes the operator and the worker pods of real deployments on the test control plane plus a
-//! `local` worker with an injected fault: the integrity and refused-rollout alerts fire, every metric the panels and
+//! scrapes the operator and the worker pods of real deployments on the test control plane, plus
+//! router, prefill and decode processes replaying the incident's bug (`ignore-rejection`): the integrity and refused-rollout alerts fire, every metric the panels and
 //! rules name is really exported, and every panel query returns data.
 
 mod support;
@@ -176,17 +176,27 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     apply_yaml(cp, &ns, &tiny("good", 256, 1024, 1024, ""));
     apply_yaml(cp, &ns, &tiny("small", 4096, 1024, 1024, ""));
 
-    // A local worker whose prefill corrupts every second handoff: the incident's kind of fault.
-    let port = free_port();
-    let mut faulty = Proc::spawn("faulty-worker", &workspace_bin("kvgate-worker"), &[
-        "local".into(), format!("--listen=127.0.0.1:{port}"), "--context-window=256".into(),
-        "--inject-fault=corrupt-page".into(), "--allow-fault-injection".into(), "--fault-every=2".into(),
-    ], &cp.dir).unwrap();
-    let faulty_url = format!("127.0.0.1:{port}");
+    // The incident's bug, replayed by real processes: a router with a big window, a prefill
+    // whose pool is smaller and which forwards a prompt it rejected (`ignore-rejection`), and a
+    // decode worker that catches it.
+    let bin = workspace_bin("kvgate-worker");
+    let (prefill_port, decode_port, kv_port, router_port) = (free_port(), free_port(), free_port(), free_port());
+    let spawn = |name: &str, args: &[String]| Proc::spawn(name, &bin, args, &cp.dir).unwrap();
+    let prefill = spawn("incident-prefill", &[
+        "prefill".into(), format!("--listen=127.0.0.1:{prefill_port}"), "--context-window=1024".into(), "--kv-pool-tokens=128".into(),
+        "--inject-fault=ignore-rejection".into(), "--allow-fault-injection".into(),
+    ]);
+    let decode = spawn("incident-decode", &[
+        "decode".into(), format!("--listen=127.0.0.1:{decode_port}"), format!("--kv-listen=127.0.0.1:{kv_port}"), "--context-window=1024".into(),
+    ]);
+    let router = spawn("incident-router", &[
+        "router".into(), format!("--listen=127.0.0.1:{router_port}"), format!("--prefill=127.0.0.1:{prefill_port}"),
+        format!("--decode=127.0.0.1:{decode_port}"), "--context-window=1024".into(),
+    ]);
+    let incident_router = format!("127.0.0.1:{router_port}");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while get(&format!("http://{faulty_url}/readyz")).is_none() {
-        faulty.check_alive().unwrap_or_else(|e| panic!("{e:#}"));
-        assert!(Instant::now() < deadline, "the faulty worker did not start");
+    while get(&format!("http://{incident_router}/readyz")).is_none() {
+        assert!(Instant::now() < deadline, "the incident workers did not start:\n{}\n{}\n{}", tail(&prefill.log, 10), tail(&decode.log, 10), tail(&router.log, 10));
         std::thread::sleep(Duration::from_millis(100));
     }
 
@@ -207,8 +217,11 @@ scrape_configs:
   - job_name: kvgate-operator
     honor_labels: true
     static_configs: [{{ targets: ["{op_addr}"], labels: {{ pod: operator-observe }} }}]
-  - job_name: kvgate-local
-    static_configs: [{{ targets: ["{faulty_url}"], labels: {{ namespace: "{ns}", deployment: faulty, pod: faulty-worker }} }}]
+  - job_name: kvgate-incident
+    static_configs:
+      - {{ targets: ["127.0.0.1:{prefill_port}"], labels: {{ namespace: "{ns}", deployment: incident, pod: incident-prefill }} }}
+      - {{ targets: ["127.0.0.1:{decode_port}"], labels: {{ namespace: "{ns}", deployment: incident, pod: incident-decode }} }}
+      - {{ targets: ["127.0.0.1:{router_port}"], labels: {{ namespace: "{ns}", deployment: incident, pod: incident-router }} }}
 "#, rules = repo("dashboards/alerts.yaml").display(), targets = targets_file.display());
     let prom = Prometheus::start(&prom_dir, &config);
 
@@ -233,23 +246,27 @@ scrape_configs:
     // a series whose first sample already counts the failures.
     eventually(cp, &ns, "every target scraped", Duration::from_secs(60), || {
         prom.query(r#"up{job="kvgate-workers"} == 1"#).len() == targets.len()
-            && !prom.query(r#"kvgate_handoff_mismatch_total{deployment="faulty"}"#).is_empty()
+            && prom.query(r#"up{job="kvgate-incident"} == 1"#).len() == 3
+            && !prom.query(r#"kvgate_handoff_mismatch_total{deployment="incident"}"#).is_empty()
             && !prom.query("kvgate_operator_leader").is_empty()
     });
-    // Traffic: good requests through the cluster, and requests into the faulty worker.
-    let mut codes = BTreeSet::new();
+    // Traffic: good requests through the cluster, and the incident's too-long prompt.
     for i in 0..6 {
         assert_eq!(complete(&routers[0], &format!("hello {i}"), 4).map(|r| r.0), Some(200));
-        codes.insert(complete(&faulty_url, &format!("hello {i}"), 4).map(|r| r.0).unwrap_or(0));
     }
-    assert!(codes.contains(&502), "the faulty worker never failed a handoff: {codes:?}");
+    let (status, body) = complete(&incident_router, &"y".repeat(299), 4).expect("the incident router answers");
+    assert_eq!(status, 413, "prefill rejects the prompt: {body}");
+    assert_eq!(complete(&incident_router, "short", 4).map(|r| r.0), Some(200));
 
-    // The integrity violation pages within a bounded time, locating the faulty worker.
+    // Both integrity alerts page within a bounded time, locating the decode pod.
     let started = Instant::now();
-    eventually(cp, &ns, "KvgateHandoffIntegrityViolation firing", Duration::from_secs(60), || {
-        prom.firing("KvgateHandoffIntegrityViolation").iter().any(|a| a["labels"]["deployment"] == "faulty" && a["labels"]["reason"] == "checksum")
-    });
-    eprintln!("KvgateHandoffIntegrityViolation fired {:.1} s after the traffic", started.elapsed().as_secs_f64());
+    for alert in ["KvgateHandoffIntegrityViolation", "KvgateRejectedRequestForwarded"] {
+        eventually(cp, &ns, &format!("{alert} firing"), Duration::from_secs(60), || {
+            prom.firing(alert).iter().any(|a| a["labels"]["deployment"] == "incident" && a["labels"]["pod"] == "incident-decode")
+        });
+        eprintln!("{alert} fired {:.1} s after the request", started.elapsed().as_secs_f64());
+    }
+    assert!(prom.firing("KvgateHandoffIntegrityViolation").iter().all(|a| a["labels"]["reason"] == "rejected_forwarded"));
     eventually(cp, &ns, "KvgateRolloutRefused firing for small", Duration::from_secs(60), || {
         prom.firing("KvgateRolloutRefused").iter().any(|a| a["labels"]["name"] == "small" && a["labels"]["namespace"] == ns.as_str())
     });
@@ -257,7 +274,8 @@ scrape_configs:
 
     // Every metric named by a panel or a rule is exported by a live worker or the operator.
     let mut exported = BTreeSet::new();
-    let mut live = vec![format!("http://{faulty_url}/metrics"), op.metrics.clone()];
+    let mut live = vec![op.metrics.clone()];
+    live.extend([prefill_port, decode_port, router_port].map(|p| format!("http://127.0.0.1:{p}/metrics")));
     for p in get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=good"])["items"].as_array().unwrap() {
         let ip = p["status"]["podIP"].as_str().unwrap();
         let port = p["spec"]["containers"][0]["ports"][0]["containerPort"].as_i64().unwrap();
@@ -305,5 +323,5 @@ scrape_configs:
             }
         }
     }
-    drop(faulty);
+    drop((prefill, decode, router));
 }
