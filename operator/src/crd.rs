@@ -14,6 +14,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::gate::Role;
+
 /// A disaggregated LLM deployment: a router, prefill workers and decode workers, rolled out only
 /// when every worker's measured KV pool holds the declared context window.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -55,6 +57,16 @@ pub struct InferenceDeploymentSpec {
     /// Handoff between prefill and decode.
     #[serde(default)]
     pub handoff: HandoffSpec,
+}
+
+impl InferenceDeploymentSpec {
+    /// The prefill or decode settings.
+    pub fn worker(&self, role: Role) -> &WorkerRole {
+        match role {
+            Role::Prefill => &self.prefill,
+            Role::Decode => &self.decode,
+        }
+    }
 }
 
 /// Which model: the built-in `tiny` model, or a checkpoint directory on a volume.

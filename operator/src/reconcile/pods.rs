@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
@@ -71,7 +73,7 @@ async fn set_condition(api: &Api<Pod>, pod: &Pod, verdict: &PodVerdict) -> kube:
     if existing.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message.as_str())) {
         return Ok(());
     }
-    let since = existing.filter(|c| c.status == status).and_then(|c| c.last_transition_time.clone()).unwrap_or_else(|| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let since = existing.filter(|c| c.status == status).and_then(|c| c.last_transition_time.clone()).unwrap_or_else(|| Time(Timestamp::now()));
     let patch = json!({ "status": { "conditions": [{
         "type": gate::CONDITION, "status": status, "reason": reason, "message": message, "lastTransitionTime": since,
     }]}});

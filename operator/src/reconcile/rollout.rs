@@ -55,7 +55,7 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
 
     // The candidate's Deployments: at full size while it is tried, at zero once refused.
     for role in [Role::Prefill, Role::Decode] {
-        let replicas = if refused_now { 0 } else { replicas(d, role) };
+        let replicas = if refused_now { 0 } else { d.spec.worker(role).replicas };
         apply::<Deployment>(client, &ns, &workers::deployment(d, role, &rev, &image, replicas)).await?;
     }
     // Deployments of revisions that are neither serving nor the candidate are gone.
@@ -119,7 +119,6 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         serving_window,
         refused: refused.clone(),
         candidate: candidate.clone(),
-        shown: shown.clone(),
         shown_pods,
         ready: [Role::Prefill, Role::Decode].map(|r| ready(&shown, r)),
         router_ready: router_dep.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
@@ -157,17 +156,10 @@ fn export(ctx: &Context, ns: &str, name: &str, d: &InferenceDeployment, status: 
     }
 }
 
-fn replicas(d: &InferenceDeployment, role: Role) -> i32 {
-    match role {
-        Role::Prefill => d.spec.prefill.replicas,
-        Role::Decode => d.spec.decode.replicas,
-    }
-}
-
 /// Every desired pod of both roles exists, passed the gate and is Ready.
 fn full_strength(d: &InferenceDeployment, v: &Verification, ready: impl Fn(Role) -> i32) -> bool {
     [Role::Prefill, Role::Decode].into_iter().all(|r| {
-        let want = replicas(d, r);
+        let want = d.spec.worker(r).replicas;
         want > 0 && v.pods.get(&r).copied().unwrap_or(0) == want && v.verified.get(&r).copied().unwrap_or(0) == want && ready(r) >= want
     })
 }

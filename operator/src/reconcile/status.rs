@@ -17,12 +17,18 @@ pub struct Observed {
     pub refused: Option<RefusedRevision>,
     /// The gate's findings on the spec's revision.
     pub candidate: Verification,
-    /// The revision the role counts describe (serving, else the spec's) and its pods.
-    pub shown: String,
+    /// The pods of the revision the role counts describe: `shown()`.
     pub shown_pods: Verification,
-    /// Ready pods of `shown`: prefill, decode.
+    /// Ready pods of `shown()`: prefill, decode.
     pub ready: [i32; 2],
     pub router_ready: i32,
+}
+
+impl Observed {
+    /// The revision status describes: the serving one, else (before the first) the spec's.
+    pub fn shown(&self) -> &str {
+        self.serving.as_deref().unwrap_or(&self.spec_revision)
+    }
 }
 
 pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Observed) -> InferenceDeploymentStatus {
@@ -30,14 +36,11 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     let refused_now = o.refused.as_ref().filter(|r| r.revision == o.spec_revision);
     let rolled_out = o.serving.as_ref() == Some(&o.spec_revision);
     let role = |role: Role, idx: usize, prev: &Option<RoleStatus>| -> RoleStatus {
-        let desired = match role {
-            Role::Prefill => d.spec.prefill.replicas,
-            Role::Decode => d.spec.decode.replicas,
-        };
+        let desired = d.spec.worker(role).replicas;
         // A refused revision is scaled to zero: keep what its pods measured.
-        let kept = prev.as_ref().filter(|p| p.revision.as_deref() == Some(o.shown.as_str())).and_then(|p| p.min_measured_tokens);
+        let kept = prev.as_ref().filter(|p| p.revision.as_deref() == Some(o.shown())).and_then(|p| p.min_measured_tokens);
         RoleStatus {
-            revision: Some(o.shown.clone()),
+            revision: Some(o.shown().to_string()),
             desired_replicas: desired,
             ready_replicas: o.ready[idx],
             verified_replicas: o.shown_pods.verified.get(&role).copied().unwrap_or(0),
@@ -68,10 +71,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         ("RolloutComplete", format!("revision {} is serving", o.spec_revision))
     } else {
         let v = &o.candidate;
-        let count = |r: Role| format!("{}/{}", v.verified.get(&r).copied().unwrap_or(0), match r {
-            Role::Prefill => d.spec.prefill.replicas,
-            Role::Decode => d.spec.decode.replicas,
-        });
+        let count = |r: Role| format!("{}/{}", v.verified.get(&r).copied().unwrap_or(0), d.spec.worker(r).replicas);
         ("VerifyingKVPools", format!("revision {}: {} prefill and {} decode pods verified", o.spec_revision, count(Role::Prefill), count(Role::Decode)))
     };
     conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation);

@@ -11,15 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{DECODE_PORT, KV_PORT, MODEL_DIR, PREFILL_PORT, SECRET_DIR, labels, name, owned_meta, secret};
-use crate::crd::{InferenceDeployment, WorkerRole};
+use crate::crd::InferenceDeployment;
 use crate::gate::{self, Role};
-
-fn role_spec(d: &InferenceDeployment, role: Role) -> &WorkerRole {
-    match role {
-        Role::Prefill => &d.spec.prefill,
-        Role::Decode => &d.spec.decode,
-    }
-}
 
 pub fn deployment_name(d: &InferenceDeployment, role: Role, revision: &str) -> String {
     format!("{}-{}-{revision}", name(d), role.as_str())
@@ -85,7 +78,7 @@ pub fn http_probe(path: &str, period: i32) -> Probe {
 }
 
 fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
-    let r = role_spec(d, role);
+    let r = d.spec.worker(role);
     let pool = &r.kv_pool;
     let (model, _) = model_flag(d);
     let mut args = vec![role.as_str().to_string()];
@@ -118,7 +111,7 @@ fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
 /// The Deployment of one role at one revision, with `replicas` pods.
 pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &str, replicas: i32) -> Deployment {
     let n = name(d);
-    let r = role_spec(d, role);
+    let r = d.spec.worker(role);
     let selector = labels::revision_selector(n, role.as_str(), revision);
     let pod_labels = labels::with(labels::common(n), selector.clone());
     let (_, model_volume) = model_flag(d);

@@ -38,7 +38,7 @@ impl Operator {
     /// started with the same `lease` elect one leader among them.
     pub fn start_in(cp: &ControlPlane, name: &str, lease: &str, namespace: Option<&str>) -> Operator {
         let port = free_port();
-        let args = vec![
+        let mut args = vec![
             "run".to_string(),
             format!("--kubeconfig={}", cp.kubeconfig.display()),
             format!("--metrics-addr=127.0.0.1:{port}"),
@@ -47,7 +47,6 @@ impl Operator {
             "--lease-namespace=default".to_string(),
             format!("--lease-name={lease}"),
         ];
-        let mut args = args;
         args.extend(namespace.map(|ns| format!("--namespace={ns}")));
         let mut proc = Proc::spawn(name, Path::new(env!("CARGO_BIN_EXE_kvgate-operator")), &args, &cp.dir).unwrap();
         let metrics = format!("http://127.0.0.1:{port}/metrics");
@@ -83,17 +82,21 @@ pub fn cluster() -> &'static ControlPlane {
     cp
 }
 
-pub fn apply_yaml(cp: &ControlPlane, ns: &str, yaml: &str) {
-    let path = cp.dir.join(format!("{ns}-{:x}.yaml", Instant::now().elapsed().as_nanos() ^ yaml.len() as u128 ^ std::process::id() as u128));
+/// A fresh file under the control plane's directory for one manifest.
+fn manifest(cp: &ControlPlane, ns: &str, yaml: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let path = cp.dir.join(format!("{ns}-{}.yaml", N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
     std::fs::write(&path, yaml).unwrap();
-    cp.kubectl_ok(&["-n", ns, "apply", "-f", path.to_str().unwrap()]);
+    path
+}
+
+pub fn apply_yaml(cp: &ControlPlane, ns: &str, yaml: &str) {
+    cp.kubectl_ok(&["-n", ns, "apply", "-f", manifest(cp, ns, yaml).to_str().unwrap()]);
 }
 
 /// `kubectl apply` that may fail: (success, stderr).
 pub fn try_apply(cp: &ControlPlane, ns: &str, yaml: &str) -> (bool, String) {
-    let path = cp.dir.join(format!("{ns}-try-{}.yaml", yaml.len()));
-    std::fs::write(&path, yaml).unwrap();
-    let out = cp.kubectl(&["-n", ns, "apply", "-f", path.to_str().unwrap()]);
+    let out = cp.kubectl(&["-n", ns, "apply", "-f", manifest(cp, ns, yaml).to_str().unwrap()]);
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

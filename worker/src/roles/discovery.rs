@@ -48,7 +48,9 @@ pub async fn run(client: kube::Client, services: Services, peers: Arc<Peers>, ht
                     let added = peers.set(role, &ready_addresses(&list.items));
                     if !added.is_empty() {
                         tracing::info!(service, peers = ?added.iter().map(|p| p.base.clone()).collect::<Vec<_>>(), "discovered peers");
-                        Peers::refresh_some(&http, &added).await;
+                        for peer in &added {
+                            peer.refresh(&http).await;
+                        }
                     }
                 }
                 Err(e) => tracing::warn!(service, error = %e, "listing EndpointSlices failed; keeping the last peers"),

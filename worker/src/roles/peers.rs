@@ -43,7 +43,8 @@ impl Peer {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    async fn refresh(&self, http: &reqwest::Client) {
+    /// Re-reads this peer's capacity report (none when it does not answer).
+    pub async fn refresh(&self, http: &reqwest::Client) {
         let fetched = async {
             let resp = http.get(format!("{}{KV_POOL_PATH}", self.base)).send().await.ok()?;
             resp.error_for_status().ok()?.json::<CapacityReport>().await.ok()
@@ -112,13 +113,6 @@ impl Peers {
     /// Re-reads every peer's capacity report; an unreachable peer has none and is not picked.
     pub async fn refresh(&self, http: &reqwest::Client) {
         for p in self.snapshot(PeerRole::Prefill).iter().chain(&self.snapshot(PeerRole::Decode)) {
-            p.refresh(http).await;
-        }
-    }
-
-    /// Reads the reports of `peers` (new ones from discovery).
-    pub async fn refresh_some(http: &reqwest::Client, peers: &[Arc<Peer>]) {
-        for p in peers {
             p.refresh(http).await;
         }
     }
