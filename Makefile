@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run demo test test-deps lint bench controlplane tools images dev-cluster
+.PHONY: run demo test test-deps lint bench fuzz controlplane tools images dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
@@ -31,6 +31,13 @@ bench:
 	$(CARGO) bench -p kvgate-worker --bench handoff
 	$(CARGO) build -p kvgate-worker -p kvgate-testenv
 	$(CARGO) bench -p kvgate-operator --bench operator
+
+## The fuzz targets (frame decoder; JSON bodies of /v1/* and /internal/*) with a long budget;
+## `make test` runs them with a small fixed one.
+FUZZ_CASES ?= 100000
+fuzz:
+	KVGATE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p kvgate-proto --test fuzz_frames
+	KVGATE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p kvgate-worker --test fuzz_bodies
 
 ## Build kube-apiserver, kube-controller-manager and etcd from the official Go modules into
 ## target/controlplane/bin/ (cached: seconds when nothing changed).

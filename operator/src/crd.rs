@@ -96,7 +96,9 @@ pub struct ModelVolume {
     /// Name of a PersistentVolumeClaim in the deployment's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_volume_claim: Option<String>,
-    /// A directory on the node.
+    /// A directory on the node. Refused (RolloutRefused, reason HostPathNotAllowed, no pod
+    /// created) unless it is under a prefix the operator was started with
+    /// (`--allowed-host-paths`, chart value `allowedHostPaths`; empty by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_path: Option<String>,
 }

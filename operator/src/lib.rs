@@ -5,6 +5,7 @@ pub mod crd;
 pub mod cli;
 pub mod crdgen;
 pub mod gate;
+pub mod host_paths;
 pub mod render;
 pub mod capacity;
 pub mod conditions;

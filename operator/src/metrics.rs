@@ -24,7 +24,7 @@ pub struct Metrics {
 
 /// Every label value a counter can take, so rates work from the first scrape.
 pub const RESULTS: [&str; 2] = ["success", "error"];
-pub const REFUSAL_REASONS: [&str; 2] = ["KVPoolBelowContextWindow", "FingerprintMismatch"];
+pub const REFUSAL_REASONS: [&str; 3] = ["KVPoolBelowContextWindow", "FingerprintMismatch", crate::host_paths::REASON];
 
 impl Metrics {
     pub fn new() -> Self {

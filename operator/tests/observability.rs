@@ -181,17 +181,21 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     // decode worker that catches it.
     let bin = workspace_bin("kvgate-worker");
     let (prefill_port, decode_port, kv_port, router_port) = (free_port(), free_port(), free_port(), free_port());
+    let secret_file = cp.dir.join(format!("incident-secret-{ns}"));
+    std::fs::write(&secret_file, "incident-deployment-secret-0123456789").unwrap();
+    let secret = format!("--handoff-secret-file={}", secret_file.display());
     let spawn = |name: &str, args: &[String]| Proc::spawn(name, &bin, args, &cp.dir).unwrap();
     let prefill = spawn("incident-prefill", &[
         "prefill".into(), format!("--listen=127.0.0.1:{prefill_port}"), "--context-window=1024".into(), "--kv-pool-tokens=128".into(),
-        "--inject-fault=ignore-rejection".into(), "--allow-fault-injection".into(),
+        "--inject-fault=ignore-rejection".into(), "--allow-fault-injection".into(), secret.clone(),
     ]);
     let decode = spawn("incident-decode", &[
         "decode".into(), format!("--listen=127.0.0.1:{decode_port}"), format!("--kv-listen=127.0.0.1:{kv_port}"), "--context-window=1024".into(),
+        secret.clone(),
     ]);
     let router = spawn("incident-router", &[
         "router".into(), format!("--listen=127.0.0.1:{router_port}"), format!("--prefill=127.0.0.1:{prefill_port}"),
-        format!("--decode=127.0.0.1:{decode_port}"), "--context-window=1024".into(),
+        format!("--decode=127.0.0.1:{decode_port}"), "--context-window=1024".into(), secret,
     ]);
     let incident_router = format!("127.0.0.1:{router_port}");
     let deadline = Instant::now() + Duration::from_secs(30);

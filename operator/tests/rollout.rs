@@ -52,6 +52,73 @@ fn the_incident_is_refused_with_both_numbers_and_never_available() {
     let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=RolloutRefused"]);
     let count: i64 = evs["items"].as_array().unwrap().iter().map(|e| e["count"].as_i64().unwrap_or(1).max(e["series"]["count"].as_i64().unwrap_or(1))).sum();
     assert_eq!(count, 1, "the refusal was reported more than once: {evs}");
+    // Its router has no verified peers: not ready, but alive, so it is never restarted for it.
+    let ip = pod_ips(cp, &ns, "router").pop().expect("the incident's router pod");
+    assert_eq!(http("GET", &format!("http://{ip}:8080/healthz"), None).map(|r| r.0), Some(200));
+    assert_eq!(http("GET", &format!("http://{ip}:8080/readyz"), None).map(|r| r.0), Some(503));
+    let routers = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=router"]);
+    for p in routers["items"].as_array().unwrap() {
+        assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0, "the router was restarted: {p}");
+    }
+}
+
+#[test]
+fn the_internal_api_and_kv_port_of_a_deployment_refuse_outsiders_in_the_cluster() {
+    let (cp, _) = env();
+    let ns = cp.namespace("guarded");
+    apply_yaml(cp, &ns, &tiny("guarded", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "guarded")["status"]["phase"] == "Available");
+    let (decode, prefill) = (pod_ips(cp, &ns, "decode").pop().unwrap(), pod_ips(cp, &ns, "prefill").pop().unwrap());
+    // Anyone who reaches a pod cannot use the internal API without the deployment's secret.
+    let (status, body) = http("POST", &format!("http://{decode}:8082/internal/v1/reserve"), Some(r#"{"prompt_tokens":1,"max_tokens":1}"#)).unwrap();
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("unauthenticated"), "{body}");
+    let (status, body) = http("POST", &format!("http://{prefill}:8081/internal/v1/prefill"), Some(r#"{"prompt":[1],"reservation":{}}"#)).unwrap();
+    assert_eq!(status, 401, "{body}");
+    let metric = |ip: &str, port: u16, series: &str| -> f64 {
+        let text = get(&format!("http://{ip}:{port}/metrics")).unwrap();
+        text.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.trim().parse().ok())).unwrap_or_else(|| panic!("no {series}"))
+    };
+    assert_eq!(metric(&decode, 8082, r#"kvgate_internal_requests_rejected_total{reason="missing",role="decode"}"#), 1.0);
+    assert_eq!(metric(&prefill, 8081, r#"kvgate_internal_requests_rejected_total{reason="missing",role="prefill"}"#), 1.0);
+    // Garbage on decode's KV port is protocol noise: counted as such, never as an integrity event.
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(format!("{decode}:8083")).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut ack = Vec::new();
+    let _ = s.read_to_end(&mut ack);
+    assert!(String::from_utf8_lossy(&ack).contains("kv_port_malformed"), "{ack:?}");
+    assert_eq!(metric(&decode, 8082, r#"kvgate_kv_port_rejected_total{reason="malformed",role="decode"}"#), 1.0);
+    let text = get(&format!("http://{decode}:8082/metrics")).unwrap();
+    let mismatches: f64 = text.lines().filter(|l| l.starts_with("kvgate_handoff_mismatch_total{")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum();
+    assert_eq!(mismatches, 0.0);
+    // The deployment's own roles, holding the secret, serve as before.
+    let router = router_endpoints(cp, &ns, "guarded").pop().unwrap();
+    assert_eq!(complete(&router, "Hello", 4).map(|r| r.0), Some(200));
+    assert!(condition_true(&infd(cp, &ns, "guarded"), "Available"));
+}
+
+#[test]
+fn a_host_path_model_is_refused_without_an_allowlist_and_no_pod_is_created() {
+    let (cp, op) = env();
+    let ns = cp.namespace("hostpath");
+    let yaml = tiny("reader", 256, 1024, 1024, "").replace("model: { name: tiny }", "model: { path: llama, volume: { hostPath: / } }");
+    apply_yaml(cp, &ns, &yaml);
+    eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "reader"), "RolloutRefused"));
+    let d = infd(cp, &ns, "reader");
+    let c = condition(&d, "RolloutRefused").unwrap();
+    assert_eq!(c["reason"], "HostPathNotAllowed", "{d}");
+    let msg = c["message"].as_str().unwrap();
+    assert!(msg.contains(r#"hostPath "/""#) && msg.contains("--allowed-host-paths"), "{msg}");
+    assert_eq!(d["status"]["phase"], "Refused");
+    eventually(cp, &ns, "a RolloutRefused Event", Duration::from_secs(30), || {
+        let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=RolloutRefused"]);
+        evs["items"].as_array().is_some_and(|a| a.iter().any(|e| e["type"] == "Warning" && e["message"].as_str().unwrap_or("").contains("no pod created")))
+    });
+    assert!(op.metric(r#"kvgate_operator_rollouts_refused_total{reason="HostPathNotAllowed"}"#).unwrap() >= 1.0);
+    std::thread::sleep(Duration::from_secs(2));
+    let owned = get_json(cp, &["-n", &ns, "get", "deployments,pods", "-l", "app.kubernetes.io/instance=reader"]);
+    assert!(owned["items"].as_array().unwrap().is_empty(), "objects that would mount the node were created: {owned}");
 }
 
 #[test]
@@ -187,6 +254,12 @@ fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
         let all = get_json(cp, &["-n", &ns, "get", "deployments,services,secrets,serviceaccounts,roles,rolebindings,pods", "-l", "app.kubernetes.io/instance=shown"]);
         all["items"].as_array().is_some_and(|a| a.is_empty())
     });
+}
+
+/// Pod IPs of one role (`router`, `prefill`, `decode`) in `ns`.
+fn pod_ips(cp: &ControlPlane, ns: &str, role: &str) -> Vec<String> {
+    let pods = get_json(cp, &["-n", ns, "get", "pods", "-l", &format!("app.kubernetes.io/component={role}")]);
+    pods["items"].as_array().into_iter().flatten().filter_map(|p| p["status"]["podIP"].as_str().map(String::from)).collect()
 }
 
 fn pod_uids(cp: &ControlPlane, ns: &str, revision: &str) -> Vec<String> {

@@ -1,22 +1,24 @@
-//! The KV handoff wire format, version 1 (see `docs/handoff-protocol.md`).
+//! The KV handoff wire format, version 2 (see `docs/handoff-protocol.md`).
 //!
 //! Every frame is `header | body`. The header is 12 bytes, little-endian:
 //! `magic "KVGF" | version u16 | kind u8 | flags u8 | body_len u32`. `body_len` is checked
 //! against [`MAX_BODY`] *before* anything is allocated, so a hostile length cannot make the
-//! reader allocate.
+//! reader allocate. Page and commit bodies end with a MAC (keyed BLAKE3, see [`crate::auth`])
+//! over the header and the rest of the body.
 
 use std::fmt;
+
+pub use crate::auth::{MAC_LEN, Mac};
+use crate::auth::FrameKey;
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"KVGF";
 /// Protocol version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest body accepted (a page of a large model fits with room to spare).
 pub const MAX_BODY: u32 = 64 << 20;
-/// Length of a reservation's auth tag (HMAC-SHA256).
-pub const TAG_LEN: usize = 32;
 
 /// A handoff id: random, 128 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,23 +44,23 @@ impl std::str::FromStr for HandoffId {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageFrame {
     pub handoff: HandoffId,
-    pub tag: [u8; TAG_LEN],
     /// Position of the page in the reservation (0-based).
     pub index: u32,
     /// Decode-side page id it must land in.
     pub page: u32,
     /// Tokens in this page (the last page may be partial).
     pub tokens: u32,
-    /// xxh3-64 of `payload`.
+    /// xxh3-64 of `payload` (catches corruption; the MAC catches forgery).
     pub checksum: u64,
     pub payload: Vec<u8>,
+    /// Keyed BLAKE3 with the handoff's frame key over the header and every field above.
+    pub mac: Mac,
 }
 
 /// The end of a transfer: what the sender claims it sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitFrame {
     pub handoff: HandoffId,
-    pub tag: [u8; TAG_LEN],
     pub total_tokens: u32,
     pub page_count: u32,
     /// xxh3-64 over the page checksums in index order.
@@ -67,6 +69,9 @@ pub struct CommitFrame {
     pub first_token: u32,
     pub model_fingerprint: u64,
     pub layout_fingerprint: u64,
+    /// Keyed BLAKE3 with the handoff's frame key over the header and every field above, so
+    /// `first_token` and the digest are as unforgeable as the pages.
+    pub mac: Mac,
 }
 
 /// Decode's answer to a transfer: accepted, or refused with a reason label and a message.
@@ -142,50 +147,103 @@ pub fn parse_header(b: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
 }
 
 impl Frame {
-    /// Header and body, ready for the wire.
+    /// Header and body, ready for the wire, with the MAC field as it is in the frame.
     pub fn encode(&self) -> Vec<u8> {
-        let mut body = Vec::new();
-        let kind = match self {
-            Frame::Page(p) => {
-                body.extend_from_slice(&p.handoff.0.to_le_bytes());
-                body.extend_from_slice(&p.tag);
-                for v in [p.index, p.page, p.tokens] {
-                    body.extend_from_slice(&v.to_le_bytes());
-                }
-                body.extend_from_slice(&p.checksum.to_le_bytes());
-                body.extend_from_slice(&(p.payload.len() as u32).to_le_bytes());
-                body.extend_from_slice(&p.payload);
-                KIND_PAGE
-            }
-            Frame::Commit(c) => {
-                body.extend_from_slice(&c.handoff.0.to_le_bytes());
-                body.extend_from_slice(&c.tag);
-                for v in [c.total_tokens, c.page_count] {
-                    body.extend_from_slice(&v.to_le_bytes());
-                }
-                body.extend_from_slice(&c.digest.to_le_bytes());
-                body.extend_from_slice(&c.first_token.to_le_bytes());
-                body.extend_from_slice(&c.model_fingerprint.to_le_bytes());
-                body.extend_from_slice(&c.layout_fingerprint.to_le_bytes());
-                KIND_COMMIT
-            }
-            Frame::Ack(a) => {
-                body.push(a.ok as u8);
-                for s in [&a.reason, &a.message] {
-                    body.extend_from_slice(&(s.len() as u32).to_le_bytes());
-                    body.extend_from_slice(s.as_bytes());
-                }
-                KIND_ACK
-            }
+        let payload_len = match self {
+            Frame::Page(p) => p.payload.len(),
+            _ => 0,
         };
-        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        let mut out = Vec::with_capacity(HEADER_LEN + 128 + payload_len);
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
-        out.push(kind);
+        out.push(self.kind());
         out.push(0);
-        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&body);
+        out.extend_from_slice(&[0; 4]); // body length, filled in below
+        match self {
+            Frame::Page(p) => {
+                out.extend_from_slice(&p.handoff.0.to_le_bytes());
+                for v in [p.index, p.page, p.tokens] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out.extend_from_slice(&p.checksum.to_le_bytes());
+                out.extend_from_slice(&(p.payload.len() as u32).to_le_bytes());
+                out.extend_from_slice(&p.payload);
+                out.extend_from_slice(&p.mac.0);
+            }
+            Frame::Commit(c) => {
+                out.extend_from_slice(&c.handoff.0.to_le_bytes());
+                for v in [c.total_tokens, c.page_count] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out.extend_from_slice(&c.digest.to_le_bytes());
+                out.extend_from_slice(&c.first_token.to_le_bytes());
+                out.extend_from_slice(&c.model_fingerprint.to_le_bytes());
+                out.extend_from_slice(&c.layout_fingerprint.to_le_bytes());
+                out.extend_from_slice(&c.mac.0);
+            }
+            Frame::Ack(a) => {
+                out.push(a.ok as u8);
+                for s in [&a.reason, &a.message] {
+                    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                    out.extend_from_slice(s.as_bytes());
+                }
+            }
+        }
+        let body_len = (out.len() - HEADER_LEN) as u32;
+        out[8..12].copy_from_slice(&body_len.to_le_bytes());
         out
+    }
+
+    /// Encodes a page or commit frame with its MAC computed under `key` (the MAC field of
+    /// `self` is ignored). Acks carry no MAC and are encoded as they are.
+    pub fn encode_signed(&self, key: &FrameKey) -> Vec<u8> {
+        let mut out = self.encode();
+        if self.is_signed() {
+            let at = out.len() - MAC_LEN;
+            let mac = key.mac(&[&out[..at]]);
+            out[at..].copy_from_slice(&mac.0);
+        }
+        out
+    }
+
+    /// Page and commit frames carry a MAC; acks do not.
+    pub fn is_signed(&self) -> bool {
+        !matches!(self, Frame::Ack(_))
+    }
+
+    /// The MAC a signed frame carries.
+    pub fn mac(&self) -> Option<&Mac> {
+        match self {
+            Frame::Page(p) => Some(&p.mac),
+            Frame::Commit(c) => Some(&c.mac),
+            Frame::Ack(_) => None,
+        }
+    }
+
+    /// The handoff a page or commit frame names.
+    pub fn handoff(&self) -> Option<HandoffId> {
+        match self {
+            Frame::Page(p) => Some(p.handoff),
+            Frame::Commit(c) => Some(c.handoff),
+            Frame::Ack(_) => None,
+        }
+    }
+
+    /// Whether `mac()` is the MAC under `key` of this frame as received (`header` and `body`
+    /// exactly as they were read).
+    pub fn mac_verifies(&self, key: &FrameKey, header: &[u8; HEADER_LEN], body: &[u8]) -> bool {
+        match self.mac() {
+            Some(mac) if body.len() >= MAC_LEN => key.mac(&[&header[..], &body[..body.len() - MAC_LEN]]).verify(mac),
+            _ => false,
+        }
+    }
+
+    fn kind(&self) -> u8 {
+        match self {
+            Frame::Page(_) => KIND_PAGE,
+            Frame::Commit(_) => KIND_COMMIT,
+            Frame::Ack(_) => KIND_ACK,
+        }
     }
 
     /// Decodes one body of `kind`. Every length inside is checked against the bytes present.
@@ -194,22 +252,22 @@ impl Frame {
         let frame = match kind {
             KIND_PAGE => {
                 let handoff = HandoffId(r.u128()?);
-                let tag = r.tag()?;
                 let (index, page, tokens) = (r.u32()?, r.u32()?, r.u32()?);
                 let checksum = r.u64()?;
                 let len = r.u32()? as usize;
                 let payload = r.bytes(len)?.to_vec();
-                Frame::Page(PageFrame { handoff, tag, index, page, tokens, checksum, payload })
+                let mac = r.mac()?;
+                Frame::Page(PageFrame { handoff, index, page, tokens, checksum, payload, mac })
             }
             KIND_COMMIT => Frame::Commit(CommitFrame {
                 handoff: HandoffId(r.u128()?),
-                tag: r.tag()?,
                 total_tokens: r.u32()?,
                 page_count: r.u32()?,
                 digest: r.u64()?,
                 first_token: r.u32()?,
                 model_fingerprint: r.u64()?,
                 layout_fingerprint: r.u64()?,
+                mac: r.mac()?,
             }),
             KIND_ACK => {
                 let ok = match r.bytes(1)?[0] {
@@ -263,8 +321,8 @@ impl<'a> Reader<'a> {
     fn u128(&mut self) -> Result<u128, FrameError> {
         Ok(u128::from_le_bytes(self.bytes(16)?.try_into().unwrap()))
     }
-    fn tag(&mut self) -> Result<[u8; TAG_LEN], FrameError> {
-        Ok(self.bytes(TAG_LEN)?.try_into().unwrap())
+    fn mac(&mut self) -> Result<Mac, FrameError> {
+        Ok(Mac(self.bytes(MAC_LEN)?.try_into().unwrap()))
     }
     fn string(&mut self) -> Result<String, FrameError> {
         let n = self.u32()? as usize;
@@ -277,7 +335,7 @@ mod tests {
     use super::*;
 
     fn page() -> Frame {
-        Frame::Page(PageFrame { handoff: HandoffId(42), tag: [7; TAG_LEN], index: 1, page: 9, tokens: 16, checksum: 0xabc, payload: vec![1, 2, 3] })
+        Frame::Page(PageFrame { handoff: HandoffId(42), index: 1, page: 9, tokens: 16, checksum: 0xabc, payload: vec![1, 2, 3], mac: Mac([7; MAC_LEN]) })
     }
 
     #[test]
@@ -286,13 +344,13 @@ mod tests {
             page(),
             Frame::Commit(CommitFrame {
                 handoff: HandoffId(u128::MAX),
-                tag: [1; TAG_LEN],
                 total_tokens: 681_280,
                 page_count: 42_580,
                 digest: 5,
                 first_token: 65,
                 model_fingerprint: 6,
                 layout_fingerprint: 7,
+                mac: Mac([1; MAC_LEN]),
             }),
             Frame::Ack(AckFrame { ok: false, reason: "token_count".into(), message: "received 16 of 681280".into() }),
         ];
@@ -300,6 +358,25 @@ mod tests {
             let bytes = f.encode();
             assert_eq!(Frame::decode(&bytes), Ok((f, bytes.len())));
         }
+    }
+
+    #[test]
+    fn a_signed_frame_verifies_and_any_flipped_bit_does_not() {
+        let key = crate::auth::DeploymentKey::new(&[9; 32]).unwrap().frame_key(HandoffId(42));
+        let bytes = page().encode_signed(&key);
+        let check = |bytes: &[u8]| {
+            let header: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap();
+            let body = &bytes[HEADER_LEN..];
+            Frame::decode(bytes).is_ok_and(|(f, _)| f.mac_verifies(&key, &header, body))
+        };
+        assert!(check(&bytes));
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            assert!(!check(&b), "flipping byte {i} went unnoticed");
+        }
+        let other = crate::auth::DeploymentKey::new(&[9; 32]).unwrap().frame_key(HandoffId(43));
+        assert!(!Frame::decode(&bytes).unwrap().0.mac_verifies(&other, bytes[..HEADER_LEN].try_into().unwrap(), &bytes[HEADER_LEN..]));
     }
 
     #[test]
@@ -318,8 +395,8 @@ mod tests {
     #[test]
     fn an_inner_length_past_the_body_is_truncation_not_a_panic() {
         let mut bytes = page().encode();
-        // payload_len sits just before the 3 payload bytes.
-        let at = bytes.len() - 3 - 4;
+        // payload_len sits just before the 3 payload bytes and the MAC.
+        let at = bytes.len() - MAC_LEN - 3 - 4;
         bytes[at..at + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
         assert!(matches!(Frame::decode(&bytes), Err(FrameError::Truncated { .. })));
     }
@@ -366,13 +443,13 @@ mod fuzz {
         };
         let valid = Frame::Commit(CommitFrame {
             handoff: HandoffId(1),
-            tag: [0; TAG_LEN],
             total_tokens: 1,
             page_count: 1,
             digest: 0,
             first_token: 0,
             model_fingerprint: 0,
             layout_fingerprint: 0,
+            mac: Mac([0; MAC_LEN]),
         })
         .encode();
         for round in 0..20_000 {

@@ -3,6 +3,7 @@
 //! This crate stays small and free of heavy dependencies: the worker serves these types and the
 //! operator reads them, so both must agree on one definition.
 
+pub mod auth;
 mod capacity;
 pub mod handoff;
 pub mod roles;

@@ -2,6 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::ReservationFields;
+use crate::handoff::HandoffId;
+
 /// Router -> decode: reserve pages for a whole sequence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReserveRequest {
@@ -18,14 +21,31 @@ pub struct Reservation {
     pub pages: Vec<u32>,
     /// Tokens the transfer must carry: exactly the prompt.
     pub reserved_tokens: u32,
+    /// Tokens decode reserved room to generate; generate may ask for no more.
+    pub max_tokens: u32,
     /// Unix time in milliseconds after which the reservation is void.
     pub expires_ms: u64,
-    /// HMAC tag, 64 hex digits; every frame of the transfer carries it.
+    /// Decode's tag over the reservation (64 hex digits; see `auth::DeploymentKey::reservation_tag`):
+    /// prefill recomputes it and refuses a reservation it does not verify.
     pub tag: String,
-    /// Decode's KV port, `host:port`.
+    /// Decode's KV port, `host:port` (covered by the tag).
     pub kv_addr: String,
     pub model_fingerprint: String,
     pub layout_fingerprint: String,
+}
+
+impl Reservation {
+    /// What the reservation's tag covers (`id` is `handoff_id`, parsed by the caller).
+    pub fn fields(&self, id: HandoffId) -> ReservationFields<'_> {
+        ReservationFields {
+            handoff: id,
+            reserved_tokens: self.reserved_tokens,
+            max_tokens: self.max_tokens,
+            expires_ms: self.expires_ms,
+            pages: &self.pages,
+            kv_addr: &self.kv_addr,
+        }
+    }
 }
 
 /// Router -> prefill: compute this prompt's KV and send it into the reservation.

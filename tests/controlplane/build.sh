@@ -20,8 +20,19 @@ build() {
   echo "building $name ($pkg)"
   go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$pkg"
 }
-build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
-build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
-build etcd go.etcd.io/etcd/server/v3
-"$out/kube-apiserver" --version
-"$out/etcd" --version | head -1
+# The first line of a command's output. Captured whole, then cut: `cmd | head -1` under
+# pipefail fails with 141 whenever cmd writes after head has exited (SIGPIPE).
+first_line() {
+  local text
+  text=$("$@")
+  echo "${text%%$'\n'*}"
+}
+# CONTROLPLANE_VERSIONS_ONLY=1 prints the versions of what is in $out without building (the
+# harness tests run it this way against binaries that write a lot).
+if [ -z "${CONTROLPLANE_VERSIONS_ONLY:-}" ]; then
+  build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+  build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+  build etcd go.etcd.io/etcd/server/v3
+fi
+first_line "$out/kube-apiserver" --version
+first_line "$out/etcd" --version

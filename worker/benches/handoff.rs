@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvgate_proto::roles::Reservation;
-use kvgate_worker::handoff::auth::to_hex;
+use kvgate_worker::handoff::reservations::{Limits, TableConfig};
 use kvgate_worker::handoff::sender::{SendOutcome, Transfer};
 use kvgate_worker::handoff::{HandoffMetrics, Reservations, Secret, receiver};
 use kvgate_worker::kv::{KvDtype, KvLayout, KvPool};
@@ -52,14 +52,24 @@ async fn handoff(checks: bool) -> Duration {
     let l = layout();
     let pages = l.pages_for(TOKENS);
     let prefill_pool = KvPool::host(l, pages).unwrap();
-    let decode_pool = KvPool::host(l, pages).unwrap();
+    // Room for the one token a reservation must leave to generate.
+    let decode_pool = KvPool::host(l, pages + 1).unwrap();
     let registry = prometheus::Registry::new();
     let metrics = HandoffMetrics::new(&registry, "bench");
-    let table = Reservations::new(decode_pool, Secret::random(), Duration::from_secs(60), "1", "2", metrics.clone());
-    let table = Arc::new(if checks { table } else { table.without_integrity_checks() });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let kv_addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(receiver::serve(listener, table.clone()));
+    let secret = Secret::random();
+    let config = TableConfig {
+        timeout: Duration::from_secs(60),
+        limits: Limits { window: TOKENS + 1, vocab: 256, max_open: 4 },
+        kv_addr: kv_addr.clone(),
+        model_fingerprint: "1".into(),
+        layout_fingerprint: "2".into(),
+    };
+    let table = Reservations::new(decode_pool, secret.clone(), config, metrics.clone());
+    let table = Arc::new(if checks { table } else { table.without_integrity_checks() });
+    let port = receiver::PortLimits { max_connections: 4, frame_timeout: Duration::from_secs(10) };
+    tokio::spawn(receiver::serve(listener, table.clone(), port));
     let lease = prefill_pool.lease(TOKENS).unwrap();
     {
         let mut g = prefill_pool.access();
@@ -70,13 +80,14 @@ async fn handoff(checks: bool) -> Duration {
     }
     let mut times = Vec::new();
     for _ in 0..RUNS {
-        let issued = table.reserve(TOKENS as u32, 0).ok().unwrap();
+        let issued = table.reserve(TOKENS as u32, 1).unwrap();
         let reservation = Reservation {
             handoff_id: issued.id.to_string(),
             pages: issued.pages.clone(),
             reserved_tokens: issued.reserved_tokens,
+            max_tokens: issued.max_tokens,
             expires_ms: issued.expires_ms,
-            tag: to_hex(&issued.tag),
+            tag: issued.tag.to_hex(),
             kv_addr: kv_addr.clone(),
             model_fingerprint: "1".into(),
             layout_fingerprint: "2".into(),
@@ -85,12 +96,13 @@ async fn handoff(checks: bool) -> Duration {
             pool: &prefill_pool,
             lease: &lease,
             reservation: &reservation,
+            secret: &secret,
             first_token: 0,
             model_fingerprint: "1",
             layout_fingerprint: "2",
             fault: None,
             metrics: &metrics,
-            checksums: checks,
+            integrity: checks,
         };
         let t = Instant::now();
         match transfer.run().await.unwrap() {
@@ -154,8 +166,8 @@ async fn main() {
     println!("| benchmark | result | notes |");
     println!("| --- | --- | --- |");
     println!("| plain TCP copy, {mib:.0} MiB in page-sized writes | {} | loopback, the limit on this machine |", rate(tcp));
-    println!("| KV handoff of a 32k-token prompt, checks on | {} | frames, xxh3 per page, HMAC tag, digest, page writes, ack |", rate(on));
-    println!("| KV handoff, integrity checks off | {} | same transfer, no checksum/tag/digest work |", rate(off));
+    println!("| KV handoff of a 32k-token prompt, checks on | {} | frames, xxh3 per page, keyed-BLAKE3 MAC per frame, digest, page writes, ack |", rate(on));
+    println!("| KV handoff, integrity checks off | {} | same transfer, no checksum/MAC/digest work |", rate(off));
     println!("| handoff / plain TCP | {:.2}x | aim: at least 0.7x |", tcp.as_secs_f64() / on.as_secs_f64());
     println!("| checks on / off | {:.2}x slower | aim: at most 1.05x |", on.as_secs_f64() / off.as_secs_f64());
     for tokens in [1024usize, 8192] {

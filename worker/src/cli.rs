@@ -77,6 +77,8 @@ pub struct RouterArgs {
     /// Declared context window: prompt + completion tokens one request may use.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
     pub context_window: u64,
+    #[command(flatten)]
+    pub secret: SecretArgs,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +89,8 @@ pub struct PrefillArgs {
     pub engine: EngineArgs,
     #[command(flatten)]
     pub scheduler: SchedulerArgs,
+    #[command(flatten)]
+    pub secret: SecretArgs,
     #[command(flatten)]
     pub faults: FaultArgs,
 }
@@ -121,14 +125,32 @@ pub struct SchedulerArgs {
 }
 
 #[derive(Debug, Args, Clone)]
-pub struct HandoffArgs {
-    /// File holding the secret shared by the deployment's pods (at least 16 bytes); reservation
-    /// auth tags are HMACs with it. Without it a random per-process secret is used.
+pub struct SecretArgs {
+    /// File holding the secret shared by the deployment's pods (at least 16 bytes). Every call
+    /// between roles is signed with a key derived from it, reservations are tagged and KV frames
+    /// MACed with it. Required by `router`, `prefill` and `decode`; `local` makes a random one.
     #[arg(long, env = "KVGATE_HANDOFF_SECRET_FILE")]
     pub handoff_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct HandoffArgs {
+    #[command(flatten)]
+    pub secret: SecretArgs,
     /// How long a reservation waits for its commit before its pages are freed.
     #[arg(long, default_value_t = 30_000)]
     pub handoff_timeout_ms: u64,
+    /// Most reservations decode holds open (or committed and not yet decoding) at once; more
+    /// are answered 503.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_open_reservations: u64,
+    /// Most connections decode's KV port serves at once; more are closed when accepted.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_max_connections: u64,
+    /// Longest one frame may take to arrive on the KV port (and longest a connection may idle
+    /// between frames) before the connection is closed.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_frame_timeout_ms: u64,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -24,13 +24,17 @@ fn main() -> std::process::ExitCode {
 async fn serve(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Local(args) => commands::local::run(args).await,
-        Command::Router(args) => roles::run_single(roles::router(&args, &roles::registry()).await?).await,
+        Command::Router(args) => {
+            let secret = roles::secret(&args.secret, "router")?;
+            roles::run_single(roles::router(&args, &roles::registry(), secret).await?).await
+        }
         Command::Prefill(args) => {
             roles::fault_args_check(&args.faults)?;
-            roles::run_single(roles::prefill(&args, &roles::registry(), true).await?).await
+            let secret = roles::secret(&args.secret, "prefill")?;
+            roles::run_single(roles::prefill(&args, &roles::registry(), secret, true).await?).await
         }
         Command::Decode(args) => {
-            let secret = roles::secret(&args.handoff)?;
+            let secret = roles::secret(&args.handoff.secret, "decode")?;
             roles::run_single(roles::decode(&args, &roles::registry(), secret).await?).await
         }
         Command::Probe(_) => unreachable!("probe runs without a runtime"),

@@ -74,8 +74,8 @@ async fn a_duplicated_page_is_a_page_set_violation() {
 }
 
 #[tokio::test]
-async fn a_wrong_auth_tag_is_refused() {
-    caught("wrong-auth", "auth", "auth tag does not match").await;
+async fn a_frame_with_a_wrong_mac_is_refused() {
+    caught("wrong-auth", "auth", "does not carry its MAC").await;
 }
 
 #[tokio::test]

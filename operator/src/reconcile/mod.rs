@@ -28,13 +28,15 @@ pub struct Context {
     pub metrics: Metrics,
     pub recorder: Recorder,
     pub worker_image: String,
+    /// Node directories a hostPath model may be under (see `host_paths`).
+    pub allowed_host_paths: Vec<String>,
     /// Consecutive failures per object, for the retry backoff.
     pub failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
-    pub fn new(client: kube::Client, metrics: Metrics, recorder: Recorder, worker_image: String) -> Self {
-        Context { client, http: crate::capacity::client(), metrics, recorder, worker_image, failures: Mutex::default() }
+    pub fn new(client: kube::Client, metrics: Metrics, recorder: Recorder, worker_image: String, allowed_host_paths: Vec<String>) -> Self {
+        Context { client, http: crate::capacity::client(), metrics, recorder, worker_image, allowed_host_paths, failures: Mutex::default() }
     }
 }
 

@@ -43,7 +43,10 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     let rev = revision::of(&d.spec, &image);
     let prev = d.status.clone().unwrap_or_default();
     let current = prev.current_revision.clone();
-    let refused_now = prev.refused_revision.as_ref().is_some_and(|r| r.revision == rev);
+    let refused_before = prev.refused_revision.as_ref().is_some_and(|r| r.revision == rev);
+    // A spec that would mount a node directory the operator may not mount gets no pod at all.
+    let host_path_refusal = crate::host_paths::refusal(d, &ctx.allowed_host_paths);
+    let refused_now = refused_before || host_path_refusal.is_some();
 
     ensure_secret(d, ctx, &ns).await?;
     for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
@@ -53,10 +56,13 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     apply::<RbacRole>(client, &ns, &router::role(d)).await?;
     apply::<RoleBinding>(client, &ns, &router::role_binding(d)).await?;
 
-    // The candidate's Deployments: at full size while it is tried, at zero once refused.
-    for role in [Role::Prefill, Role::Decode] {
-        let replicas = if refused_now { 0 } else { d.spec.worker(role).replicas };
-        apply::<Deployment>(client, &ns, &workers::deployment(d, role, &rev, &image, replicas)).await?;
+    // The candidate's Deployments: at full size while it is tried, at zero once refused, never
+    // when its pods would mount a node directory that is not allowed.
+    if host_path_refusal.is_none() {
+        for role in [Role::Prefill, Role::Decode] {
+            let replicas = if refused_now { 0 } else { d.spec.worker(role).replicas };
+            apply::<Deployment>(client, &ns, &workers::deployment(d, role, &rev, &image, replicas)).await?;
+        }
     }
     // Deployments of revisions that are neither serving nor the candidate are gone.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
@@ -79,6 +85,13 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     let mut serving = current.clone();
     let mut serving_window = prev.current_context_window;
     let reference = d.object_ref(&());
+    if let Some(message) = host_path_refusal.as_ref().filter(|_| !refused_before) {
+        let reason = crate::host_paths::REASON;
+        refused = Some(RefusedRevision { revision: rev.clone(), reason: reason.into(), message: message.clone() });
+        ctx.metrics.refused.with_label_values(&[reason]).inc();
+        event(ctx, &reference, EventType::Warning, "RolloutRefused", "HostPathPolicy", format!("revision {rev} refused, no pod created: {message}")).await;
+        tracing::warn!(%name, %ns, revision = %rev, %message, "rollout refused");
+    }
     if Some(&rev) != current.as_ref() && !refused_now {
         match &candidate.verdict {
             Verdict::Refused { failure, message } => {
@@ -106,9 +119,13 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         }
     }
 
-    // The router admits what the serving revision was verified for.
+    // The router admits what the serving revision was verified for (and, like the workers, is
+    // not rendered from a spec whose host path is refused).
     let window = serving_window.unwrap_or(d.spec.context_window);
-    let router_dep = apply::<Deployment>(client, &ns, &router::deployment(d, &image, window)).await?;
+    let router_dep = match host_path_refusal {
+        None => Some(apply::<Deployment>(client, &ns, &router::deployment(d, &image, window)).await?),
+        Some(_) => deployments.get_opt(&router::router_name(d)).await.map_err(kube_err("reading the router Deployment"))?,
+    };
 
     // Status describes the serving revision, or before there is one, the candidate.
     let shown = serving.clone().unwrap_or_else(|| rev.clone());
@@ -121,7 +138,7 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         candidate: candidate.clone(),
         shown_pods,
         ready: [Role::Prefill, Role::Decode].map(|r| ready(&shown, r)),
-        router_ready: router_dep.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
+        router_ready: router_dep.and_then(|r| r.status).and_then(|s| s.ready_replicas).unwrap_or(0),
     };
     let next = status::compute(d, &prev, &observed);
     export(ctx, &ns, &name, d, &next);

@@ -7,7 +7,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, Role
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::workers::{downward_env, http_probe, model_flag, restricted, service_name};
+use super::workers::{downward_env, handoff_secret, http_probe, model_flag, restricted, service_name};
 use super::{ROUTER_PORT, labels, name, owned_meta};
 use crate::crd::InferenceDeployment;
 use crate::gate::Role;
@@ -26,6 +26,7 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> 
     let r = &d.spec.router;
     let (model, model_volume) = model_flag(d);
     let (pod_sc, container_sc) = restricted();
+    let (secret_volume, secret_mount, secret_flag) = handoff_secret(d);
     let args = vec![
         "router".to_string(),
         format!("--listen=$(POD_IP):{ROUTER_PORT}"),
@@ -33,10 +34,13 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> 
         format!("--decode-service={}", service_name(d, Role::Decode)),
         format!("--model={model}"),
         format!("--context-window={context_window}"),
+        secret_flag,
     ];
-    let mounts = model_volume.as_ref().map(|v| {
-        vec![k8s_openapi::api::core::v1::VolumeMount { name: v.name.clone(), mount_path: super::MODEL_DIR.into(), read_only: Some(true), ..Default::default() }]
-    });
+    let mut mounts = vec![secret_mount];
+    mounts.extend(model_volume.as_ref().map(|v| {
+        k8s_openapi::api::core::v1::VolumeMount { name: v.name.clone(), mount_path: super::MODEL_DIR.into(), read_only: Some(true), ..Default::default() }
+    }));
+    let volumes: Vec<_> = std::iter::once(secret_volume).chain(model_volume).collect();
     Deployment {
         metadata: owned_meta(d, router_name(d), labels::with(labels::common(n), selector.clone())),
         spec: DeploymentSpec {
@@ -56,13 +60,13 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> 
                         liveness_probe: Some(http_probe("/healthz", 10)),
                         resources: r.resources.clone(),
                         security_context: Some(container_sc),
-                        volume_mounts: mounts,
+                        volume_mounts: Some(mounts),
                         ..Default::default()
                     }],
                     security_context: Some(pod_sc),
                     node_selector: r.node_selector.clone(),
                     tolerations: r.tolerations.clone(),
-                    volumes: model_volume.map(|v| vec![v]),
+                    volumes: Some(volumes),
                     termination_grace_period_seconds: Some(10),
                     ..Default::default()
                 }),

@@ -77,6 +77,18 @@ pub fn http_probe(path: &str, period: i32) -> Probe {
     }
 }
 
+/// The handoff Secret as every role mounts it (router, prefill and decode all sign or check
+/// the deployment's internal traffic with it), and the flag that points at it.
+pub fn handoff_secret(d: &InferenceDeployment) -> (Volume, VolumeMount, String) {
+    let volume = Volume {
+        name: "handoff-secret".into(),
+        secret: Some(SecretVolumeSource { secret_name: Some(secret::secret_name(d)), default_mode: Some(0o400), ..Default::default() }),
+        ..Default::default()
+    };
+    let mount = VolumeMount { name: "handoff-secret".into(), mount_path: SECRET_DIR.into(), read_only: Some(true), ..Default::default() };
+    (volume, mount, format!("--handoff-secret-file={SECRET_DIR}/{}", secret::KEY))
+}
+
 fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
     let r = d.spec.worker(role);
     let pool = &r.kv_pool;
@@ -87,10 +99,10 @@ fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
         Role::Decode => {
             args.push(format!("--listen=$(POD_IP):{DECODE_PORT}"));
             args.push(format!("--kv-listen=$(POD_IP):{KV_PORT}"));
-            args.push(format!("--handoff-secret-file={SECRET_DIR}/{}", secret::KEY));
             args.push(format!("--handoff-timeout-ms={}", d.spec.handoff.timeout_ms));
         }
     }
+    args.push(handoff_secret(d).2);
     args.push(format!("--model={model}"));
     args.push(format!("--context-window={}", d.spec.context_window));
     args.push(format!("--page-size={}", pool.page_size));
@@ -124,13 +136,10 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
     let mut ports = vec![ContainerPort { name: Some("http".into()), container_port: port, ..Default::default() }];
     if role == Role::Decode {
         ports.push(ContainerPort { name: Some("kv".into()), container_port: KV_PORT, ..Default::default() });
-        volumes.push(Volume {
-            name: "handoff-secret".into(),
-            secret: Some(SecretVolumeSource { secret_name: Some(secret::secret_name(d)), default_mode: Some(0o400), ..Default::default() }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount { name: "handoff-secret".into(), mount_path: SECRET_DIR.into(), read_only: Some(true), ..Default::default() });
     }
+    let (secret_volume, secret_mount, _) = handoff_secret(d);
+    volumes.push(secret_volume);
+    mounts.push(secret_mount);
     let (pod_sc, container_sc) = restricted();
     let container = Container {
         name: "worker".into(),
@@ -243,12 +252,14 @@ mod tests {
     }
 
     #[test]
-    fn prefill_pods_get_their_pool_flags_and_no_secret() {
+    fn prefill_pods_get_their_pool_flags_and_the_secret_but_no_token() {
         let dep = deployment(&d(spec()), Role::Prefill, "abc", "img:1", 2);
         let pod = dep.spec.template.spec.unwrap();
-        assert!(pod.volumes.is_none());
+        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff"));
+        assert_eq!(pod.automount_service_account_token, Some(false));
         let args = pod.containers[0].args.clone().unwrap();
         assert!(args.contains(&"--kv-pool-tokens=4096".to_string()) && args.contains(&"--kv-dtype=bf16".to_string()), "{args:?}");
+        assert!(args.contains(&"--handoff-secret-file=/var/run/kvgate/handoff/secret".to_string()), "{args:?}");
     }
 
     #[test]
@@ -269,9 +280,15 @@ mod tests {
         let pod = dep.spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("llm-router"));
         let args = pod.containers[0].args.clone().unwrap();
-        for want in ["--prefill-service=llm-prefill", "--decode-service=llm-decode", "--context-window=512"] {
+        for want in ["--prefill-service=llm-prefill", "--decode-service=llm-decode", "--context-window=512", "--handoff-secret-file=/var/run/kvgate/handoff/secret"] {
             assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
         }
+        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff"));
+        // Liveness asks whether the process works, readiness whether it can serve: a router
+        // without verified peers is not ready, but must not be restarted for it.
+        let c = &pod.containers[0];
+        assert_eq!(c.liveness_probe.as_ref().unwrap().http_get.as_ref().unwrap().path.as_deref(), Some("/healthz"));
+        assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().path.as_deref(), Some("/readyz"));
         let role = router::role(&d(spec()));
         let rule = &role.rules.unwrap()[0];
         assert_eq!((rule.resources.clone().unwrap(), rule.verbs.clone()), (vec!["endpointslices".to_string()], vec!["get".to_string(), "list".into(), "watch".into()]));

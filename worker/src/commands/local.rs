@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use crate::cli::{DecodeArgs, LocalArgs, PrefillArgs, RouterArgs};
 
 use super::roles;
+use crate::handoff::Secret;
 
 pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
     roles::fault_args_check(&args.faults)?;
@@ -14,6 +15,12 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         return colocated(args, registry).await;
     }
     let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    // The three roles authenticate each other exactly as in a cluster, with a secret of their
+    // own unless one is given.
+    let secret = match &args.handoff.secret.handoff_secret_file {
+        Some(_) => roles::secret(&args.handoff.secret, "local")?,
+        None => Secret::random(),
+    };
     let decode = roles::decode(
         &DecodeArgs {
             listen: loopback,
@@ -24,12 +31,19 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             handoff: args.handoff.clone(),
         },
         &registry,
-        roles::secret(&args.handoff)?,
+        secret.clone(),
     )
     .await?;
     let prefill = roles::prefill(
-        &PrefillArgs { listen: loopback, engine: args.engine.clone(), scheduler: args.scheduler.clone(), faults: args.faults.clone() },
+        &PrefillArgs {
+            listen: loopback,
+            engine: args.engine.clone(),
+            scheduler: args.scheduler.clone(),
+            secret: args.handoff.secret.clone(),
+            faults: args.faults.clone(),
+        },
         &registry,
+        secret.clone(),
         false,
     )
     .await?;
@@ -48,8 +62,10 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             prefill_service: None,
             decode_service: None,
             namespace: String::new(),
+            secret: args.handoff.secret.clone(),
         },
         &registry,
+        secret,
     )
     .await?;
     println!("kvgate-worker local listening on http://{} (router -> prefill {prefill_addr} -> decode {decode_addr})", router.addr());

@@ -8,8 +8,11 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, HandoffArgs, LocalArgs, PrefillArgs, RouterArgs, SchedulerArgs};
+use axum::extract::DefaultBodyLimit;
+
+use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, LocalArgs, PrefillArgs, RouterArgs, SchedulerArgs, SecretArgs};
 use crate::engine::{Engine, SchedulerConfig};
+use crate::handoff::reservations::{Limits, TableConfig};
 use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
 use crate::metrics::{self, Metrics};
 use crate::model::ModelSource;
@@ -17,8 +20,9 @@ use crate::roles::decode::{self, DecodeRole};
 use crate::roles::discovery;
 use crate::roles::peers::Peers;
 use crate::roles::prefill::{self, PrefillRole};
+use crate::roles::internal_auth::{self, Signer, Verifier};
 use crate::roles::router::RouterBackend;
-use crate::server::{self, AppState, Backend};
+use crate::server::{self, AppState, Backend, limits};
 use crate::setup;
 use crate::tokenizer::Tokenizer;
 
@@ -72,11 +76,20 @@ pub async fn colocated(args: &LocalArgs, registry: &prometheus::Registry) -> any
     Ok(Started { listener: bind(args.listen).await?, app: server::router(state), ready, summary })
 }
 
-pub fn secret(args: &HandoffArgs) -> anyhow::Result<Secret> {
-    match &args.handoff_secret_file {
-        Some(path) => Secret::from_file(path).map_err(anyhow::Error::msg),
-        None => Ok(Secret::random()),
-    }
+/// The deployment's secret for a role that talks to its peers. There is no "auth off": a role
+/// without the secret does not start (`local` makes a random one for its three roles).
+pub fn secret(args: &SecretArgs, role: &str) -> anyhow::Result<Secret> {
+    let path = args.handoff_secret_file.as_ref().with_context(|| {
+        format!("the {role} role needs --handoff-secret-file (or KVGATE_HANDOFF_SECRET_FILE): every call between roles is signed with the deployment's secret")
+    })?;
+    Ok(Secret::from_file(path)?)
+}
+
+/// Wraps a role's internal routes in the signature check and the window-sized body limit.
+fn internal(routes: axum::Router, secret: &Secret, window: u64, registry: &prometheus::Registry, role: &str) -> axum::Router {
+    let limit = limits::internal_body(window as usize);
+    let verifier = Verifier::new(secret, limit, registry, role);
+    routes.layer(axum::middleware::from_fn_with_state(verifier, internal_auth::require_signature)).layer(DefaultBodyLimit::max(limit))
 }
 
 pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: Secret) -> anyhow::Result<Started> {
@@ -84,16 +97,18 @@ pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: 
     let kv = bind(args.kv_listen).await?;
     let kv_addr = args.kv_advertise.clone().unwrap_or_else(|| server::local_addr(&kv).to_string());
     let handoff_metrics = HandoffMetrics::new(registry, "decode");
-    let timeout = Duration::from_millis(args.handoff.handoff_timeout_ms);
-    let table = Arc::new(Reservations::new(
-        engine.pool.clone(),
-        secret,
-        timeout,
-        &report.model_fingerprint,
-        &report.layout_fingerprint,
-        handoff_metrics,
-    ));
-    tokio::spawn(receiver::serve(kv, table.clone()));
+    let h = &args.handoff;
+    let config = TableConfig {
+        timeout: Duration::from_millis(h.handoff_timeout_ms),
+        limits: Limits { window: args.engine.context_window as usize, vocab: engine.model.vocab_size(), max_open: h.max_open_reservations as usize },
+        kv_addr,
+        model_fingerprint: report.model_fingerprint.clone(),
+        layout_fingerprint: report.layout_fingerprint.clone(),
+    };
+    let kv_addr = config.kv_addr.clone();
+    let table = Arc::new(Reservations::new(engine.pool.clone(), secret.clone(), config, handoff_metrics));
+    let port = receiver::PortLimits { max_connections: h.kv_max_connections as usize, frame_timeout: Duration::from_millis(h.kv_frame_timeout_ms) };
+    tokio::spawn(receiver::serve(kv, table.clone(), port));
     let sweeper = table.clone();
     tokio::spawn(async move {
         loop {
@@ -104,11 +119,12 @@ pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: 
     let summary = format!("{} (KV port {kv_addr})", describe("decode", &report, args.engine.context_window));
     let state = AppState::for_engine(engine.clone(), report, registry.clone());
     let ready = state.ready.clone();
-    let app = server::ops(state).merge(decode::routes(DecodeRole { engine, reservations: table, kv_addr }));
+    let role = DecodeRole { engine, reservations: table, admission_timeout: Duration::from_millis(args.scheduler.admission_timeout_ms) };
+    let app = server::ops(state).merge(internal(decode::routes(role), &secret, args.engine.context_window, registry, "decode"));
     Ok(Started { listener: bind(args.listen).await?, app, ready, summary })
 }
 
-pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, exit_on_death: bool) -> anyhow::Result<Started> {
+pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret: Secret, exit_on_death: bool) -> anyhow::Result<Started> {
     if let Some(f) = args.faults.inject_fault {
         tracing::warn!(fault = ?f, "FAULT INJECTION ENABLED: this prefill worker breaks the handoff protocol on purpose");
     }
@@ -118,17 +134,18 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, exit_o
     let ready = state.ready.clone();
     let role = PrefillRole {
         engine,
+        secret: secret.clone(),
         metrics: HandoffMetrics::new(registry, "prefill"),
         fault: args.faults.inject_fault,
         fault_every: args.faults.fault_every,
         handoffs: Default::default(),
         exit_on_death,
     };
-    let app = server::ops(state).merge(prefill::routes(role));
+    let app = server::ops(state).merge(internal(prefill::routes(role), &secret, args.engine.context_window, registry, "prefill"));
     Ok(Started { listener: bind(args.listen).await?, app, ready, summary })
 }
 
-pub async fn router(args: &RouterArgs, registry: &prometheus::Registry) -> anyhow::Result<Started> {
+pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: Secret) -> anyhow::Result<Started> {
     let (name, tokenizer) = match &args.model {
         ModelSource::Tiny => ("tiny".to_string(), Tokenizer::Bytes),
         ModelSource::Dir(dir) => {
@@ -139,7 +156,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry) -> anyho
     let metrics = Metrics::new(registry, "router");
     metrics.context_window_tokens.set(args.context_window as i64);
     let window = args.context_window as usize;
-    let backend = RouterBackend::new(Arc::new(Peers::new(&args.prefill, &args.decode)), window, metrics.clone());
+    let backend = RouterBackend::new(Arc::new(Peers::new(&args.prefill, &args.decode)), window, metrics.clone(), Signer::new(&secret));
     backend.peers.refresh(&backend.http).await;
     backend.spawn_refresh(Duration::from_secs(5));
     let peers_text = match (&args.prefill_service, &args.decode_service) {

@@ -26,12 +26,14 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// The reason of a prompt the pool can never hold (`NeverFits`).
+    pub const PROMPT_TOO_LARGE: &'static str = "prompt_too_large";
     pub const REASONS: [&'static str; 4] = ["context_length_exceeded", "prompt_too_large", "pool_busy", "invalid_request"];
 
     pub fn reason(&self) -> &'static str {
         match self {
             Rejection::ContextLength { .. } => "context_length_exceeded",
-            Rejection::NeverFits { .. } => "prompt_too_large",
+            Rejection::NeverFits { .. } => Self::PROMPT_TOO_LARGE,
             Rejection::PoolBusy { .. } => "pool_busy",
             Rejection::EmptyPrompt => "invalid_request",
         }

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
-
 use super::admission::Rejection;
 use super::request::{Event, Failure, FinishReason, GenerateRequest, Mode};
 use super::sequence::Sequence;
@@ -84,7 +82,12 @@ impl Scheduler {
                 let s = Sequence::continued(req, lease, first_token);
                 s.send(Event::Token(first_token));
                 self.metrics.generation_tokens.inc();
-                self.running.push(s);
+                // The first token may already end it (end of sequence, or max_tokens 1),
+                // exactly as it would have colocated.
+                match s.finished(&self.model.eos) {
+                    Some(finish) => self.complete(s, finish),
+                    None => self.running.push(s),
+                }
                 continue;
             }
             let tokens = match req.mode {
@@ -122,12 +125,15 @@ impl Scheduler {
         });
     }
 
-    /// One batched forward pass over every running sequence.
+    /// One batched forward pass over every running sequence. A sequence whose step cannot run
+    /// (a token outside the vocabulary, a position past its lease, any model error) fails alone:
+    /// the others of the batch produce exactly what they would have without it.
     fn step(&mut self) {
         self.running.retain(|s| !s.client_gone());
         let mut budget = self.config.max_batch_tokens;
         // (index into running, tokens this step)
         let mut plan: Vec<(usize, usize)> = Vec::new();
+        let mut failed: Vec<(usize, String)> = Vec::new();
         // Decodes first: a running sequence must never stall behind a long prompt.
         let (decoding, prefilling): (Vec<usize>, Vec<usize>) =
             (0..self.running.len()).partition(|&i| self.running[i].pending() == 1);
@@ -136,32 +142,58 @@ impl Scheduler {
                 break;
             }
             let n = self.running[i].pending().min(budget);
-            budget -= n;
-            plan.push((i, n));
-        }
-        let logits = {
-            let steps: Vec<SeqStep> = plan
-                .iter()
-                .map(|&(i, n)| {
-                    let s = &self.running[i];
-                    SeqStep { tokens: &s.tokens[s.cached..s.cached + n], start: s.cached, lease: &s.lease }
-                })
-                .collect();
-            let mut guard = self.pool.access();
-            self.model.llama.forward(&steps, &mut guard, &mut self.scratch)
-        };
-        match logits {
-            Ok(logits) => self.sample(&plan, &logits),
-            Err(e) => {
-                tracing::error!(error = %e, "forward pass failed; failing the batch");
-                for &(i, _) in &plan {
-                    self.running[i].send(Event::Failed(Failure::internal(format!("model step failed: {e}"))));
+            match self.running[i].check_step(n, self.model.vocab_size()) {
+                Ok(()) => {
+                    budget -= n;
+                    plan.push((i, n));
                 }
-                let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
-                let mut index = 0..;
-                self.running.retain(|_| !failed.contains(&index.next().unwrap()));
+                Err(why) => failed.push((i, why)),
             }
         }
+        let rows = if plan.is_empty() { Vec::new() } else { self.forward_isolating(&plan) };
+        let mut sampled = Vec::with_capacity(plan.len());
+        for (&(i, n), row) in plan.iter().zip(rows) {
+            match row {
+                Ok(logits) => sampled.push((i, n, logits)),
+                Err(e) => failed.push((i, format!("model step failed: {e}"))),
+            }
+        }
+        for (i, why) in &failed {
+            tracing::warn!(error = %why, "failing one sequence; the rest of its batch goes on");
+            self.running[*i].send(Event::Failed(Failure::internal(why.clone())));
+        }
+        self.sample(&sampled);
+        let failed: Vec<usize> = failed.into_iter().map(|(i, _)| i).collect();
+        let mut index = 0..;
+        self.running.retain(|_| !failed.contains(&index.next().unwrap()));
+        self.finish_done();
+    }
+
+    /// Runs `plan` as one batch. Should the batch fail, each sequence is run alone, so that
+    /// only the one that really fails does (its earlier K/V writes are idempotent: the same
+    /// tokens at the same positions). One row of logits (or an error) per planned sequence;
+    /// a prefill chunk that samples nothing gets an empty row.
+    fn forward_isolating(&mut self, plan: &[(usize, usize)]) -> Vec<Result<Vec<f32>, String>> {
+        match self.forward(plan) {
+            Ok(rows) => rows.into_iter().map(Ok).collect(),
+            Err(e) if plan.len() == 1 => vec![Err(e)],
+            Err(_) => plan.iter().map(|p| self.forward(std::slice::from_ref(p)).map(|mut rows| rows.remove(0))).collect(),
+        }
+    }
+
+    fn forward(&mut self, plan: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, String> {
+        let steps: Vec<SeqStep> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                SeqStep { tokens: &s.tokens[s.cached..s.cached + n], start: s.cached, lease: &s.lease }
+            })
+            .collect();
+        let logits = {
+            let mut guard = self.pool.access();
+            self.model.llama.forward(&steps, &mut guard, &mut self.scratch).map_err(|e| e.to_string())?
+        };
+        (0..plan.len()).map(|row| logits.get(row).and_then(|r| r.to_vec1::<f32>()).map_err(|e| format!("reading logits: {e}"))).collect()
     }
 
     /// Frees a finished sequence's pages (scrubbed), *then* tells the client: by the time an
@@ -174,22 +206,17 @@ impl Scheduler {
         let _ = events.send(done);
     }
 
-    fn sample(&mut self, plan: &[(usize, usize)], logits: &Tensor) {
+    /// Advances each sequence past the tokens it ran, and samples the next token of those that
+    /// ran their last pending one.
+    fn sample(&mut self, stepped: &[(usize, usize, Vec<f32>)]) {
         let now = Instant::now();
-        for (row, &(i, n)) in plan.iter().enumerate() {
-            let s = &mut self.running[i];
+        for (i, n, row_logits) in stepped {
+            let s = &mut self.running[*i];
             s.cached += n;
             if s.pending() > 0 {
                 continue; // prompt chunk: nothing to sample yet
             }
-            let row_logits = match logits.get(row).and_then(|r| r.to_vec1::<f32>()) {
-                Ok(v) => v,
-                Err(e) => {
-                    s.send(Event::Failed(Failure::internal(format!("reading logits: {e}"))));
-                    continue;
-                }
-            };
-            let token = s.sampler.sample(&row_logits);
+            let token = s.sampler.sample(row_logits);
             s.tokens.push(token);
             if s.is_prefill_only() {
                 continue; // the first token travels with the handoff, not to a client
@@ -202,6 +229,10 @@ impl Scheduler {
             self.metrics.generation_tokens.inc();
             s.send(Event::Token(token));
         }
+    }
+
+    /// Hands back finished prefill-only sequences and completes every finished sequence.
+    fn finish_done(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].is_prefill_only() && self.running[i].generated() > 0 {

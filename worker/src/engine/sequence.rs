@@ -56,6 +56,19 @@ impl Sequence {
         self.tokens.len() - self.cached
     }
 
+    /// Whether the next `n` pending tokens can run: each one a token of the model, each
+    /// position inside the lease. Checked before the batch so one bad sequence cannot fail it.
+    pub fn check_step(&self, n: usize, vocab: usize) -> Result<(), String> {
+        if let Some(t) = self.tokens[self.cached..self.cached + n].iter().find(|t| **t as usize >= vocab) {
+            return Err(format!("token {t} is outside the vocabulary of {vocab} tokens"));
+        }
+        let end = self.cached + n;
+        if end > self.lease.capacity() {
+            return Err(format!("position {} is past the {} tokens leased", end - 1, self.lease.capacity()));
+        }
+        Ok(())
+    }
+
     pub fn client_gone(&self) -> bool {
         self.req.events.is_closed()
     }

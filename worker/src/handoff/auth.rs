@@ -1,71 +1,44 @@
-//! Per-reservation auth tags: HMAC-SHA256 with the deployment's handoff secret over everything
-//! that identifies the reservation. Only a holder of the secret can mint a tag, and a tag is
-//! valid for exactly one reservation.
+//! The deployment's handoff secret, as this process holds it: read once, turned into the keys of
+//! `kvgate_proto::auth`, and never printed.
 
-use hmac::{Hmac, Mac};
-use kvgate_proto::handoff::{HandoffId, TAG_LEN};
-use sha2::Sha256;
+use std::path::Path;
 
-type HmacSha256 = Hmac<Sha256>;
+use kvgate_proto::auth::DeploymentKey;
 
-/// The shared secret. Never printed.
-#[derive(Clone)]
-pub struct Secret(Vec<u8>);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
+/// Why the secret could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("reading --handoff-secret-file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("--handoff-secret-file {path}: {reason}")]
+    Invalid { path: String, reason: String },
 }
+
+/// The keys derived from the deployment's handoff secret.
+#[derive(Clone, Debug)]
+pub struct Secret(DeploymentKey);
 
 impl Secret {
-    pub fn new(bytes: Vec<u8>) -> Result<Self, String> {
-        if bytes.len() < 16 {
-            return Err(format!("the handoff secret must be at least 16 bytes, got {}", bytes.len()));
-        }
-        Ok(Secret(bytes))
+    pub fn new(bytes: &[u8]) -> Result<Self, String> {
+        DeploymentKey::new(bytes).map(Secret)
     }
 
-    /// A fresh random secret, for a process that runs every role itself.
+    /// A fresh random secret, for a process that runs every role itself (`local`).
     pub fn random() -> Self {
-        Secret((0..32).map(|_| rand::random::<u8>()).collect())
+        let bytes: [u8; 32] = rand::random();
+        Secret::new(&bytes).expect("32 bytes are enough")
     }
 
-    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("reading --handoff-secret-file {}: {e}", path.display()))?;
+    pub fn from_file(path: &Path) -> Result<Self, SecretError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| SecretError::Read { path: shown.clone(), source })?;
         // Trailing newlines from `echo > file` are not part of the secret.
-        let trimmed = bytes.trim_ascii_end().to_vec();
-        Secret::new(trimmed).map_err(|e| format!("--handoff-secret-file {}: {e}", path.display()))
+        Secret::new(bytes.trim_ascii_end()).map_err(|reason| SecretError::Invalid { path: shown, reason })
     }
 
-    /// The reservation's tag. Decode keeps it and compares each frame's tag with it in constant
-    /// time, so the HMAC is computed once per reservation, not once per page.
-    pub fn tag(&self, id: HandoffId, reserved_tokens: u32, expires_ms: u64, pages: &[u32]) -> [u8; TAG_LEN] {
-        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
-        mac.update(b"kvgate-handoff-v1");
-        mac.update(&id.0.to_le_bytes());
-        mac.update(&reserved_tokens.to_le_bytes());
-        mac.update(&expires_ms.to_le_bytes());
-        for p in pages {
-            mac.update(&p.to_le_bytes());
-        }
-        mac.finalize().into_bytes().into()
+    pub fn key(&self) -> &DeploymentKey {
+        &self.0
     }
-}
-
-pub fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-pub fn tag_from_hex(s: &str) -> Result<[u8; TAG_LEN], String> {
-    if s.len() != TAG_LEN * 2 || !s.is_ascii() {
-        return Err(format!("auth tag must be {} hex digits", TAG_LEN * 2));
-    }
-    let mut out = [0u8; TAG_LEN];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| "auth tag is not hex".to_string())?;
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -73,29 +46,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_tag_binds_every_field_of_its_reservation() {
-        let s = Secret::new(vec![1; 32]).unwrap();
-        let t = s.tag(HandoffId(1), 100, 5, &[3, 4]);
-        assert_eq!(s.tag(HandoffId(1), 100, 5, &[3, 4]), t);
-        assert_ne!(s.tag(HandoffId(2), 100, 5, &[3, 4]), t);
-        assert_ne!(s.tag(HandoffId(1), 99, 5, &[3, 4]), t);
-        assert_ne!(s.tag(HandoffId(1), 100, 6, &[3, 4]), t);
-        assert_ne!(s.tag(HandoffId(1), 100, 5, &[4, 3]), t);
-        let other = Secret::new(vec![2; 32]).unwrap();
-        assert_ne!(other.tag(HandoffId(1), 100, 5, &[3, 4]), t);
-    }
-
-    #[test]
     fn secrets_are_never_printed_and_must_be_long_enough() {
-        let s = Secret::new(b"super-secret-value-123".to_vec()).unwrap();
+        let s = Secret::new(b"super-secret-value-123").unwrap();
         assert!(!format!("{s:?}").contains("super"));
-        assert!(Secret::new(b"short".to_vec()).unwrap_err().contains("16 bytes"));
+        assert!(Secret::new(b"short").unwrap_err().contains("16 bytes"));
     }
 
     #[test]
-    fn tags_round_trip_through_hex() {
-        let t = [0xab; TAG_LEN];
-        assert_eq!(tag_from_hex(&to_hex(&t)), Ok(t));
-        assert!(tag_from_hex("zz").is_err());
+    fn a_secret_file_loses_its_trailing_newline_and_names_itself_when_bad() {
+        let dir = std::env::temp_dir().join(format!("kvgate-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, "0123456789abcdef0123\n").unwrap();
+        std::fs::write(&b, "short\n").unwrap();
+        let from_file = Secret::from_file(&a).unwrap();
+        let direct = Secret::new(b"0123456789abcdef0123").unwrap();
+        let id = kvgate_proto::handoff::HandoffId(1);
+        assert_eq!(from_file.key().frame_key(id).mac(&[b"x"]), direct.key().frame_key(id).mac(&[b"x"]));
+        let err = Secret::from_file(&b).unwrap_err().to_string();
+        assert!(err.contains(&b.display().to_string()) && err.contains("16 bytes"), "{err}");
+        let err = Secret::from_file(&dir.join("missing")).unwrap_err().to_string();
+        assert!(err.contains("missing"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

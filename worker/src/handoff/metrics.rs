@@ -4,9 +4,13 @@ use prometheus::{Histogram, IntCounter, IntCounterVec, Registry};
 
 use crate::metrics::RoleRegistry;
 
-/// Every reason decode refuses a transfer for (the `reason` label).
-pub const MISMATCH_REASONS: [&str; 8] =
-    ["token_count", "checksum", "page_set", "auth", "fingerprint", "timeout", "unknown_handoff", "rejected_forwarded"];
+/// Every reason decode refuses an authenticated transfer for (the `reason` label of
+/// `kvgate_handoff_mismatch_total`): evidence of missing, corrupt or forged KV.
+pub const MISMATCH_REASONS: [&str; 9] =
+    ["token_count", "checksum", "page_set", "auth", "fingerprint", "timeout", "unknown_handoff", "rejected_forwarded", "first_token"];
+/// Why the KV port refused bytes nobody holding the secret sent, or a connection it would not
+/// serve (`kvgate_kv_port_rejected_total{reason}`): abuse or noise, never an integrity event.
+pub const KV_PORT_REASONS: [&str; 5] = ["malformed", "too_large", "unauthenticated", "read_timeout", "connection_limit"];
 pub const OUTCOMES: [&str; 3] = ["committed", "rejected", "failed"];
 
 #[derive(Clone)]
@@ -17,6 +21,7 @@ pub struct HandoffMetrics {
     pub duration: Histogram,
     pub cancelled: IntCounter,
     pub expired: IntCounter,
+    pub kv_port_rejected: IntCounterVec,
 }
 
 impl HandoffMetrics {
@@ -32,7 +37,16 @@ impl HandoffMetrics {
                 prometheus::exponential_buckets(0.0005, 2.0, 16).unwrap(),
             ),
             cancelled: r.counter("kvgate_handoff_reservations_cancelled_total", "Decode reservations cancelled before a commit (a rejection elsewhere)."),
-            expired: r.counter("kvgate_handoff_reservations_expired_total", "Decode reservations that expired without a commit."),
+            expired: r.counter(
+                "kvgate_handoff_reservations_expired_total",
+                "Decode reservations freed unused: no frame ever arrived, or committed but never decoded.",
+            ),
+            kv_port_rejected: r.counter_vec(
+                "kvgate_kv_port_rejected_total",
+                "Frames or connections decode's KV port refused that no holder of the secret sent (malformed, oversized, unauthenticated, too slow, over the connection cap).",
+                "reason",
+                &KV_PORT_REASONS,
+            ),
         }
     }
 }

@@ -1,10 +1,18 @@
 //! Decode's table of reservations: what each transfer must deliver, what has arrived, and the
 //! verdict. Every integrity rule of the handoff is checked here, before anything is decoded.
+//!
+//! Two kinds of refusal are kept apart. *Integrity* refusals (`kvgate_handoff_mismatch_total`)
+//! are evidence that KV was missing, corrupt, forged or sent where it must not go: an
+//! authenticated frame that breaks a rule, or a transfer that stopped half way. *Protocol*
+//! refusals (`kvgate_kv_port_rejected_total`) are bytes nobody with the secret sent: they are
+//! abuse or noise, and never fire the integrity alert. A reservation nobody ever sent a frame for
+//! only counts as expired.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use kvgate_proto::auth::{FrameKey, Mac, ReservationFields};
 use kvgate_proto::handoff::{CommitFrame, HandoffId, PageFrame};
 use tokio::sync::Notify;
 use xxhash_rust::xxh3::xxh3_64;
@@ -24,6 +32,12 @@ impl Verdict {
     fn new(reason: &'static str, message: String) -> Self {
         Verdict { reason, message }
     }
+
+    /// A frame whose MAC does not verify for a handoff that is not open: nobody holding the
+    /// secret sent it (a protocol refusal, not an integrity one).
+    fn unauthenticated(id: HandoffId) -> Self {
+        Verdict::new("unauthenticated", format!("kv_port_unauthenticated: a frame for handoff {id} does not carry its MAC"))
+    }
 }
 
 /// A verified transfer, ready to decode.
@@ -32,15 +46,16 @@ pub struct Committed {
     pub lease: Lease,
     pub first_token: u32,
     pub reserved_tokens: u32,
+    /// Most tokens generate may ask for: what the reservation has room for.
+    pub max_tokens: u32,
     /// A committed handoff nobody asks to decode is freed at the reservation's deadline too.
     deadline: Instant,
 }
 
 struct Open {
     lease: Lease,
-    /// The tag minted at reservation; frames are compared with it in constant time.
-    tag: [u8; 32],
     reserved_tokens: u32,
+    max_tokens: u32,
     pages: Vec<u32>,
     deadline: Instant,
     created: Instant,
@@ -49,20 +64,35 @@ struct Open {
     received_tokens: u32,
 }
 
+impl Open {
+    fn pages_received(&self) -> usize {
+        self.received.iter().filter(|r| r.is_some()).count()
+    }
+}
+
 enum Entry {
     Open(Open),
     Committed(Committed),
     /// Tombstones: kept (bounded) so late or replayed frames get the right reason.
     Failed(Verdict),
     Cancelled { rejected: bool },
-    Expired,
+    /// `counted`: a timeout mismatch was already counted for it (pages had arrived), so a late
+    /// frame of the same transfer does not count it twice.
+    Expired { counted: bool },
 }
 
 /// How many finished handoffs are remembered.
 const TOMBSTONES: usize = 4096;
 
-#[derive(Debug)]
+/// Why nothing was reserved.
+#[derive(Debug, PartialEq, Eq)]
 pub enum ReserveError {
+    /// A field is out of range (zero tokens, or a sum that overflows).
+    Invalid { field: &'static str, message: String },
+    /// Prompt plus completion exceed the declared window.
+    ContextLength { prompt: u32, max_tokens: u32, window: usize },
+    /// Too many reservations are open or committed and not yet decoded.
+    TooMany { open: usize, limit: usize },
     NeverFits { needed: usize, capacity: usize },
     NoRoom { needed: usize, free: usize },
 }
@@ -73,14 +103,29 @@ pub struct Issued {
     pub id: HandoffId,
     pub pages: Vec<u32>,
     pub reserved_tokens: u32,
+    pub max_tokens: u32,
     pub expires_ms: u64,
-    pub tag: [u8; 32],
+    pub tag: Mac,
+}
+
+/// Bounds every reservation is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The declared context window: prompt + completion tokens of one request.
+    pub window: usize,
+    /// The model's vocabulary: a committed first token must be a token.
+    pub vocab: usize,
+    /// Most reservations open or committed at once.
+    pub max_open: usize,
 }
 
 pub struct Reservations {
     pool: Arc<KvPool>,
     secret: Secret,
     timeout: Duration,
+    limits: Limits,
+    /// The KV port prefill must send to; covered by each reservation's tag.
+    kv_addr: String,
     model_fingerprint: u64,
     layout_fingerprint: u64,
     pub metrics: HandoffMetrics,
@@ -102,25 +147,20 @@ impl Table {
         self.finished.push_back(id);
         while self.finished.len() > TOMBSTONES {
             if let Some(old) = self.finished.pop_front()
-                && matches!(self.entries.get(&old), Some(Entry::Failed(_) | Entry::Cancelled { .. } | Entry::Expired)) {
-                    self.entries.remove(&old);
-                }
+                && matches!(self.entries.get(&old), Some(Entry::Failed(_) | Entry::Cancelled { .. } | Entry::Expired { .. }))
+            {
+                self.entries.remove(&old);
+            }
         }
     }
-}
 
-/// Equality whose time does not depend on where the inputs differ.
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
+    fn live(&self) -> usize {
+        self.entries.values().filter(|e| matches!(e, Entry::Open(_) | Entry::Committed(_))).count()
+    }
 }
 
 pub fn fingerprint_u64(hex: &str) -> u64 {
     u64::from_str_radix(hex, 16).unwrap_or(0)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The digest a commit must carry: xxh3 over the page checksums in index order.
@@ -129,14 +169,26 @@ pub fn digest(checksums: impl IntoIterator<Item = u64>) -> u64 {
     xxh3_64(&bytes)
 }
 
+/// Everything `Reservations` is built from besides the pool and the secret.
+#[derive(Debug, Clone)]
+pub struct TableConfig {
+    pub timeout: Duration,
+    pub limits: Limits,
+    pub kv_addr: String,
+    pub model_fingerprint: String,
+    pub layout_fingerprint: String,
+}
+
 impl Reservations {
-    pub fn new(pool: Arc<KvPool>, secret: Secret, timeout: Duration, model_fp: &str, layout_fp: &str, metrics: HandoffMetrics) -> Self {
+    pub fn new(pool: Arc<KvPool>, secret: Secret, config: TableConfig, metrics: HandoffMetrics) -> Self {
         Reservations {
             pool,
             secret,
-            timeout,
-            model_fingerprint: fingerprint_u64(model_fp),
-            layout_fingerprint: fingerprint_u64(layout_fp),
+            timeout: config.timeout,
+            limits: config.limits,
+            kv_addr: config.kv_addr,
+            model_fingerprint: fingerprint_u64(&config.model_fingerprint),
+            layout_fingerprint: fingerprint_u64(&config.layout_fingerprint),
             metrics,
             table: Mutex::new(Table::default()),
             changed: Notify::new(),
@@ -144,12 +196,16 @@ impl Reservations {
         }
     }
 
-    /// Skips the auth tag, checksum and digest checks. Only for measuring their cost in
+    /// Skips the MAC, checksum and digest checks. Only for measuring their cost in
     /// `benches/handoff.rs`; no command line flag reaches it.
     #[doc(hidden)]
     pub fn without_integrity_checks(mut self) -> Self {
         self.verify_integrity = false;
         self
+    }
+
+    pub fn verifies_integrity(&self) -> bool {
+        self.verify_integrity
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -160,68 +216,134 @@ impl Reservations {
         self.pool.layout().page_bytes()
     }
 
+    pub fn kv_addr(&self) -> &str {
+        &self.kv_addr
+    }
+
+    /// The key the frames of handoff `id` must be MACed with.
+    pub fn frame_key(&self, id: HandoffId) -> FrameKey {
+        self.secret.key().frame_key(id)
+    }
+
     /// Reserves pages for `prompt + max_tokens` tokens; the transfer must fill the first
     /// `prompt` of them. Nothing is reserved when the answer is an error.
     pub fn reserve(&self, prompt: u32, max_tokens: u32) -> Result<Issued, ReserveError> {
+        if prompt == 0 {
+            return Err(ReserveError::Invalid { field: "prompt_tokens", message: "`prompt_tokens` must be at least 1".into() });
+        }
+        if max_tokens == 0 {
+            return Err(ReserveError::Invalid { field: "max_tokens", message: "`max_tokens` must be at least 1".into() });
+        }
+        let total = prompt.checked_add(max_tokens).ok_or_else(|| ReserveError::Invalid {
+            field: "max_tokens",
+            message: format!("`prompt_tokens` + `max_tokens` ({prompt} + {max_tokens}) overflows"),
+        })?;
+        if total as usize > self.limits.window {
+            return Err(ReserveError::ContextLength { prompt, max_tokens, window: self.limits.window });
+        }
         let page = self.pool.layout().page_size;
-        let lease = self.pool.lease((prompt + max_tokens) as usize).map_err(|e| match e {
+        let mut table = self.lock();
+        let open = table.live();
+        if open >= self.limits.max_open {
+            return Err(ReserveError::TooMany { open, limit: self.limits.max_open });
+        }
+        let lease = self.pool.lease(total as usize).map_err(|e| match e {
             AllocError::NeverFits { requested, total } => ReserveError::NeverFits { needed: requested * page, capacity: total * page },
             AllocError::Insufficient { requested, free } => ReserveError::NoRoom { needed: requested * page, free: free * page },
         })?;
         let id = HandoffId(rand::random());
         let pages: Vec<u32> = lease.pages().iter().take(self.pool.layout().pages_for(prompt as usize)).map(|p| p.id).collect();
-        let expires_ms = now_ms() + self.timeout.as_millis() as u64;
-        let tag = self.secret.tag(id, prompt, expires_ms, &pages);
+        let expires_ms = crate::roles::internal_auth::now_ms() + self.timeout.as_millis() as u64;
+        let fields = ReservationFields { handoff: id, reserved_tokens: prompt, max_tokens, expires_ms, pages: &pages, kv_addr: &self.kv_addr };
+        let tag = self.secret.key().reservation_tag(&fields);
+        let now = Instant::now();
         let open = Open {
-            tag,
             received: vec![None; pages.len()],
             lease,
             reserved_tokens: prompt,
+            max_tokens,
             pages: pages.clone(),
-            deadline: Instant::now() + self.timeout,
-            created: Instant::now(),
+            deadline: now + self.timeout,
+            created: now,
             received_tokens: 0,
         };
-        self.lock().entries.insert(id, Entry::Open(open));
-        Ok(Issued { id, pages, reserved_tokens: prompt, expires_ms, tag })
+        table.entries.insert(id, Entry::Open(open));
+        Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag })
     }
 
-    /// The verdict for frames naming a handoff that is not open.
-    fn not_open(&self, id: HandoffId, entry: Option<&Entry>) -> Verdict {
-        let v = match entry {
-            Some(Entry::Cancelled { rejected: true }) => Verdict::new(
-                "rejected_forwarded",
-                format!("kv_handoff_rejected_forwarded: handoff {id} was rejected and cancelled, but KV for it still arrived"),
+    /// The verdict for an authenticated frame naming a handoff that is not open. It is counted
+    /// once per transfer: a late frame of a handoff whose failure was already counted is not.
+    fn not_open(&self, table: &mut Table, id: HandoffId) -> Verdict {
+        let (v, count) = match table.entries.get_mut(&id) {
+            Some(Entry::Cancelled { rejected: true }) => (
+                Verdict::new(
+                    "rejected_forwarded",
+                    format!("kv_handoff_rejected_forwarded: handoff {id} was rejected and cancelled, but KV for it still arrived"),
+                ),
+                true,
             ),
-            Some(Entry::Expired) => Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired before this frame arrived")),
-            Some(Entry::Committed(_)) => Verdict::new("unknown_handoff", format!("kv_handoff_unknown: handoff {id} was already committed")),
-            _ => Verdict::new("unknown_handoff", format!("kv_handoff_unknown: no open reservation {id}")),
+            Some(Entry::Expired { counted }) => {
+                let first = !std::mem::replace(counted, true);
+                (Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired before this frame arrived")), first)
+            }
+            Some(Entry::Failed(v)) => (v.clone(), false),
+            Some(Entry::Committed(_)) => (Verdict::new("unknown_handoff", format!("kv_handoff_unknown: handoff {id} was already committed")), true),
+            _ => (Verdict::new("unknown_handoff", format!("kv_handoff_unknown: no open reservation {id}")), true),
         };
-        self.metrics.mismatch.with_label_values(&[v.reason]).inc();
+        if count {
+            self.metrics.mismatch.with_label_values(&[v.reason]).inc();
+        }
         v
     }
 
     /// Fails an open handoff: its pages are freed (scrubbed) now and the verdict is kept for the
-    /// router's generate call.
-    fn fail(&self, table: &mut Table, id: HandoffId, v: Verdict) -> Verdict {
+    /// router's generate call. `integrity` is false when nothing was ever sent for it (an unused
+    /// reservation is no evidence of bad KV: it counts as expired, not as a mismatch).
+    fn fail(&self, table: &mut Table, id: HandoffId, v: Verdict, integrity: bool) -> Verdict {
         table.tombstone(id, Entry::Failed(v.clone()));
-        self.metrics.mismatch.with_label_values(&[v.reason]).inc();
+        if integrity {
+            self.metrics.mismatch.with_label_values(&[v.reason]).inc();
+        } else {
+            self.metrics.expired.inc();
+        }
         self.metrics.total.with_label_values(&["failed"]).inc();
         self.changed.notify_waiters();
         v
     }
 
-    /// Checks one page frame and, when it passes every check, writes it into its page.
-    pub fn accept_page(&self, f: &PageFrame) -> Result<(), Verdict> {
-        let mut table = self.lock();
-        let Some(Entry::Open(open)) = table.entries.get_mut(&f.handoff) else {
-            let entry = table.entries.get(&f.handoff);
-            return Err(self.not_open(f.handoff, entry));
-        };
-        let check = (|| {
-            if self.verify_integrity && !constant_time_eq(&f.tag, &open.tag) {
-                return Err(Verdict::new("auth", "kv_handoff_auth: the frame's auth tag does not match the reservation".into()));
+    /// The open entry for an authenticated frame, or the verdict for it. A frame past the
+    /// reservation's deadline fails it as timed out, whatever the sweeper has done so far.
+    fn open_for<'t>(&self, table: &'t mut Table, id: HandoffId, authentic: bool) -> Result<&'t mut Open, Verdict> {
+        match table.entries.get(&id) {
+            Some(Entry::Open(_)) if !authentic => {
+                // Someone who sees the live handoff on the wire tried to write into it.
+                let v = Verdict::new("auth", "kv_handoff_auth: a frame for this handoff does not carry its MAC (forged or altered)".into());
+                return Err(self.fail(table, id, v, true));
             }
+            Some(Entry::Open(open)) if open.deadline <= Instant::now() => {
+                let got = open.pages_received();
+                let v = Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired ({got} of {} pages had arrived)", open.pages.len()));
+                return Err(self.fail(table, id, v, true));
+            }
+            Some(Entry::Open(_)) => {}
+            _ if !authentic => {
+                self.metrics.kv_port_rejected.with_label_values(&["unauthenticated"]).inc();
+                return Err(Verdict::unauthenticated(id));
+            }
+            _ => return Err(self.not_open(table, id)),
+        }
+        match table.entries.get_mut(&id) {
+            Some(Entry::Open(open)) => Ok(open),
+            _ => unreachable!("checked above"),
+        }
+    }
+
+    /// Checks one page frame and, when it passes every check, writes it into its page.
+    /// `authentic`: its MAC verified under the handoff's frame key.
+    pub fn accept_page(&self, f: &PageFrame, authentic: bool) -> Result<(), Verdict> {
+        let mut table = self.lock();
+        let open = self.open_for(&mut table, f.handoff, authentic || !self.verify_integrity)?;
+        let check = (|| {
             let i = f.index as usize;
             if open.pages.get(i) != Some(&f.page) {
                 return Err(Verdict::new("page_set", format!("kv_handoff_page_set: page {} at index {i} is not part of the reservation", f.page)));
@@ -230,6 +352,7 @@ impl Reservations {
                 return Err(Verdict::new("page_set", format!("kv_handoff_page_set: page index {i} was sent twice")));
             }
             let page_size = self.pool.layout().page_size as u32;
+            // `i` is a valid index, so `i * page_size < reserved_tokens`: no underflow.
             let expected = (open.reserved_tokens - f.index * page_size).min(page_size);
             if f.tokens != expected {
                 return Err(Verdict::new("token_count", format!("kv_handoff_token_count: page index {i} carries {} tokens, {expected} reserved", f.tokens)));
@@ -242,22 +365,16 @@ impl Reservations {
             open.received_tokens += f.tokens;
             Ok(())
         })();
-        check.map_err(|v| self.fail(&mut table, f.handoff, v))?;
+        check.map_err(|v| self.fail(&mut table, f.handoff, v, true))?;
         self.metrics.bytes.inc_by(f.payload.len() as u64);
         Ok(())
     }
 
     /// Checks a commit against everything that arrived; on success the handoff may be decoded.
-    pub fn accept_commit(&self, c: &CommitFrame) -> Result<(), Verdict> {
+    pub fn accept_commit(&self, c: &CommitFrame, authentic: bool) -> Result<(), Verdict> {
         let mut table = self.lock();
-        let Some(Entry::Open(open)) = table.entries.get(&c.handoff) else {
-            let entry = table.entries.get(&c.handoff);
-            return Err(self.not_open(c.handoff, entry));
-        };
+        let open = self.open_for(&mut table, c.handoff, authentic || !self.verify_integrity)?;
         let check = || {
-            if self.verify_integrity && !constant_time_eq(&c.tag, &open.tag) {
-                return Err(Verdict::new("auth", "kv_handoff_auth: the commit's auth tag does not match the reservation".into()));
-            }
             if c.model_fingerprint != self.model_fingerprint || c.layout_fingerprint != self.layout_fingerprint {
                 return Err(Verdict::new(
                     "fingerprint",
@@ -273,38 +390,49 @@ impl Reservations {
                     format!("kv_handoff_incomplete: received {} of {} reserved tokens", open.received_tokens, open.reserved_tokens),
                 ));
             }
-            let missing = open.received.iter().filter(|r| r.is_none()).count();
+            let missing = open.received.len() - open.pages_received();
             if missing > 0 || c.page_count as usize != open.pages.len() {
                 return Err(Verdict::new("page_set", format!("kv_handoff_page_set: {missing} of {} reserved pages never arrived", open.pages.len())));
             }
-            if self.verify_integrity && digest(open.received.iter().map(|r| r.unwrap())) != c.digest {
+            if self.verify_integrity && digest(open.received.iter().map(|r| r.unwrap_or_default())) != c.digest {
                 return Err(Verdict::new("checksum", "kv_handoff_checksum: the commit digest does not match the pages received".into()));
+            }
+            if c.first_token as usize >= self.limits.vocab {
+                return Err(Verdict::new(
+                    "first_token",
+                    format!("kv_handoff_first_token: the committed first token {} is outside the vocabulary of {} tokens", c.first_token, self.limits.vocab),
+                ));
             }
             Ok(())
         };
         if let Err(v) = check() {
-            return Err(self.fail(&mut table, c.handoff, v));
+            return Err(self.fail(&mut table, c.handoff, v, true));
         }
-        let Some(Entry::Open(open)) = table.entries.remove(&c.handoff) else { unreachable!() };
+        let Some(Entry::Open(open)) = table.entries.remove(&c.handoff) else { unreachable!("checked by open_for") };
         self.metrics.duration.observe(open.created.elapsed().as_secs_f64());
         self.metrics.total.with_label_values(&["committed"]).inc();
-        table.entries.insert(c.handoff, Entry::Committed(Committed {
-                lease: open.lease,
-                first_token: c.first_token,
-                reserved_tokens: open.reserved_tokens,
-                deadline: open.deadline,
-            }));
+        let committed = Committed {
+            lease: open.lease,
+            first_token: c.first_token,
+            reserved_tokens: open.reserved_tokens,
+            max_tokens: open.max_tokens,
+            deadline: open.deadline,
+        };
+        table.entries.insert(c.handoff, Entry::Committed(committed));
         self.changed.notify_waiters();
         Ok(())
     }
 
-    /// The sender vanished before committing.
+    /// The sender of an authenticated transfer vanished (or sent garbage) before committing.
     pub fn connection_lost(&self, id: HandoffId) {
         let mut table = self.lock();
         if let Some(Entry::Open(open)) = table.entries.get(&id) {
-            let got = open.received.iter().filter(|r| r.is_some()).count();
-            let v = Verdict::new("timeout", format!("kv_handoff_timeout: the prefill peer closed the KV connection after {got} of {} pages", open.pages.len()));
-            self.fail(&mut table, id, v);
+            let v = Verdict::new(
+                "timeout",
+                format!("kv_handoff_timeout: the prefill peer closed the KV connection after {} of {} pages", open.pages_received(), open.pages.len()),
+            );
+            let integrity = open.pages_received() > 0;
+            self.fail(&mut table, id, v, integrity);
         }
     }
 
@@ -334,12 +462,12 @@ impl Reservations {
             if give_up.is_some_and(|t| Instant::now() >= t) {
                 let mut table = self.lock();
                 if let Some(Entry::Open(open)) = table.entries.get(&id) {
-                    let got = open.received.iter().filter(|r| r.is_some()).count();
+                    let got = open.pages_received();
                     let v = Verdict::new(
                         "timeout",
                         format!("kv_handoff_timeout: no commit from prefill ({got} of {} pages arrived) before the router gave up", open.pages.len()),
                     );
-                    return Err(self.fail(&mut table, id, v));
+                    return Err(self.fail(&mut table, id, v, got > 0));
                 }
             }
             let notified = self.changed.notified();
@@ -353,7 +481,7 @@ impl Reservations {
                     Some(Entry::Open(_)) => {}
                     Some(Entry::Failed(v)) => return Err(v.clone()),
                     Some(Entry::Cancelled { .. }) => return Err(Verdict::new("cancelled", format!("kv_handoff_cancelled: handoff {id} was cancelled"))),
-                    Some(Entry::Expired) => return Err(Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired without a commit"))),
+                    Some(Entry::Expired { .. }) => return Err(Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired without a commit"))),
                     None => return Err(Verdict::new("unknown_handoff", format!("kv_handoff_unknown: no reservation {id}"))),
                 }
             }
@@ -363,34 +491,37 @@ impl Reservations {
         }
     }
 
-    /// Frees reservations past their deadline: uncommitted ones are timeouts; committed ones
-    /// that nobody came to decode are just freed.
+    /// Frees reservations past their deadline. An open one that received pages is a timed-out
+    /// transfer (a mismatch); one that received nothing, or a committed one nobody came to
+    /// decode, is just expired.
     pub fn expire(&self) {
         let mut table = self.lock();
         let now = Instant::now();
-        // (id, committed?) of every reservation past its deadline.
-        let due: Vec<(HandoffId, bool)> = table
+        // (id, pages received while open) of every reservation past its deadline.
+        let due: Vec<(HandoffId, usize)> = table
             .entries
             .iter()
             .filter_map(|(id, e)| match e {
-                Entry::Open(o) if o.deadline <= now => Some((*id, false)),
-                Entry::Committed(c) if c.deadline <= now => Some((*id, true)),
+                Entry::Open(o) if o.deadline <= now => Some((*id, o.pages_received())),
+                Entry::Committed(c) if c.deadline <= now => Some((*id, 0)),
                 _ => None,
             })
             .collect();
-        for (id, committed) in due {
-            table.tombstone(id, Entry::Expired);
+        for (id, got) in due {
+            let was_open = matches!(table.entries.get(&id), Some(Entry::Open(_)));
+            table.tombstone(id, Entry::Expired { counted: got > 0 });
             self.metrics.expired.inc();
-            if !committed {
-                self.metrics.mismatch.with_label_values(&["timeout"]).inc();
+            if was_open {
                 self.metrics.total.with_label_values(&["failed"]).inc();
+                if got > 0 {
+                    self.metrics.mismatch.with_label_values(&["timeout"]).inc();
+                }
             }
         }
         self.changed.notify_waiters();
     }
-
-    /// Open or committed-but-not-yet-decoded reservations.
-    pub fn live(&self) -> usize {
-        self.lock().entries.values().filter(|e| matches!(e, Entry::Open(_) | Entry::Committed(_))).count()
-    }
 }
+
+#[cfg(test)]
+#[path = "reservations_tests.rs"]
+mod tests;

@@ -1,17 +1,19 @@
-//! Prefill's side of the handoff: stream the prompt's pages into decode's reservation, commit,
+//! Prefill's side of the handoff: check that decode minted the reservation, stream the prompt's
+//! pages into it (each MACed with the handoff's frame key, slots past the prompt zeroed), commit,
 //! and report decode's ack. Fault injection bends exactly one rule here.
 
-use kvgate_proto::handoff::{AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, PageFrame, parse_header};
+use kvgate_proto::auth::Mac;
+use kvgate_proto::handoff::{AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame, parse_header};
 use kvgate_proto::roles::Reservation;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::auth::tag_from_hex;
+use super::auth::Secret;
 use super::faults::Fault;
 use super::metrics::HandoffMetrics;
 use super::reservations::{digest, fingerprint_u64};
-use crate::kv::{KvPool, Lease};
+use crate::kv::{KvError, KvPool, Lease};
 
 /// How the transfer ended, from prefill's point of view.
 #[derive(Debug)]
@@ -22,64 +24,106 @@ pub enum SendOutcome {
     Died,
 }
 
+/// Why prefill sent nothing, or could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The reservation is not one this deployment's decode minted for this prompt: nothing is
+    /// sent (prefill never dials an address it cannot trust).
+    #[error("reservation refused: {0}")]
+    Reservation(String),
+    #[error("connecting to decode's KV port {addr}: {source}")]
+    Connect { addr: String, source: std::io::Error },
+    #[error("KV connection to decode: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("reading a page of the prompt's KV: {0}")]
+    Pool(#[from] KvError),
+    #[error("decode's answer: {0}")]
+    Ack(String),
+}
+
 pub struct Transfer<'a> {
     pub pool: &'a KvPool,
     pub lease: &'a Lease,
     pub reservation: &'a Reservation,
+    pub secret: &'a Secret,
     pub first_token: u32,
     pub model_fingerprint: &'a str,
     pub layout_fingerprint: &'a str,
     pub fault: Option<Fault>,
     pub metrics: &'a HandoffMetrics,
-    /// False only in the benchmark that measures what checksumming costs.
-    pub checksums: bool,
+    /// False only in the benchmark that measures what the integrity checks (checksums and
+    /// MACs) cost.
+    pub integrity: bool,
+}
+
+/// Checks a reservation before anything is computed or sent: decode's tag over every field
+/// (so `kv_addr` is decode's own KV port), time left, the page count for the tokens, and the
+/// layout. `prompt_tokens` is the prompt prefill was asked to compute.
+pub fn check_reservation(r: &Reservation, secret: &Secret, prompt_tokens: usize, layout_fingerprint: &str, page_size: usize) -> Result<HandoffId, SendError> {
+    let bad = |m: String| SendError::Reservation(m);
+    let id: HandoffId = r.handoff_id.parse().map_err(bad)?;
+    let tag = Mac::from_hex(&r.tag).map_err(|e| bad(e.to_string()))?;
+    if !secret.key().reservation_tag(&r.fields(id)).verify(&tag) {
+        return Err(bad(format!("reservation {id} does not carry a tag of this deployment's decode (forged or altered; kv_addr {})", r.kv_addr)));
+    }
+    if r.expires_ms <= crate::roles::internal_auth::now_ms() {
+        return Err(bad(format!("reservation {id} expired at {} ms", r.expires_ms)));
+    }
+    if r.reserved_tokens as usize != prompt_tokens {
+        return Err(bad(format!("reservation {id} is for {} tokens, the prompt has {prompt_tokens}", r.reserved_tokens)));
+    }
+    if r.pages.len() != (r.reserved_tokens as usize).div_ceil(page_size) {
+        return Err(bad(format!("reservation {id} lists {} pages for {} tokens of {page_size}-token pages", r.pages.len(), r.reserved_tokens)));
+    }
+    if r.layout_fingerprint != layout_fingerprint {
+        return Err(bad(format!("reservation {id} is for KV layout {}, this worker's is {layout_fingerprint}", r.layout_fingerprint)));
+    }
+    Ok(id)
 }
 
 impl Transfer<'_> {
-    pub async fn run(&self) -> Result<SendOutcome, String> {
+    pub async fn run(&self) -> Result<SendOutcome, SendError> {
         let r = self.reservation;
-        let id: HandoffId = r.handoff_id.parse()?;
-        let mut tag = tag_from_hex(&r.tag)?;
-        if self.fault == Some(Fault::WrongAuth) {
-            tag[0] ^= 0xff;
-        }
-        let stream = TcpStream::connect(&r.kv_addr).await.map_err(|e| format!("connecting to decode's KV port {}: {e}", r.kv_addr))?;
+        let layout = *self.pool.layout();
+        // The incident's bug hands a one-token placeholder to a whole prompt's reservation.
+        let prompt_tokens = if self.fault == Some(Fault::IgnoreRejection) { r.reserved_tokens as usize } else { self.lease.tokens() };
+        let id = check_reservation(r, self.secret, prompt_tokens, self.layout_fingerprint, layout.page_size)?;
+        let key = self.secret.key().frame_key(id);
+        let stream = TcpStream::connect(&r.kv_addr).await.map_err(|source| SendError::Connect { addr: r.kv_addr.clone(), source })?;
         let _ = stream.set_nodelay(true);
         let mut out = BufWriter::with_capacity(1 << 20, stream);
-        let page_size = self.pool.layout().page_size as u32;
+        let page_size = layout.page_size as u32;
         let n = r.pages.len();
         let mut checksums = Vec::with_capacity(n);
         for (i, &dest) in r.pages.iter().enumerate() {
             match self.fault {
-                Some(Fault::TruncateTransfer) if i >= 1 => break,
+                Some(Fault::TruncateTransfer | Fault::IgnoreRejection) if i >= 1 => break,
                 Some(Fault::DieMidTransfer) if i >= n.div_ceil(2).max(1) => {
-                    out.flush().await.map_err(|e| e.to_string())?;
+                    out.flush().await?;
                     return Ok(SendOutcome::Died);
                 }
                 _ => {}
             }
-            let payload = self.pool.access().page_bytes(self.lease, i).map_err(|e| e.to_string())?;
-            let checksum = if self.checksums { xxh3_64(&payload) } else { 0 };
+            let tokens = (r.reserved_tokens - i as u32 * page_size).min(page_size);
+            let mut payload = self.pool.access().page_bytes(self.lease, i)?;
+            // Slots past the prompt were never written by this request: whatever is there
+            // (another tenant's KV when scrubbing is off) stays here.
+            for range in layout.unwritten_byte_ranges(tokens as usize) {
+                payload[range].fill(0);
+            }
+            let checksum = if self.integrity { xxh3_64(&payload) } else { 0 };
             checksums.push(checksum);
-            let mut frame = PageFrame {
-                handoff: id,
-                tag,
-                index: i as u32,
-                page: dest,
-                tokens: (r.reserved_tokens - i as u32 * page_size).min(page_size),
-                checksum,
-                payload,
-            };
+            let mut frame = PageFrame { handoff: id, index: i as u32, page: dest, tokens, checksum, payload, mac: Mac([0; MAC_LEN]) };
             if self.fault == Some(Fault::CorruptPage) && i == n / 2 {
                 frame.payload[0] ^= 0x01;
             }
             if self.fault == Some(Fault::DropPage) && i == n / 2 {
                 frame.page = u32::MAX; // lands outside the reservation; the reserved page stays unwritten
             }
-            let bytes = Frame::Page(frame).encode();
-            out.write_all(&bytes).await.map_err(|e| e.to_string())?;
+            let bytes = self.sign(Frame::Page(frame), &key);
+            out.write_all(&bytes).await?;
             if self.fault == Some(Fault::DuplicatePage) && i == n / 2 {
-                out.write_all(&bytes).await.map_err(|e| e.to_string())?;
+                out.write_all(&bytes).await?;
             }
             self.metrics.bytes.inc_by(bytes.len() as u64);
         }
@@ -89,7 +133,6 @@ impl Transfer<'_> {
         }
         let commit = CommitFrame {
             handoff: id,
-            tag,
             // The truncating sender claims a complete transfer, as in the incident.
             total_tokens: r.reserved_tokens,
             page_count: n as u32,
@@ -97,24 +140,38 @@ impl Transfer<'_> {
             first_token: self.first_token,
             model_fingerprint: model_fp,
             layout_fingerprint: fingerprint_u64(self.layout_fingerprint),
+            mac: Mac([0; MAC_LEN]),
         };
-        out.write_all(&Frame::Commit(commit).encode()).await.map_err(|e| e.to_string())?;
-        out.flush().await.map_err(|e| e.to_string())?;
+        out.write_all(&self.sign(Frame::Commit(commit), &key)).await?;
+        out.flush().await?;
         read_ack(out.into_inner()).await.map(SendOutcome::Acked)
+    }
+
+    /// The frame's bytes with its MAC; the wrong-auth fault spoils the MAC.
+    fn sign(&self, frame: Frame, key: &kvgate_proto::auth::FrameKey) -> Vec<u8> {
+        if !self.integrity {
+            return frame.encode();
+        }
+        let mut bytes = frame.encode_signed(key);
+        if self.fault == Some(Fault::WrongAuth) {
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0xff;
+        }
+        bytes
     }
 }
 
-async fn read_ack(mut stream: TcpStream) -> Result<AckFrame, String> {
+async fn read_ack(mut stream: TcpStream) -> Result<AckFrame, SendError> {
     let mut header = [0u8; HEADER_LEN];
-    stream.read_exact(&mut header).await.map_err(|e| format!("decode closed the KV connection without an ack: {e}"))?;
-    let h = parse_header(&header).map_err(|e| e.to_string())?;
+    stream.read_exact(&mut header).await.map_err(|e| SendError::Ack(format!("decode closed the KV connection without an ack: {e}")))?;
+    let h = parse_header(&header).map_err(|e| SendError::Ack(e.to_string()))?;
     if h.body_len > 1 << 16 {
-        return Err(format!("ack of {} bytes is too large", h.body_len));
+        return Err(SendError::Ack(format!("ack of {} bytes is too large", h.body_len)));
     }
     let mut body = vec![0u8; h.body_len as usize];
-    stream.read_exact(&mut body).await.map_err(|e| e.to_string())?;
-    match Frame::decode_body(h.kind, &body).map_err(|e| e.to_string())? {
+    stream.read_exact(&mut body).await?;
+    match Frame::decode_body(h.kind, &body).map_err(|e| SendError::Ack(e.to_string()))? {
         Frame::Ack(a) => Ok(a),
-        other => Err(format!("expected an ack from decode, got {other:?}")),
+        other => Err(SendError::Ack(format!("expected an ack from decode, got a frame for handoff {:?}", other.handoff()))),
     }
 }

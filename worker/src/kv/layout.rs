@@ -103,6 +103,20 @@ impl KvLayout {
         self.block_offset(layer, half) + slot * self.token_elems()
     }
 
+    /// Byte ranges, inside a page, of the slots from `used` on (every layer's K and V): what a
+    /// page holds beyond its last written token, which must never leave the worker.
+    pub fn unwritten_byte_ranges(&self, used: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let size = self.dtype.size();
+        let used = used.min(self.page_size);
+        (0..self.num_layers).flat_map(move |layer| {
+            [Half::K, Half::V].into_iter().map(move |half| {
+                let start = self.slot_offset(layer, half, used) * size;
+                let end = self.slot_offset(layer, half, self.page_size) * size;
+                start..end
+            })
+        })
+    }
+
     /// Pages needed to hold `tokens` tokens.
     pub fn pages_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.page_size)
@@ -122,6 +136,25 @@ impl KvLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unwritten_ranges_cover_exactly_the_slots_past_the_last_token() {
+        let l = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, page_size: 4, dtype: KvDtype::F32 };
+        let mut covered = vec![false; l.page_bytes()];
+        for r in l.unwritten_byte_ranges(1) {
+            covered[r].iter_mut().for_each(|c| *c = true);
+        }
+        for layer in 0..2 {
+            for half in [Half::K, Half::V] {
+                for slot in 0..4 {
+                    let at = l.slot_offset(layer, half, slot) * 4;
+                    let want = slot >= 1;
+                    assert!(covered[at..at + l.token_elems() * 4].iter().all(|c| *c == want), "layer {layer} slot {slot}");
+                }
+            }
+        }
+        assert_eq!(l.unwritten_byte_ranges(4).map(|r| r.len()).sum::<usize>(), 0);
+    }
 
     fn layout() -> KvLayout {
         KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 16, page_size: 16, dtype: KvDtype::BF16 }

@@ -34,6 +34,8 @@ pub struct KvPool {
     inner: Mutex<PoolInner>,
     /// Pages-in-use and used-tokens gauges, kept true at every lease and release.
     usage: OnceLock<(IntGauge, IntGauge)>,
+    /// Woken whenever pages are released, for callers waiting for room.
+    freed: tokio::sync::Notify,
 }
 
 struct PoolInner {
@@ -57,6 +59,7 @@ impl KvPool {
             next_owner: AtomicU64::new(1),
             inner: Mutex::new(PoolInner { alloc: PageAllocator::new(num_pages), store }),
             usage: OnceLock::new(),
+            freed: tokio::sync::Notify::new(),
         })
     }
 
@@ -121,6 +124,12 @@ impl KvPool {
         Ok(Lease { pool: Arc::clone(self), owner, pages, tokens })
     }
 
+    /// Resolves the next time pages are released. Create it *before* trying to lease, so a
+    /// release in between is not missed.
+    pub fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
+    }
+
     /// Locks the pool for a batch of reads and writes. Leases must not be dropped while the
     /// guard is held (dropping one takes the lock).
     pub fn access(&self) -> PoolGuard<'_> {
@@ -148,6 +157,7 @@ impl KvPool {
             tracing::error!(error = %e, "KV page release refused");
         }
         self.publish(inner.alloc.used_pages());
+        self.freed.notify_waiters();
     }
 }
 

@@ -89,6 +89,11 @@ impl Model {
         Ok(Model { name, eos: ckpt.config.eos_ids(), fingerprint: ckpt.fingerprint()?, llama, tokenizer })
     }
 
+    /// Token ids this model embeds: `0..vocab_size()`.
+    pub fn vocab_size(&self) -> usize {
+        self.llama.config().vocab_size
+    }
+
     /// The KV layout this model needs with the given page size and dtype.
     pub fn kv_layout(&self, page_size: usize, dtype: KvDtype) -> KvLayout {
         let c = self.llama.config();

@@ -1,7 +1,8 @@
 //! The decode role: reserves pages, receives KV on its KV port, and generates only from a
-//! handoff whose every check passed.
+//! handoff whose every check passed, within what the reservation allows.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -15,8 +16,7 @@ use kvgate_proto::roles::{CancelRequest, GenerateRequest, ReserveRequest, Reserv
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::engine::{Engine, Event, Mode, Rejection};
-use crate::handoff::auth::to_hex;
-use crate::handoff::reservations::ReserveError;
+use crate::handoff::reservations::{Issued, ReserveError};
 use crate::handoff::{Reservations, Verdict};
 use crate::model::SamplingParams;
 use crate::server::api;
@@ -26,9 +26,12 @@ use crate::server::error::ApiError;
 pub struct DecodeRole {
     pub engine: Engine,
     pub reservations: Arc<Reservations>,
-    pub kv_addr: String,
+    /// How long a reservation waits for free pages before it is answered 503 (as a colocated
+    /// request waits for admission).
+    pub admission_timeout: Duration,
 }
 
+/// The internal routes; the caller wraps them in the signature check.
 pub fn routes(role: DecodeRole) -> Router {
     Router::new()
         .route(super::RESERVE_PATH, post(reserve))
@@ -46,38 +49,62 @@ fn parse_id(id: &str) -> Result<HandoffId, ApiError> {
     id.parse().map_err(|e: String| ApiError::invalid("handoff_id", e))
 }
 
+/// Reserves, waiting for pages freed by running sequences up to the admission timeout.
+async fn reserve_waiting(role: &DecodeRole, req: &ReserveRequest) -> Result<Issued, ReserveError> {
+    let give_up = Instant::now() + role.admission_timeout;
+    loop {
+        let freed = role.engine.pool.freed();
+        match role.reservations.reserve(req.prompt_tokens, req.max_tokens) {
+            Err(ReserveError::NoRoom { .. }) if Instant::now() < give_up => {
+                // Woken by a release; the poll bounds the wait should a wake-up be missed.
+                let wait = give_up.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
+                let _ = tokio::time::timeout(wait, freed).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 async fn reserve(State(role): State<DecodeRole>, body: Bytes) -> Response {
     let req: ReserveRequest = match api::parse(&body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let report_model = role.engine.model.fingerprint.clone();
-    let layout = role.engine.pool.layout().fingerprint();
-    match role.reservations.reserve(req.prompt_tokens, req.max_tokens) {
+    let rejected = |r: Rejection| {
+        role.engine.metrics.rejected.with_label_values(&[r.reason()]).inc();
+        ApiError::from(r).into_response()
+    };
+    let waited = Instant::now();
+    match reserve_waiting(&role, &req).await {
         Ok(issued) => Json(Reservation {
             handoff_id: issued.id.to_string(),
             pages: issued.pages,
             reserved_tokens: issued.reserved_tokens,
+            max_tokens: issued.max_tokens,
             expires_ms: issued.expires_ms,
-            tag: to_hex(&issued.tag),
-            kv_addr: role.kv_addr.clone(),
-            model_fingerprint: report_model,
-            layout_fingerprint: layout,
+            tag: issued.tag.to_hex(),
+            kv_addr: role.reservations.kv_addr().to_string(),
+            model_fingerprint: role.engine.model.fingerprint.clone(),
+            layout_fingerprint: role.engine.pool.layout().fingerprint(),
         })
         .into_response(),
-        Err(ReserveError::NeverFits { needed, capacity }) => {
-            let r = Rejection::NeverFits { prompt: req.prompt_tokens as usize, max_tokens: req.max_tokens as usize, needed, capacity };
-            role.engine.metrics.rejected.with_label_values(&[r.reason()]).inc();
-            ApiError::from(r).into_response()
+        Err(ReserveError::Invalid { field, message }) => ApiError::invalid(field, message).into_response(),
+        Err(ReserveError::ContextLength { prompt, max_tokens, window }) => {
+            let (prompt, max_tokens) = (prompt as usize, max_tokens as usize);
+            rejected(Rejection::ContextLength { prompt, max_tokens, total: prompt + max_tokens, window })
         }
-        Err(ReserveError::NoRoom { needed, free }) => {
+        Err(ReserveError::NeverFits { needed, capacity }) => {
+            rejected(Rejection::NeverFits { prompt: req.prompt_tokens as usize, max_tokens: req.max_tokens as usize, needed, capacity })
+        }
+        Err(ReserveError::NoRoom { .. }) => rejected(Rejection::pool_busy(waited.elapsed())),
+        Err(ReserveError::TooMany { open, limit }) => {
             role.engine.metrics.rejected.with_label_values(&["pool_busy"]).inc();
             ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 kind: "server_overloaded",
-                code: "pool_busy".into(),
+                code: "too_many_reservations".into(),
                 param: None,
-                message: format!("The decode KV pool has {free} free tokens, {needed} needed; nothing was reserved. Retry later."),
+                message: format!("decode holds {open} open reservations, its limit (--max-open-reservations) is {limit}; nothing was reserved. Retry later."),
             }
             .into_response()
         }
@@ -101,10 +128,14 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
     let result = async {
         let id = parse_id(&id)?;
         let req: GenerateRequest = api::parse(&body)?;
-        let wait = req.commit_wait_ms.map(std::time::Duration::from_millis);
+        let wait = req.commit_wait_ms.map(Duration::from_millis);
         let committed = role.reservations.take_committed(id, wait).await.map_err(|v| verdict_error(&v))?;
+        // The reservation, not the caller, bounds what is generated (its pages are the lease).
         if committed.reserved_tokens as usize != req.prompt.len() {
             return Err(ApiError::invalid("prompt", format!("prompt has {} tokens, the handoff carried {}", req.prompt.len(), committed.reserved_tokens)));
+        }
+        if req.max_tokens == 0 || req.max_tokens > committed.max_tokens {
+            return Err(ApiError::invalid("max_tokens", format!("`max_tokens` must be between 1 and the {} reserved, got {}", committed.max_tokens, req.max_tokens)));
         }
         let sampling = SamplingParams { temperature: req.sampling.temperature, top_p: req.sampling.top_p, seed: req.sampling.seed };
         let mode = Mode::Continue { lease: committed.lease, first_token: committed.first_token };

@@ -2,6 +2,7 @@
 
 pub mod decode;
 pub mod discovery;
+pub mod internal_auth;
 pub mod peers;
 pub mod prefill;
 pub mod router;

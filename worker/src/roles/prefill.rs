@@ -14,8 +14,8 @@ use axum::{Json, Router};
 use kvgate_proto::roles::{PrefillRequest, PrefillResponse};
 
 use crate::engine::{Engine, Event, Mode, Prefilled, Rejection};
-use crate::handoff::sender::{SendOutcome, Transfer};
-use crate::handoff::{Fault, HandoffMetrics};
+use crate::handoff::sender::{SendError, SendOutcome, Transfer, check_reservation};
+use crate::handoff::{Fault, HandoffMetrics, Secret};
 use crate::model::SamplingParams;
 use crate::server::api;
 use crate::server::error::ApiError;
@@ -23,6 +23,7 @@ use crate::server::error::ApiError;
 #[derive(Clone)]
 pub struct PrefillRole {
     pub engine: Engine,
+    pub secret: Secret,
     pub metrics: HandoffMetrics,
     pub fault: Option<Fault>,
     /// The fault hits handoffs number `fault_every`, `2 * fault_every`, ... (counted from 1).
@@ -33,8 +34,13 @@ pub struct PrefillRole {
     pub exit_on_death: bool,
 }
 
+/// The internal route; the caller wraps it in the signature check.
 pub fn routes(role: PrefillRole) -> Router {
     Router::new().route(super::PREFILL_PATH, post(prefill)).with_state(Arc::new(role))
+}
+
+fn reservation_error(e: SendError) -> ApiError {
+    ApiError { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", code: "reservation_invalid".into(), param: Some("reservation".into()), message: e.to_string() }
 }
 
 async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response {
@@ -44,6 +50,18 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
     };
     let n = role.handoffs.fetch_add(1, Ordering::SeqCst) + 1;
     let fault = role.fault.filter(|_| n % role.fault_every == 0);
+    let vocab = role.engine.model.vocab_size();
+    if let Some(at) = req.prompt.iter().position(|t| *t as usize >= vocab) {
+        let message = format!("prompt token {} at position {at} is outside the vocabulary of {vocab} tokens", req.prompt[at]);
+        return ApiError::invalid(format!("prompt[{at}]"), message).into_response();
+    }
+    let layout = *role.engine.pool.layout();
+    // Nothing is computed, and no address dialled, for a reservation decode did not mint.
+    if fault != Some(Fault::IgnoreRejection)
+        && let Err(e) = check_reservation(&req.reservation, &role.secret, req.prompt.len(), &layout.fingerprint(), layout.page_size)
+    {
+        return reservation_error(e).into_response();
+    }
     let capacity = role.engine.pool.capacity_tokens();
     if req.prompt.is_empty() || req.prompt.len() > capacity {
         let r = Rejection::NeverFits { prompt: req.prompt.len(), max_tokens: 0, needed: req.prompt.len(), capacity };
@@ -62,8 +80,20 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
     match run(&role, &req, fault).await {
         Ok(resp) if resp.ok => Json(resp).into_response(),
         Ok(resp) => (StatusCode::BAD_GATEWAY, Json(resp)).into_response(),
-        Err(e) => ApiError::internal(e).into_response(),
+        Err(Failed::Send(e @ SendError::Reservation(_))) => reservation_error(e).into_response(),
+        Err(e) => ApiError::internal(e.to_string()).into_response(),
     }
+}
+
+/// Why a prefill did not end with decode's ack.
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    #[error("computing the prompt's KV: {0}")]
+    Compute(String),
+    #[error(transparent)]
+    Send(#[from] SendError),
+    #[error("prefill died mid-transfer (injected fault)")]
+    Died,
 }
 
 async fn compute(role: &PrefillRole, prompt: Vec<u32>) -> Result<Prefilled, String> {
@@ -83,19 +113,20 @@ async fn compute(role: &PrefillRole, prompt: Vec<u32>) -> Result<Prefilled, Stri
     }
 }
 
-async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> Result<PrefillResponse, String> {
+async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> Result<PrefillResponse, Failed> {
     let started = Instant::now();
-    let prefilled = compute(role, req.prompt.clone()).await?;
+    let prefilled = compute(role, req.prompt.clone()).await.map_err(Failed::Compute)?;
     let transfer = Transfer {
         pool: &role.engine.pool,
         lease: &prefilled.lease,
         reservation: &req.reservation,
+        secret: &role.secret,
         first_token: prefilled.first_token,
         model_fingerprint: &role.engine.model.fingerprint,
         layout_fingerprint: &role.engine.pool.layout().fingerprint(),
         fault,
         metrics: &role.metrics,
-        checksums: true,
+        integrity: true,
     };
     let outcome = transfer.run().await;
     role.metrics.duration.observe(started.elapsed().as_secs_f64());
@@ -110,13 +141,13 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
                 std::process::exit(137);
             }
             role.metrics.total.with_label_values(&["failed"]).inc();
-            Err("prefill died mid-transfer (injected fault)".into())
+            Err(Failed::Died)
         }
     }
 }
 
 /// The buggy path of `ignore-rejection`: one token of the prompt, handed off as if it were all.
-async fn forward_placeholder(role: &PrefillRole, mut req: PrefillRequest) -> Result<PrefillResponse, String> {
+async fn forward_placeholder(role: &PrefillRole, mut req: PrefillRequest) -> Result<PrefillResponse, Failed> {
     req.prompt.truncate(1);
-    run(role, &req, Some(Fault::TruncateTransfer)).await
+    run(role, &req, Some(Fault::IgnoreRejection)).await
 }

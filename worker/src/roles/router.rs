@@ -10,6 +10,7 @@ use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, Prefil
 use serde_json::Value;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use super::internal_auth::Signer;
 use super::peers::Peers;
 use crate::engine::admission::{self, Limits};
 use crate::engine::{Event, Failure, FinishReason, Rejection};
@@ -23,6 +24,8 @@ pub struct RouterBackend {
     pub metrics: Metrics,
     /// How long decode may wait for prefill's commit after prefill itself failed.
     pub grace: Duration,
+    /// Signs every call to a peer with the deployment's request key.
+    pub signer: Signer,
 }
 
 impl std::fmt::Debug for RouterBackend {
@@ -48,9 +51,9 @@ async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
 }
 
 impl RouterBackend {
-    pub fn new(peers: Arc<Peers>, window: usize, metrics: Metrics) -> Arc<Self> {
+    pub fn new(peers: Arc<Peers>, window: usize, metrics: Metrics, signer: Signer) -> Arc<Self> {
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().expect("HTTP client");
-        Arc::new(RouterBackend { peers, http, window, metrics, grace: Duration::from_secs(2) })
+        Arc::new(RouterBackend { peers, http, window, metrics, grace: Duration::from_secs(2), signer })
     }
 
     /// Keeps the peers' capacity reports fresh.
@@ -100,13 +103,17 @@ impl RouterBackend {
 
         // 2. Prefill fills it, or rejects the prompt before computing anything.
         let request = PrefillRequest { prompt: prompt.clone(), reservation };
-        let prefilled = self.http.post(format!("{}{}", prefill.base, super::PREFILL_PATH)).json(&request).send().await;
+        let prefilled = self.signer.post(&self.http, &prefill.base, super::PREFILL_PATH, &request).send().await;
         let commit_wait = match prefilled {
-            Ok(r) if r.status().as_u16() == 413 => {
-                // A rejected request must die everywhere: free decode's pages now.
-                let cancel = CancelRequest { rejected: true };
-                let _ = self.http.post(format!("{}{}", decode.base, super::cancel_path(&id))).json(&cancel).send().await;
-                return Err(peer_error(r, "prefill").await);
+            Ok(r) if r.status().is_client_error() => {
+                // Prefill refused before sending anything, so decode's pages go back now. Only
+                // a prompt prefill can never hold is a *rejection*: a transfer that still
+                // arrives for it is the incident's bug, and decode counts it as such.
+                let failure = peer_error(r, "prefill").await;
+                let rejected = matches!(&failure, Event::Failed(f) if f.code == Rejection::PROMPT_TOO_LARGE);
+                let cancel = CancelRequest { rejected };
+                let _ = self.signer.post(&self.http, &decode.base, &super::cancel_path(&id), &cancel).send().await;
+                return Err(failure);
             }
             Ok(r) if r.status().is_success() => {
                 let _ = r.json::<PrefillResponse>().await;
@@ -139,9 +146,8 @@ impl RouterBackend {
     /// POSTs `body` to decode; any answer but success becomes the failure decode described.
     async fn call_decode(&self, base: &str, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Event> {
         let resp = self
-            .http
-            .post(format!("{base}{path}"))
-            .json(body)
+            .signer
+            .post(&self.http, base, path, body)
             .send()
             .await
             .map_err(|e| fail(502, "peer_unreachable", format!("decode peer {base}: {e}")))?;

@@ -28,6 +28,17 @@ impl ApiError {
         }
     }
 
+    /// A body over the limit, which follows the context window (see `server::limits`).
+    pub fn body_too_large(limit: usize) -> Self {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            kind: "invalid_request_error",
+            code: "request_too_large".into(),
+            param: Some("body".into()),
+            message: format!("The request body is larger than this worker's limit of {limit} bytes (the limit follows the context window)."),
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", code: "internal_error".into(), param: None, message: message.into() }
     }

@@ -3,13 +3,15 @@
 pub mod api;
 pub mod error;
 mod generate;
+pub mod limits;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -43,9 +45,18 @@ impl Backend {
         }
     }
 
-    /// Can serve: the engine runs, or the router knows a usable prefill/decode pair (so a
-    /// Service sends no traffic to a router that could only answer 503).
+    /// This process works (liveness): the engine thread runs. A router is alive whether or not
+    /// it has peers: restarting it would not give it any.
     fn is_alive(&self) -> bool {
+        match self {
+            Backend::Engine(e) => e.is_alive(),
+            Backend::Router(_) => true,
+        }
+    }
+
+    /// Can serve (readiness): the engine runs, or the router knows a usable prefill/decode pair
+    /// (so a Service sends no traffic to a router that could only answer 503).
+    fn can_serve(&self) -> bool {
         match self {
             Backend::Engine(e) => e.is_alive(),
             Backend::Router(r) => r.peers.pick().is_some(),
@@ -93,12 +104,14 @@ impl AppState {
     }
 }
 
-/// The OpenAI-compatible API plus the operational endpoints.
+/// The OpenAI-compatible API plus the operational endpoints. Bodies may be as large as a
+/// prompt of the whole window needs (`limits::public_body`); larger ones get a JSON 413.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .layer(DefaultBodyLimit::max(limits::public_body(state.window)))
         .merge(ops(state.clone()))
         .with_state(state)
 }
@@ -157,8 +170,17 @@ async fn respond(state: &AppState, result: Result<Response, ApiError>) -> Respon
     }
 }
 
-async fn completions(State(state): State<AppState>, body: Bytes) -> Response {
+/// The body, or the OpenAI-shaped error for one over the limit (or unreadable).
+fn body_or_error(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::body_too_large(limits::public_body(state.window)),
+        _ => ApiError::invalid("body", format!("reading the request body: {e}")),
+    })
+}
+
+async fn completions(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
+        let body = body_or_error(&state, body)?;
         let req: CompletionRequest = api::parse(&body)?;
         check_model(&state, &req.model)?;
         let job = Job {
@@ -174,8 +196,9 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> Response {
     respond(&state, result).await
 }
 
-async fn chat(State(state): State<AppState>, body: Bytes) -> Response {
+async fn chat(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
+        let body = body_or_error(&state, body)?;
         let req: ChatRequest = api::parse(&body)?;
         check_model(&state, &req.model)?;
         let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
@@ -223,7 +246,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.ready.load(Ordering::SeqCst) && state.backend.is_alive() {
+    if state.ready.load(Ordering::SeqCst) && state.backend.can_serve() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()

@@ -2,11 +2,45 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod kv;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use kvgate_worker::handoff::Secret;
+use kvgate_worker::roles::internal_auth::Signer;
 use serde_json::Value;
+
+/// A deployment secret for one test: the file the roles read it from, and the keys (a test that
+/// plays a peer holds it; an attacker in a test does not use it).
+pub struct TestSecret {
+    pub path: std::path::PathBuf,
+    pub secret: Secret,
+}
+
+impl TestSecret {
+    pub fn new() -> TestSecret {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("kvgate-test-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("secret-{n}"));
+        let bytes: [u8; 24] = rand::random();
+        let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(&path, &text).unwrap();
+        TestSecret { secret: Secret::new(text.as_bytes()).unwrap(), path }
+    }
+
+    /// `--handoff-secret-file=PATH`
+    pub fn arg(&self) -> String {
+        format!("--handoff-secret-file={}", self.path.display())
+    }
+
+    pub fn signer(&self) -> Signer {
+        Signer::new(&self.secret)
+    }
+}
 
 pub struct Worker {
     pub child: Child,
@@ -34,12 +68,20 @@ impl Worker {
     /// Any `kvgate-worker` serving command; it reports its address on the last line of its
     /// start-up output (`... listening on http://ADDR ...`).
     pub fn spawn(args: &[&str]) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate-worker"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn kvgate-worker");
+        let mut cmd = Command::new(Self::bin());
+        cmd.args(args).stderr(Stdio::inherit());
+        Worker::from_command(cmd)
+    }
+
+    pub fn bin() -> &'static str {
+        env!("CARGO_BIN_EXE_kvgate-worker")
+    }
+
+    /// Any command that runs a serving `kvgate-worker` (e.g. under a shell that sets limits
+    /// first); its stdout is read for the address, stderr is the caller's choice.
+    pub fn from_command(mut cmd: Command) -> Worker {
+        let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn kvgate-worker");
+        let args = format!("{cmd:?}");
         let stdout = child.stdout.take().unwrap();
         let mut reader = BufReader::new(stdout);
         let mut line = String::new();
@@ -65,6 +107,14 @@ impl Worker {
         let text = resp.text().await.unwrap();
         let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} answered non-JSON ({e}): {text}"));
         (status, value)
+    }
+
+    /// A POST signed as the deployment's own roles sign them.
+    pub async fn post_signed(&self, signer: &Signer, path: &str, body: &Value) -> (u16, Value) {
+        let resp = signer.post(&self.http, &self.base, path, body).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     pub async fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
@@ -113,4 +163,50 @@ impl Drop for Worker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Router, prefill and decode as three processes of one deployment (one secret).
+pub struct Cluster {
+    pub router: Worker,
+    pub prefill: Worker,
+    pub decode: Worker,
+    pub secret: TestSecret,
+}
+
+/// A decode process (`args` should carry the deployment's `--handoff-secret-file`).
+pub fn decode(args: &[&str]) -> Worker {
+    let mut all = vec!["decode", "--listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    Worker::spawn(&all)
+}
+
+pub fn cluster(prefill_args: &[&str], decode_args: &[&str]) -> Cluster {
+    cluster_with(prefill_args, decode_args, &[])
+}
+
+pub fn cluster_with(prefill_args: &[&str], decode_args: &[&str], router_args: &[&str]) -> Cluster {
+    let secret = TestSecret::new();
+    let arg = secret.arg();
+    let with_secret = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.to_string()).chain([arg.clone()]).collect() };
+    let decode_args = with_secret(decode_args);
+    let decode = decode(&decode_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut p = vec!["prefill".to_string(), "--listen".into(), "127.0.0.1:0".into()];
+    p.extend(with_secret(prefill_args));
+    let prefill = Worker::spawn(&p.iter().map(String::as_str).collect::<Vec<_>>());
+    let (pa, da) = (prefill.base.trim_start_matches("http://").to_string(), decode.base.trim_start_matches("http://").to_string());
+    let mut r = vec!["router".to_string(), "--listen".into(), "127.0.0.1:0".into(), "--prefill".into(), pa, "--decode".into(), da];
+    r.extend(with_secret(router_args));
+    let router = Worker::spawn(&r.iter().map(String::as_str).collect::<Vec<_>>());
+    Cluster { router, prefill, decode, secret }
+}
+
+/// Waits (up to 5 s) for one series of `w`'s /metrics to reach `want`.
+pub async fn eventually(w: &Worker, series: &str, want: f64) {
+    for _ in 0..100 {
+        if w.metric(series).await == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(w.metric(series).await, want, "{series}");
 }

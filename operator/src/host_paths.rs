@@ -1,0 +1,80 @@
+//! Which node directories an InferenceDeployment may mount. A `hostPath` model volume turns
+//! "may create an InferenceDeployment" into "may read the node" (the operator creates the pods,
+//! a confused deputy), so it is refused unless the operator was started with an allowlist of
+//! directory prefixes (`--allowed-host-paths`, chart value `operator.allowedHostPaths`).
+
+use std::path::{Component, Path};
+
+use crate::crd::InferenceDeployment;
+
+/// The refusal reason (status condition, Event, metric label).
+pub const REASON: &str = "HostPathNotAllowed";
+
+/// Why the spec's host path may not be mounted, if it may not.
+pub fn refusal(d: &InferenceDeployment, allowed: &[String]) -> Option<String> {
+    let path = d.spec.model.volume.as_ref()?.host_path.as_deref()?;
+    if allowed.iter().any(|prefix| is_within(path, prefix)) {
+        return None;
+    }
+    let setting = if allowed.is_empty() {
+        "the operator allows no host paths (--allowed-host-paths / chart value operator.allowedHostPaths is empty)".to_string()
+    } else {
+        format!("it is not under any of --allowed-host-paths {allowed:?}")
+    };
+    Some(format!("spec.model.volume.hostPath {path:?} may not be mounted: {setting}; use a persistentVolumeClaim, or have the operator's administrator allow the directory"))
+}
+
+/// `path` is `prefix` or below it, compared component by component on normalized absolute paths
+/// (so `/models-evil` is not under `/models`, and `/models/../etc` is refused outright).
+fn is_within(path: &str, prefix: &str) -> bool {
+    let clean = |p: &str| -> Option<Vec<String>> {
+        let p = Path::new(p);
+        if !p.is_absolute() {
+            return None;
+        }
+        p.components()
+            .filter(|c| !matches!(c, Component::RootDir | Component::CurDir))
+            .map(|c| match c {
+                Component::Normal(s) => s.to_str().map(str::to_string),
+                _ => None, // `..` and prefixes are never allowed
+            })
+            .collect()
+    };
+    match (clean(path), clean(prefix)) {
+        (Some(p), Some(pre)) => p.starts_with(&pre),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(host_path: Option<&str>) -> InferenceDeployment {
+        let mut spec = serde_json::json!({
+            "model": { "name": "tiny" }, "contextWindow": 1024,
+            "prefill": { "kvPool": { "tokens": 4096 } }, "decode": { "kvPool": { "tokens": 4096 } },
+        });
+        if let Some(p) = host_path {
+            spec["model"] = serde_json::json!({ "path": "llama", "volume": { "hostPath": p } });
+        }
+        InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap())
+    }
+
+    #[test]
+    fn without_an_allowlist_every_host_path_is_refused_naming_the_path_and_the_setting() {
+        let why = refusal(&d(Some("/")), &[]).unwrap();
+        assert!(why.contains("\"/\"") && why.contains("--allowed-host-paths") && why.contains("operator.allowedHostPaths"), "{why}");
+        assert_eq!(refusal(&d(None), &[]), None, "a built-in model mounts nothing");
+    }
+
+    #[test]
+    fn only_directories_under_an_allowed_prefix_pass() {
+        let allowed = vec!["/srv/models".to_string()];
+        assert_eq!(refusal(&d(Some("/srv/models")), &allowed), None);
+        assert_eq!(refusal(&d(Some("/srv/models/llama/")), &allowed), None);
+        for bad in ["/srv/models-evil", "/srv", "/var/lib/kubelet/pods", "/srv/models/../../etc", "srv/models"] {
+            assert!(refusal(&d(Some(bad)), &allowed).is_some(), "{bad}");
+        }
+    }
+}

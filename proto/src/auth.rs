@@ -1,0 +1,335 @@
+//! Keys and MACs of a deployment's internal traffic, all derived from its handoff secret.
+//!
+//! One secret, three independent keys (BLAKE3 `derive_key`, one context string each), so a
+//! value computed for one purpose is never valid for another:
+//!
+//! - **request key**: MACs of internal HTTP calls (router -> prefill, router -> decode), over
+//!   method, path, a timestamp, a nonce and the body's hash ([`DeploymentKey::sign_request`]);
+//! - **reservation key**: the tag decode mints over a reservation, which prefill checks before it
+//!   dials the KV address the reservation names ([`DeploymentKey::reservation_tag`]);
+//! - **frame key**: the parent of one key per handoff id ([`DeploymentKey::frame_key`]) with which
+//!   every page and commit frame is MACed (keyed BLAKE3 over header and body).
+//!
+//! Whoever lacks the secret can neither call an internal endpoint, nor have prefill send KV
+//! anywhere, nor write or alter a page of a transfer, even when it sees every byte on the wire.
+
+use std::fmt;
+
+use crate::handoff::HandoffId;
+
+/// Length of every key, tag and MAC here (BLAKE3's output).
+pub const MAC_LEN: usize = 32;
+/// Shortest secret accepted.
+pub const MIN_SECRET_LEN: usize = 16;
+/// Header carrying an internal request's signature.
+pub const SIGNATURE_HEADER: &str = "x-kvgate-signature";
+
+const REQUEST_CONTEXT: &str = "kvgate 2026-11 internal request v1";
+const RESERVATION_CONTEXT: &str = "kvgate 2026-11 reservation tag v1";
+const FRAME_CONTEXT: &str = "kvgate 2026-11 handoff frame v2";
+
+/// A MAC, tag or key: compared in constant time, never printed in full.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mac(pub [u8; MAC_LEN]);
+
+impl Mac {
+    /// Equality whose time does not depend on where the inputs differ.
+    pub fn verify(&self, other: &Mac) -> bool {
+        blake3::Hash::from(self.0) == blake3::Hash::from(other.0)
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn from_hex(s: &str) -> Result<Mac, AuthError> {
+        if s.len() != MAC_LEN * 2 || !s.is_ascii() {
+            return Err(AuthError::Malformed(format!("a MAC is {} hex digits, got {} characters", MAC_LEN * 2, s.len())));
+        }
+        let mut out = [0u8; MAC_LEN];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| AuthError::Malformed("a MAC must be hex".into()))?;
+        }
+        Ok(Mac(out))
+    }
+}
+
+impl fmt::Debug for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Mac({:02x}{:02x}..)", self.0[0], self.0[1])
+    }
+}
+
+/// Why an internal request's signature was refused; each is one `reason` label of
+/// `kvgate_internal_requests_rejected_total`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthError {
+    /// No signature header.
+    Missing,
+    /// The header is not `v1;t=..;n=..;m=..`.
+    Malformed(String),
+    /// The timestamp is further from this process's clock than the allowed skew.
+    Stale { skew_ms: u64, max_ms: u64 },
+    /// The nonce was seen before inside the skew window.
+    Replayed,
+    /// The MAC does not match: the caller does not hold this deployment's secret, or altered
+    /// the request.
+    BadMac,
+}
+
+impl AuthError {
+    pub const REASONS: [&'static str; 5] = ["missing", "malformed", "stale", "replayed", "bad_mac"];
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Missing => "missing",
+            AuthError::Malformed(_) => "malformed",
+            AuthError::Stale { .. } => "stale",
+            AuthError::Replayed => "replayed",
+            AuthError::BadMac => "bad_mac",
+        }
+    }
+}
+
+impl fmt::Display for AuthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AuthError::Missing => write!(f, "internal endpoints need the `{SIGNATURE_HEADER}` header of a caller that holds the deployment's handoff secret"),
+            AuthError::Malformed(m) => write!(f, "the `{SIGNATURE_HEADER}` header is malformed: {m}"),
+            AuthError::Stale { skew_ms, max_ms } => write!(f, "the signature's timestamp is {skew_ms} ms away from this worker's clock (at most {max_ms} ms allowed)"),
+            AuthError::Replayed => write!(f, "this signature was already used (replayed request)"),
+            AuthError::BadMac => write!(f, "the request's signature does not verify with this deployment's handoff secret"),
+        }
+    }
+}
+
+impl std::error::Error for AuthError {}
+
+/// A parsed `x-kvgate-signature` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signature {
+    pub timestamp_ms: u64,
+    pub nonce: u128,
+    pub mac: Mac,
+}
+
+impl fmt::Display for Signature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v1;t={};n={:032x};m={}", self.timestamp_ms, self.nonce, self.mac.to_hex())
+    }
+}
+
+impl std::str::FromStr for Signature {
+    type Err = AuthError;
+    fn from_str(s: &str) -> Result<Self, AuthError> {
+        let bad = |m: &str| AuthError::Malformed(m.to_string());
+        let mut parts = s.split(';');
+        if parts.next() != Some("v1") {
+            return Err(bad("it must start with `v1;`"));
+        }
+        let mut field = |name: &str| {
+            parts
+                .next()
+                .and_then(|p| p.strip_prefix(name))
+                .and_then(|p| p.strip_prefix('='))
+                .ok_or_else(|| bad(&format!("field `{name}` missing or out of order")))
+        };
+        let timestamp_ms = field("t")?.parse().map_err(|_| bad("`t` must be milliseconds since the Unix epoch"))?;
+        let nonce_hex = field("n")?;
+        if nonce_hex.len() != 32 {
+            return Err(bad("`n` must be 32 hex digits"));
+        }
+        let nonce = u128::from_str_radix(nonce_hex, 16).map_err(|_| bad("`n` must be hex"))?;
+        let mac = Mac::from_hex(field("m")?)?;
+        if parts.next().is_some() {
+            return Err(bad("trailing fields"));
+        }
+        Ok(Signature { timestamp_ms, nonce, mac })
+    }
+}
+
+/// What a reservation tag covers: everything prefill acts on.
+#[derive(Debug, Clone, Copy)]
+pub struct ReservationFields<'a> {
+    pub handoff: HandoffId,
+    pub reserved_tokens: u32,
+    pub max_tokens: u32,
+    pub expires_ms: u64,
+    pub pages: &'a [u32],
+    pub kv_addr: &'a str,
+}
+
+/// The keys of one deployment, derived from its handoff secret.
+#[derive(Clone)]
+pub struct DeploymentKey {
+    request: [u8; MAC_LEN],
+    reservation: [u8; MAC_LEN],
+    frame: [u8; MAC_LEN],
+}
+
+impl fmt::Debug for DeploymentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DeploymentKey(<redacted>)")
+    }
+}
+
+/// The key that MACs the frames of one handoff.
+#[derive(Clone)]
+pub struct FrameKey([u8; MAC_LEN]);
+
+impl fmt::Debug for FrameKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FrameKey(<redacted>)")
+    }
+}
+
+impl FrameKey {
+    /// A MAC over `parts` in order (a frame's header, then its body without the MAC).
+    pub fn mac(&self, parts: &[&[u8]]) -> Mac {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        for p in parts {
+            h.update(p);
+        }
+        Mac(*h.finalize().as_bytes())
+    }
+}
+
+impl DeploymentKey {
+    /// Derives the keys from a secret of at least [`MIN_SECRET_LEN`] bytes.
+    pub fn new(secret: &[u8]) -> Result<Self, String> {
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(format!("the handoff secret must be at least {MIN_SECRET_LEN} bytes, got {}", secret.len()));
+        }
+        Ok(DeploymentKey {
+            request: blake3::derive_key(REQUEST_CONTEXT, secret),
+            reservation: blake3::derive_key(RESERVATION_CONTEXT, secret),
+            frame: blake3::derive_key(FRAME_CONTEXT, secret),
+        })
+    }
+
+    /// The key for the frames of handoff `id`; decode and prefill derive it independently.
+    pub fn frame_key(&self, id: HandoffId) -> FrameKey {
+        FrameKey(*blake3::keyed_hash(&self.frame, &id.0.to_le_bytes()).as_bytes())
+    }
+
+    /// The tag decode mints for a reservation. Prefill recomputes it before dialing `kv_addr`,
+    /// so it sends KV only where this deployment's decode said to.
+    pub fn reservation_tag(&self, r: &ReservationFields) -> Mac {
+        let mut h = blake3::Hasher::new_keyed(&self.reservation);
+        h.update(&r.handoff.0.to_le_bytes());
+        h.update(&r.reserved_tokens.to_le_bytes());
+        h.update(&r.max_tokens.to_le_bytes());
+        h.update(&r.expires_ms.to_le_bytes());
+        h.update(&(r.pages.len() as u64).to_le_bytes());
+        for p in r.pages {
+            h.update(&p.to_le_bytes());
+        }
+        h.update(r.kv_addr.as_bytes());
+        Mac(*h.finalize().as_bytes())
+    }
+
+    fn request_mac(&self, method: &str, path: &str, timestamp_ms: u64, nonce: u128, body: &[u8]) -> Mac {
+        let mut h = blake3::Hasher::new_keyed(&self.request);
+        for field in [method.as_bytes(), b"\n", path.as_bytes(), b"\n"] {
+            h.update(field);
+        }
+        h.update(&timestamp_ms.to_le_bytes());
+        h.update(&nonce.to_le_bytes());
+        h.update(blake3::hash(body).as_bytes());
+        Mac(*h.finalize().as_bytes())
+    }
+
+    /// Signs one internal request (the caller supplies a fresh random nonce and its clock).
+    pub fn sign_request(&self, method: &str, path: &str, timestamp_ms: u64, nonce: u128, body: &[u8]) -> Signature {
+        Signature { timestamp_ms, nonce, mac: self.request_mac(method, path, timestamp_ms, nonce, body) }
+    }
+
+    /// Checks a signature's MAC and its timestamp against `now_ms` (replay is the caller's
+    /// nonce cache: only signatures that pass here may enter it).
+    pub fn verify_request(&self, sig: &Signature, method: &str, path: &str, body: &[u8], now_ms: u64, max_skew_ms: u64) -> Result<(), AuthError> {
+        if !self.request_mac(method, path, sig.timestamp_ms, sig.nonce, body).verify(&sig.mac) {
+            return Err(AuthError::BadMac);
+        }
+        let skew_ms = now_ms.abs_diff(sig.timestamp_ms);
+        if skew_ms > max_skew_ms {
+            return Err(AuthError::Stale { skew_ms, max_ms: max_skew_ms });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8) -> DeploymentKey {
+        DeploymentKey::new(&[b; 32]).unwrap()
+    }
+
+    fn fields(pages: &[u32]) -> ReservationFields<'_> {
+        ReservationFields { handoff: HandoffId(1), reserved_tokens: 100, max_tokens: 8, expires_ms: 5, pages, kv_addr: "10.0.0.1:8083" }
+    }
+
+    #[test]
+    fn a_reservation_tag_binds_every_field_and_the_secret() {
+        let k = key(1);
+        let t = k.reservation_tag(&fields(&[3, 4]));
+        assert!(t.verify(&k.reservation_tag(&fields(&[3, 4]))));
+        let variants = [
+            ReservationFields { handoff: HandoffId(2), ..fields(&[3, 4]) },
+            ReservationFields { reserved_tokens: 99, ..fields(&[3, 4]) },
+            ReservationFields { max_tokens: 9, ..fields(&[3, 4]) },
+            ReservationFields { expires_ms: 6, ..fields(&[3, 4]) },
+            ReservationFields { kv_addr: "10.0.0.2:8083", ..fields(&[3, 4]) },
+            fields(&[4, 3]),
+            fields(&[3, 4, 5]),
+        ];
+        for v in variants {
+            assert!(!t.verify(&k.reservation_tag(&v)), "{v:?}");
+        }
+        assert!(!t.verify(&key(2).reservation_tag(&fields(&[3, 4]))));
+    }
+
+    #[test]
+    fn frame_keys_differ_per_handoff_and_per_secret() {
+        let k = key(1);
+        let mac = |k: &DeploymentKey, id| k.frame_key(HandoffId(id)).mac(&[b"header", b"body"]);
+        assert_eq!(mac(&k, 1), mac(&k, 1));
+        assert_ne!(mac(&k, 1), mac(&k, 2));
+        assert_ne!(mac(&k, 1), mac(&key(2), 1));
+        // The split between parts does not matter, the bytes do.
+        assert_eq!(k.frame_key(HandoffId(1)).mac(&[b"headerbody"]), mac(&k, 1));
+    }
+
+    #[test]
+    fn request_signatures_bind_method_path_body_and_time() {
+        let k = key(1);
+        let sig = k.sign_request("POST", "/internal/v1/reserve", 1_000, 7, b"{}");
+        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 1_500, 30_000), Ok(()));
+        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/prefill", b"{}", 1_500, 30_000), Err(AuthError::BadMac));
+        assert_eq!(k.verify_request(&sig, "GET", "/internal/v1/reserve", b"{}", 1_500, 30_000), Err(AuthError::BadMac));
+        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{ }", 1_500, 30_000), Err(AuthError::BadMac));
+        assert_eq!(key(2).verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 1_500, 30_000), Err(AuthError::BadMac));
+        assert_eq!(
+            k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 41_000, 30_000),
+            Err(AuthError::Stale { skew_ms: 40_000, max_ms: 30_000 })
+        );
+    }
+
+    #[test]
+    fn signatures_round_trip_through_their_header_and_refuse_garbage() {
+        let sig = key(1).sign_request("POST", "/x", 123, u128::MAX - 5, b"");
+        assert_eq!(sig.to_string().parse::<Signature>(), Ok(sig));
+        for bad in ["", "v2;t=1;n=00000000000000000000000000000000;m=00", "v1;t=x", "v1;n=1;t=2", &format!("{sig};x=1")] {
+            assert!(matches!(bad.parse::<Signature>(), Err(AuthError::Malformed(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn secrets_must_be_long_enough_and_keys_are_never_printed() {
+        assert!(DeploymentKey::new(b"short").unwrap_err().contains("16 bytes"));
+        let k = DeploymentKey::new(b"super-secret-value-123").unwrap();
+        assert!(!format!("{k:?}").contains("super"));
+        assert_eq!(format!("{:?}", k.frame_key(HandoffId(1))), "FrameKey(<redacted>)");
+    }
+}
