@@ -109,6 +109,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     let want = [
         "KvgateHandoffIntegrityViolation", "KvgateRejectedRequestForwarded", "KvgateKVPoolBelowContextWindow", "KvgateRolloutRefused",
         "KvgateHandoffFailuresHigh", "KvgateOperatorReconcileErrors", "KvgateOperatorDown", "KvgateWorkerMetricsAbsent",
+        "KvgateKVPortAbuse", "KvgateInternalRequestsRefused",
     ];
     let rules = alert_rules();
     let names: BTreeSet<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
