@@ -115,6 +115,25 @@ async fn handoff(checks: bool) -> Duration {
     median(times)
 }
 
+/// CPU time of one integrity primitive over every page of the transfer, one side's worth:
+/// where the cost of "checks on" goes.
+fn per_page(bytes: usize, page: usize, f: impl Fn(&[u8]) -> u64) -> Duration {
+    let data: Vec<u8> = (0..bytes).map(|i| (i * 31 % 251) as u8).collect();
+    median(
+        (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                let mut acc = 0u64;
+                for p in data.chunks(page) {
+                    acc ^= f(p);
+                }
+                std::hint::black_box(acc);
+                t.elapsed()
+            })
+            .collect(),
+    )
+}
+
 /// Time to the first streamed token through a real worker process.
 async fn ttft(args: &[&str], prompt_tokens: usize) -> Duration {
     use std::io::BufRead;
@@ -170,6 +189,13 @@ async fn main() {
     println!("| KV handoff, integrity checks off | {} | same transfer, no checksum/MAC/digest work |", rate(off));
     println!("| handoff / plain TCP | {:.2}x | aim: at least 0.7x |", tcp.as_secs_f64() / on.as_secs_f64());
     println!("| checks on / off | {:.2}x slower | aim: at most 1.05x |", on.as_secs_f64() / off.as_secs_f64());
+    let page = layout().page_bytes();
+    let key = kvgate_proto::auth::DeploymentKey::new(&[7; 32]).unwrap().frame_key(kvgate_proto::handoff::HandoffId(1));
+    let mac = per_page(bytes, page, |p| u64::from(key.mac(&[p]).0[0]));
+    let sum = per_page(bytes, page, xxhash_rust::xxh3::xxh3_64);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("| of which: keyed BLAKE3 over every page, one side | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |", ms(mac), mib / mac.as_secs_f64());
+    println!("| of which: xxh3 over every page, one side | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |", ms(sum), mib / sum.as_secs_f64());
     for tokens in [1024usize, 8192] {
         let colocated = ttft(&["--colocated"], tokens).await;
         let disaggregated = ttft(&[], tokens).await;
