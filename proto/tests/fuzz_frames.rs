@@ -1,5 +1,5 @@
 //! Fuzzing the frame decoder (proptest, a fixed budget per run: `KVGATE_FUZZ_CASES`, default
-//! 4096 cases per property; `make fuzz` runs many more). Properties: any bytes decode to a frame
+//! 16384 cases per property; `make fuzz` runs many more). Properties: any bytes decode to a frame
 //! or an error, never a panic; nothing larger than the input is allocated; and a MACed frame
 //! altered in any way no longer verifies.
 
