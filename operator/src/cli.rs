@@ -15,6 +15,8 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once at start-up: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Run the controller (kubeconfig from $KUBECONFIG or ~/.kube/config, else in-cluster).
     Run(RunArgs),

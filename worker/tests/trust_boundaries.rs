@@ -341,7 +341,7 @@ async fn garbage_and_idle_reservations_never_count_as_integrity_mismatches() {
         (kv.page(0, HandoffId(42)), "unauthenticated"),
     ];
     for (bytes, want) in &cases {
-        let (ok, reason, message) = send_raw(&kv.reservation.kv_addr, &[bytes.clone()]).await;
+        let (ok, reason, message) = send_raw(&kv.reservation.kv_addr, std::slice::from_ref(bytes)).await;
         assert!(!ok);
         assert_eq!(reason, *want, "{message}");
     }
