@@ -69,9 +69,8 @@ fn main() {
     let ns = cp.namespace("bench-scale");
     let idle = rss_kib(op.proc.pid());
     let n = 100;
-    let yaml: String = (0..n)
-        .map(|i| tiny(&format!("s{i:03}"), 256, 1024, 1024, "").replace("replicas: 1", "replicas: 0") + "  router: { replicas: 0 }\n---\n")
-        .collect();
+    let yaml: String =
+        (0..n).map(|i| tiny(&format!("s{i:03}"), 256, 1024, 1024, "").replace("replicas: 1", "replicas: 0") + "  router: { replicas: 0 }\n---\n").collect();
     let start = Instant::now();
     apply_yaml(cp, &ns, &yaml);
     let all_have_status = || {

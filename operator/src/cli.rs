@@ -8,7 +8,11 @@ use clap::{Args, Parser, Subcommand};
 pub const DEFAULT_WORKER_IMAGE: &str = concat!("ghcr.io/kvgate/kvgate-worker:", env!("CARGO_PKG_VERSION"));
 
 #[derive(Debug, Parser)]
-#[command(name = "kvgate-operator", version, about = "kvgate's operator: deploys disaggregated prefill/decode workers and refuses rollouts whose measured KV pool is below the declared context window")]
+#[command(
+    name = "kvgate-operator",
+    version,
+    about = "kvgate's operator: deploys disaggregated prefill/decode workers and refuses rollouts whose measured KV pool is below the declared context window"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

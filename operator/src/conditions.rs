@@ -11,11 +11,7 @@ pub const ROLLOUT_REFUSED: &str = "RolloutRefused";
 /// Sets `type_` in `conds`, keeping `lastTransitionTime` when the status is unchanged.
 pub fn set(conds: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: String, generation: Option<i64>) {
     let status = if status { "True" } else { "False" }.to_string();
-    let since = conds
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| Time(Timestamp::now()));
+    let since = conds.iter().find(|c| c.type_ == type_ && c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| Time(Timestamp::now()));
     conds.retain(|c| c.type_ != type_);
     conds.push(Condition { type_: type_.into(), status, reason: reason.into(), message, observed_generation: generation, last_transition_time: since });
     conds.sort_by(|a, b| a.type_.cmp(&b.type_));

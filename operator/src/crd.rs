@@ -28,8 +28,18 @@ use crate::gate::Role;
     category = "kvgate",
     status = "InferenceDeploymentStatus",
     printcolumn(name = "Window", type_ = "integer", json_path = ".spec.contextWindow", description = "Declared context window (tokens)"),
-    printcolumn(name = "Prefill-Pool", type_ = "integer", json_path = ".status.prefill.minMeasuredTokens", description = "Smallest measured prefill KV pool of the current revision (tokens)"),
-    printcolumn(name = "Decode-Pool", type_ = "integer", json_path = ".status.decode.minMeasuredTokens", description = "Smallest measured decode KV pool of the current revision (tokens)"),
+    printcolumn(
+        name = "Prefill-Pool",
+        type_ = "integer",
+        json_path = ".status.prefill.minMeasuredTokens",
+        description = "Smallest measured prefill KV pool of the current revision (tokens)"
+    ),
+    printcolumn(
+        name = "Decode-Pool",
+        type_ = "integer",
+        json_path = ".status.decode.minMeasuredTokens",
+        description = "Smallest measured decode KV pool of the current revision (tokens)"
+    ),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready", description = "Ready router/prefill/decode pods of the serving revision"),
     printcolumn(name = "Status", type_ = "string", json_path = ".status.phase", description = "Available, Progressing or Refused"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")

@@ -49,8 +49,13 @@ impl Failure {
 pub enum PodVerdict {
     /// No report yet: the condition stays unset.
     Pending,
-    Verified { message: String },
-    Failed { failure: Failure, message: String },
+    Verified {
+        message: String,
+    },
+    Failed {
+        failure: Failure,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,9 +75,7 @@ pub enum Verdict {
 /// computes). With no pod of the other role reporting yet, the fingerprint check waits.
 pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdict) {
     let fingerprints = |role: Role| -> Option<(&str, &str)> {
-        pods.iter()
-            .filter(|p| p.role == role)
-            .find_map(|p| p.report.as_ref().map(|r| (r.model_fingerprint.as_str(), r.layout_fingerprint.as_str())))
+        pods.iter().filter(|p| p.role == role).find_map(|p| p.report.as_ref().map(|r| (r.model_fingerprint.as_str(), r.layout_fingerprint.as_str())))
     };
     let verdicts: Vec<PodVerdict> = pods
         .iter()
@@ -101,9 +104,9 @@ pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdi
                         other.as_str()
                     ),
                 },
-                Some(_) => PodVerdict::Verified {
-                    message: format!("{role} pod {} measured {} tokens >= contextWindow {context_window}", p.pod, r.capacity_tokens),
-                },
+                Some(_) => {
+                    PodVerdict::Verified { message: format!("{role} pod {} measured {} tokens >= contextWindow {context_window}", p.pod, r.capacity_tokens) }
+                }
             }
         })
         .collect();

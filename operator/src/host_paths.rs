@@ -21,7 +21,9 @@ pub fn refusal(d: &InferenceDeployment, allowed: &[String]) -> Option<String> {
     } else {
         format!("it is not under any of --allowed-host-paths {allowed:?}")
     };
-    Some(format!("spec.model.volume.hostPath {path:?} may not be mounted: {setting}; use a persistentVolumeClaim, or have the operator's administrator allow the directory"))
+    Some(format!(
+        "spec.model.volume.hostPath {path:?} may not be mounted: {setting}; use a persistentVolumeClaim, or have the operator's administrator allow the directory"
+    ))
 }
 
 /// `path` is `prefix` or below it, compared component by component on normalized absolute paths

@@ -53,11 +53,12 @@ impl Elector {
     /// Gives the Lease up at shutdown so a standby takes over at once.
     pub async fn release(&self) {
         if let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await
-            && let Some(spec) = lease.spec.as_mut().filter(|s| s.holder_identity.as_deref() == Some(&self.identity)) {
-                spec.holder_identity = None;
-                spec.renew_time = None;
-                let _ = self.api.replace(&self.name, &PostParams::default(), &lease).await;
-            }
+            && let Some(spec) = lease.spec.as_mut().filter(|s| s.holder_identity.as_deref() == Some(&self.identity))
+        {
+            spec.holder_identity = None;
+            spec.renew_time = None;
+            let _ = self.api.replace(&self.name, &PostParams::default(), &lease).await;
+        }
     }
 
     /// Takes or renews the Lease if it is free, expired or ours.

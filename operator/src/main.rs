@@ -10,9 +10,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()))
-                .init();
+            tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into())).init();
             kvgate_operator::run::run(args).await
         }
     }

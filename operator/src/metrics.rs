@@ -35,14 +35,21 @@ impl Metrics {
                 .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
         )
         .unwrap();
-        let refused = IntCounterVec::new(Opts::new("kvgate_operator_rollouts_refused_total", "Revisions refused by the rollout gate, by reason"), &["reason"]).unwrap();
+        let refused =
+            IntCounterVec::new(Opts::new("kvgate_operator_rollouts_refused_total", "Revisions refused by the rollout gate, by reason"), &["reason"]).unwrap();
         let pool_tokens = IntGaugeVec::new(
-            Opts::new("kvgate_operator_kv_pool_capacity_tokens", "Smallest measured KV pool of the serving revision's pods (tokens); absent before a revision serves"),
+            Opts::new(
+                "kvgate_operator_kv_pool_capacity_tokens",
+                "Smallest measured KV pool of the serving revision's pods (tokens); absent before a revision serves",
+            ),
             &["namespace", "name", "role"],
         )
         .unwrap();
-        let context_window =
-            IntGaugeVec::new(Opts::new("kvgate_operator_context_window_tokens", "Declared context window of each InferenceDeployment (tokens)"), &["namespace", "name"]).unwrap();
+        let context_window = IntGaugeVec::new(
+            Opts::new("kvgate_operator_context_window_tokens", "Declared context window of each InferenceDeployment (tokens)"),
+            &["namespace", "name"],
+        )
+        .unwrap();
         let refused_now = IntGaugeVec::new(
             Opts::new("kvgate_operator_rollout_refused", "1 while the revision an InferenceDeployment's spec asks for stands refused by the rollout gate"),
             &["namespace", "name", "reason"],
@@ -51,7 +58,16 @@ impl Metrics {
         let leader = IntGauge::new("kvgate_operator_leader", "1 while this replica holds the leader Lease (and reconciles)").unwrap();
         let build = IntGaugeVec::new(Opts::new("kvgate_build_info", "Build information; always 1"), &["component", "version"]).unwrap();
         build.with_label_values(&["operator", env!("CARGO_PKG_VERSION")]).set(1);
-        for c in [Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>, Box::new(reconcile_duration.clone()), Box::new(refused.clone()), Box::new(pool_tokens.clone()), Box::new(context_window.clone()), Box::new(refused_now.clone()), Box::new(leader.clone()), Box::new(build)] {
+        for c in [
+            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reconcile_duration.clone()),
+            Box::new(refused.clone()),
+            Box::new(pool_tokens.clone()),
+            Box::new(context_window.clone()),
+            Box::new(refused_now.clone()),
+            Box::new(leader.clone()),
+            Box::new(build),
+        ] {
             registry.register(c).unwrap();
         }
         for r in RESULTS {

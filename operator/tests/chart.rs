@@ -67,7 +67,14 @@ fn render(values: Option<&str>, set: &[&str]) -> Vec<Value> {
 fn the_chart_lints_renders_and_validates_on_the_api_server() {
     let cp = cluster();
     cp.kubectl_ok(&["apply", "-f", repo("tests/fixtures/monitoring-crds.yaml").to_str().unwrap()]);
-    cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com", "crd/podmonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com", "--timeout=30s"]);
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/podmonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+        "--timeout=30s",
+    ]);
     for ns in ["kvgate-system", "llm"] {
         let _ = cp.kubectl(&["create", "namespace", ns]);
     }
@@ -94,7 +101,9 @@ fn the_chart_lints_renders_and_validates_on_the_api_server() {
 
 #[test]
 fn the_chart_ships_the_generated_crds_rules_and_dashboards() {
-    let same = |a: &str, b: &str| assert_eq!(std::fs::read_to_string(repo(a)).unwrap(), std::fs::read_to_string(repo(b)).unwrap(), "{b} differs from {a}: copy it over");
+    let same = |a: &str, b: &str| {
+        assert_eq!(std::fs::read_to_string(repo(a)).unwrap(), std::fs::read_to_string(repo(b)).unwrap(), "{b} differs from {a}: copy it over")
+    };
     same("crds/kvgate.dev_inferencedeployments.yaml", "charts/kvgate/crds/kvgate.dev_inferencedeployments.yaml");
     same("dashboards/alerts.yaml", "charts/kvgate/files/alerts.yaml");
     for d in ["integrity", "capacity", "serving", "operator"] {
@@ -185,7 +194,16 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     helm_ok(Some(cp), &["uninstall", "kvgate", "-n", &release_ns, "--wait", "--timeout", "60s"]);
     let left = cp.kubectl_ok(&["get", "clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/instance=kvgate", "-o", "name"]);
     assert!(left.trim().is_empty(), "left behind: {left}");
-    let left = cp.kubectl_ok(&["-n", &release_ns, "get", "deployments,services,serviceaccounts,roles,rolebindings,configmaps", "-l", "app.kubernetes.io/instance=kvgate", "-o", "name"]);
+    let left = cp.kubectl_ok(&[
+        "-n",
+        &release_ns,
+        "get",
+        "deployments,services,serviceaccounts,roles,rolebindings,configmaps",
+        "-l",
+        "app.kubernetes.io/instance=kvgate",
+        "-o",
+        "name",
+    ]);
     assert!(left.trim().is_empty(), "left behind: {left}");
     // Helm's rule: CRDs stay (deleting them would delete every InferenceDeployment).
     cp.kubectl_ok(&["get", "crd", "inferencedeployments.kvgate.dev"]);

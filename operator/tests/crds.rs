@@ -6,12 +6,7 @@ fn crds_dir_is_not_stale() {
     let want = kvgate_operator::crdgen::yaml().unwrap();
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(kvgate_operator::crdgen::FILE);
     let have = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        have == want,
-        "{} is stale: regenerate it with `cargo run -p kvgate-operator -- crd > {}`",
-        path.display(),
-        kvgate_operator::crdgen::FILE
-    );
+    assert!(have == want, "{} is stale: regenerate it with `cargo run -p kvgate-operator -- crd > {}`", path.display(), kvgate_operator::crdgen::FILE);
 }
 
 #[test]

@@ -15,9 +15,20 @@ const LONG: Duration = Duration::from_secs(120);
 
 /// name -> resourceVersion of everything the deployment owns, and the deployment itself.
 fn versions(cp: &ControlPlane, ns: &str, name: &str) -> BTreeMap<String, String> {
-    let owned = get_json(cp, &["-n", ns, "get", "deployments,services,serviceaccounts,roles,rolebindings,secrets", "-l", &format!("app.kubernetes.io/instance={name}")]);
-    let mut out: BTreeMap<String, String> = owned["items"].as_array().into_iter().flatten()
-        .map(|o| (format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap()), o["metadata"]["resourceVersion"].as_str().unwrap().to_string()))
+    let owned = get_json(
+        cp,
+        &["-n", ns, "get", "deployments,services,serviceaccounts,roles,rolebindings,secrets", "-l", &format!("app.kubernetes.io/instance={name}")],
+    );
+    let mut out: BTreeMap<String, String> = owned["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            (
+                format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap()),
+                o["metadata"]["resourceVersion"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     out.insert("InferenceDeployment".into(), infd(cp, ns, name)["metadata"]["resourceVersion"].as_str().unwrap().to_string());
     out

@@ -29,7 +29,10 @@ fn dashboard(name: &str) -> Value {
 
 /// Every (panel title, expr) of a dashboard.
 fn queries(d: &Value) -> Vec<(String, String)> {
-    d["panels"].as_array().unwrap().iter()
+    d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
         .flat_map(|p| p["targets"].as_array().unwrap().iter().map(move |t| (p["title"].as_str().unwrap().to_string(), t["expr"].as_str().unwrap().to_string())))
         .collect()
 }
@@ -107,9 +110,16 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     let tests = std::fs::read_to_string(repo("dashboards/tests/alerts_test.yaml")).unwrap();
     let runbooks = std::fs::read_to_string(repo("docs/runbooks.md")).unwrap();
     let want = [
-        "KvgateHandoffIntegrityViolation", "KvgateRejectedRequestForwarded", "KvgateKVPoolBelowContextWindow", "KvgateRolloutRefused",
-        "KvgateHandoffFailuresHigh", "KvgateOperatorReconcileErrors", "KvgateOperatorDown", "KvgateWorkerMetricsAbsent",
-        "KvgateKVPortAbuse", "KvgateInternalRequestsRefused",
+        "KvgateHandoffIntegrityViolation",
+        "KvgateRejectedRequestForwarded",
+        "KvgateKVPoolBelowContextWindow",
+        "KvgateRolloutRefused",
+        "KvgateHandoffFailuresHigh",
+        "KvgateOperatorReconcileErrors",
+        "KvgateOperatorDown",
+        "KvgateWorkerMetricsAbsent",
+        "KvgateKVPortAbuse",
+        "KvgateInternalRequestsRefused",
     ];
     let rules = alert_rules();
     let names: BTreeSet<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
@@ -156,7 +166,8 @@ impl Prometheus {
     }
 
     fn query(&self, expr: &str) -> Vec<Value> {
-        let q: String = expr.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+        let q: String =
+            expr.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
         let body = get(&format!("{}/api/v1/query?query={q}", self.url)).unwrap_or_default();
         let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
         v["data"]["result"].as_array().cloned().unwrap_or_default()
@@ -186,22 +197,49 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     std::fs::write(&secret_file, "incident-deployment-secret-0123456789").unwrap();
     let secret = format!("--handoff-secret-file={}", secret_file.display());
     let spawn = |name: &str, args: &[String]| Proc::spawn(name, &bin, args, &cp.dir).unwrap();
-    let prefill = spawn("incident-prefill", &[
-        "prefill".into(), format!("--listen=127.0.0.1:{prefill_port}"), "--context-window=1024".into(), "--kv-pool-tokens=128".into(),
-        "--inject-fault=ignore-rejection".into(), "--allow-fault-injection".into(), secret.clone(),
-    ]);
-    let decode = spawn("incident-decode", &[
-        "decode".into(), format!("--listen=127.0.0.1:{decode_port}"), format!("--kv-listen=127.0.0.1:{kv_port}"), "--context-window=1024".into(),
-        secret.clone(),
-    ]);
-    let router = spawn("incident-router", &[
-        "router".into(), format!("--listen=127.0.0.1:{router_port}"), format!("--prefill=127.0.0.1:{prefill_port}"),
-        format!("--decode=127.0.0.1:{decode_port}"), "--context-window=1024".into(), secret,
-    ]);
+    let prefill = spawn(
+        "incident-prefill",
+        &[
+            "prefill".into(),
+            format!("--listen=127.0.0.1:{prefill_port}"),
+            "--context-window=1024".into(),
+            "--kv-pool-tokens=128".into(),
+            "--inject-fault=ignore-rejection".into(),
+            "--allow-fault-injection".into(),
+            secret.clone(),
+        ],
+    );
+    let decode = spawn(
+        "incident-decode",
+        &[
+            "decode".into(),
+            format!("--listen=127.0.0.1:{decode_port}"),
+            format!("--kv-listen=127.0.0.1:{kv_port}"),
+            "--context-window=1024".into(),
+            secret.clone(),
+        ],
+    );
+    let router = spawn(
+        "incident-router",
+        &[
+            "router".into(),
+            format!("--listen=127.0.0.1:{router_port}"),
+            format!("--prefill=127.0.0.1:{prefill_port}"),
+            format!("--decode=127.0.0.1:{decode_port}"),
+            "--context-window=1024".into(),
+            secret,
+        ],
+    );
     let incident_router = format!("127.0.0.1:{router_port}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while get(&format!("http://{incident_router}/readyz")).is_none() {
-        assert!(Instant::now() < deadline, "the incident workers did not start:\n{}\n{}\n{}", tail(&prefill.log, 10), tail(&decode.log, 10), tail(&router.log, 10));
+        assert!(
+            Instant::now() < deadline,
+            "the incident workers did not start:\n{}\n{}\n{}",
+            tail(&prefill.log, 10),
+            tail(&decode.log, 10),
+            tail(&router.log, 10)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 
@@ -213,7 +251,8 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     let targets_file = prom_dir.join("targets.json");
     std::fs::write(&targets_file, "[]").unwrap();
     let op_addr = op.metrics.trim_start_matches("http://").trim_end_matches("/metrics").to_string();
-    let config = format!(r#"
+    let config = format!(
+        r#"
 global: {{ scrape_interval: 1s, evaluation_interval: 1s }}
 rule_files: ["{rules}"]
 scrape_configs:
@@ -227,7 +266,10 @@ scrape_configs:
       - {{ targets: ["127.0.0.1:{prefill_port}"], labels: {{ namespace: "{ns}", deployment: incident, pod: incident-prefill }} }}
       - {{ targets: ["127.0.0.1:{decode_port}"], labels: {{ namespace: "{ns}", deployment: incident, pod: incident-decode }} }}
       - {{ targets: ["127.0.0.1:{router_port}"], labels: {{ namespace: "{ns}", deployment: incident, pod: incident-router }} }}
-"#, rules = repo("dashboards/alerts.yaml").display(), targets = targets_file.display());
+"#,
+        rules = repo("dashboards/alerts.yaml").display(),
+        targets = targets_file.display()
+    );
     let prom = Prometheus::start(&prom_dir, &config);
 
     eventually(cp, &ns, "good Available and small Refused", Duration::from_secs(120), || {
@@ -238,7 +280,10 @@ scrape_configs:
         routers = router_endpoints(cp, &ns, "good");
         !routers.is_empty()
     });
-    let targets: Vec<Value> = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate"])["items"].as_array().unwrap().iter()
+    let targets: Vec<Value> = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
         .filter_map(|p| {
             let ip = p["status"]["podIP"].as_str()?;
             let port = p["spec"]["containers"][0]["ports"].as_array()?.iter().find(|x| x["name"] == "http")?["containerPort"].as_i64()?;
@@ -304,7 +349,8 @@ scrape_configs:
 
     // The README's metrics reference lists exactly what is exported, with the right types.
     let readme = std::fs::read_to_string(repo("README.md")).unwrap();
-    let documented: BTreeSet<String> = readme.lines().filter_map(|l| l.strip_prefix("| `kvgate_")).filter_map(|l| l.split('`').next()).map(|n| format!("kvgate_{n}")).collect();
+    let documented: BTreeSet<String> =
+        readme.lines().filter_map(|l| l.strip_prefix("| `kvgate_")).filter_map(|l| l.split('`').next()).map(|n| format!("kvgate_{n}")).collect();
     let ours: BTreeSet<String> = exported.iter().filter(|m| m.starts_with("kvgate_")).cloned().collect();
     assert_eq!(documented, ours, "the README's metrics tables and the live /metrics differ");
     for url in &live {

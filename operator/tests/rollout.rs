@@ -3,9 +3,9 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use kvgate_testenv::ControlPlane;
@@ -38,7 +38,9 @@ fn the_incident_is_refused_with_both_numbers_and_never_available() {
     // The Warning Event and the metric.
     eventually(cp, &ns, "a RolloutRefused Event", Duration::from_secs(30), || {
         let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=RolloutRefused"]);
-        evs["items"].as_array().is_some_and(|a| a.iter().any(|e| e["type"] == "Warning" && e["message"].as_str().unwrap_or("").contains("681280 tokens < contextWindow 1048576")))
+        evs["items"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["type"] == "Warning" && e["message"].as_str().unwrap_or("").contains("681280 tokens < contextWindow 1048576")))
     });
     assert!(op.metric(r#"kvgate_operator_rollouts_refused_total{reason="KVPoolBelowContextWindow"}"#).unwrap() >= refused_before + 1.0);
     // Its pods are scaled away, and none was ever Ready: nothing could have routed to them.
@@ -90,7 +92,8 @@ fn the_internal_api_and_kv_port_of_a_deployment_refuse_outsiders_in_the_cluster(
     assert!(String::from_utf8_lossy(&ack).contains("kv_port_malformed"), "{ack:?}");
     assert_eq!(metric(&decode, 8082, r#"kvgate_kv_port_rejected_total{reason="malformed",role="decode"}"#), 1.0);
     let text = get(&format!("http://{decode}:8082/metrics")).unwrap();
-    let mismatches: f64 = text.lines().filter(|l| l.starts_with("kvgate_handoff_mismatch_total{")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum();
+    let mismatches: f64 =
+        text.lines().filter(|l| l.starts_with("kvgate_handoff_mismatch_total{")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum();
     assert_eq!(mismatches, 0.0);
     // The deployment's own roles, holding the secret, serve as before.
     let router = router_endpoints(cp, &ns, "guarded").pop().unwrap();
@@ -197,7 +200,9 @@ fn a_good_deployment_serves_a_bad_update_is_refused_without_a_blip_and_a_fix_rol
     assert_eq!(d["status"]["currentContextWindow"], 4096);
     eventually(cp, &ns, "old revisions' Deployments deleted", LONG, || {
         let deps = get_json(cp, &["-n", &ns, "get", "deployments", "-l", "kvgate.dev/revision"]);
-        deps["items"].as_array().is_some_and(|a| a.len() == 2 && a.iter().all(|x| x["metadata"]["labels"]["kvgate.dev/revision"] == d["status"]["currentRevision"]))
+        deps["items"]
+            .as_array()
+            .is_some_and(|a| a.len() == 2 && a.iter().all(|x| x["metadata"]["labels"]["kvgate.dev/revision"] == d["status"]["currentRevision"]))
     });
     let mut routers = Vec::new();
     eventually(cp, &ns, "the router on the new window", LONG, || {
@@ -251,7 +256,8 @@ fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
     // Deleting it deletes everything it owned.
     cp.kubectl_ok(&["-n", &ns, "delete", "infd", "shown", "--wait=true"]);
     eventually(cp, &ns, "owned objects garbage-collected", LONG, || {
-        let all = get_json(cp, &["-n", &ns, "get", "deployments,services,secrets,serviceaccounts,roles,rolebindings,pods", "-l", "app.kubernetes.io/instance=shown"]);
+        let all =
+            get_json(cp, &["-n", &ns, "get", "deployments,services,secrets,serviceaccounts,roles,rolebindings,pods", "-l", "app.kubernetes.io/instance=shown"]);
         all["items"].as_array().is_some_and(|a| a.is_empty())
     });
 }

@@ -96,7 +96,9 @@ impl fmt::Display for AuthError {
         match self {
             AuthError::Missing => write!(f, "internal endpoints need the `{SIGNATURE_HEADER}` header of a caller that holds the deployment's handoff secret"),
             AuthError::Malformed(m) => write!(f, "the `{SIGNATURE_HEADER}` header is malformed: {m}"),
-            AuthError::Stale { skew_ms, max_ms } => write!(f, "the signature's timestamp is {skew_ms} ms away from this worker's clock (at most {max_ms} ms allowed)"),
+            AuthError::Stale { skew_ms, max_ms } => {
+                write!(f, "the signature's timestamp is {skew_ms} ms away from this worker's clock (at most {max_ms} ms allowed)")
+            }
             AuthError::Replayed => write!(f, "this signature was already used (replayed request)"),
             AuthError::BadMac => write!(f, "the request's signature does not verify with this deployment's handoff secret"),
         }
@@ -310,10 +312,7 @@ mod tests {
         assert_eq!(k.verify_request(&sig, "GET", "/internal/v1/reserve", b"{}", 1_500, 30_000), Err(AuthError::BadMac));
         assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{ }", 1_500, 30_000), Err(AuthError::BadMac));
         assert_eq!(key(2).verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 1_500, 30_000), Err(AuthError::BadMac));
-        assert_eq!(
-            k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 41_000, 30_000),
-            Err(AuthError::Stale { skew_ms: 40_000, max_ms: 30_000 })
-        );
+        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 41_000, 30_000), Err(AuthError::Stale { skew_ms: 40_000, max_ms: 30_000 }));
     }
 
     #[test]

@@ -8,8 +8,8 @@
 
 use std::fmt;
 
-pub use crate::auth::{MAC_LEN, Mac};
 use crate::auth::FrameKey;
+pub use crate::auth::{MAC_LEN, Mac};
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"KVGF";
@@ -289,10 +289,8 @@ impl Frame {
 
     /// Decodes one whole frame (header and body) from `bytes`, returning it and its length.
     pub fn decode(bytes: &[u8]) -> Result<(Frame, usize), FrameError> {
-        let header: &[u8; HEADER_LEN] = bytes
-            .get(..HEADER_LEN)
-            .and_then(|h| h.try_into().ok())
-            .ok_or(FrameError::Truncated { needed: HEADER_LEN, have: bytes.len() })?;
+        let header: &[u8; HEADER_LEN] =
+            bytes.get(..HEADER_LEN).and_then(|h| h.try_into().ok()).ok_or(FrameError::Truncated { needed: HEADER_LEN, have: bytes.len() })?;
         let h = parse_header(header)?;
         let end = HEADER_LEN + h.body_len as usize;
         let body = bytes.get(HEADER_LEN..end).ok_or(FrameError::Truncated { needed: end, have: bytes.len() })?;

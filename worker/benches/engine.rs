@@ -93,8 +93,16 @@ fn main() {
         attend(shape, &q, blocks, &mut out, &mut scratch);
         black_box(&out);
     });
-    row("attention, contiguous KV, 4096 tokens", format!("{:.1} us", contiguous.as_secs_f64() * 1e6), "32 heads / 8 KV heads x 128, one query, 16-token blocks in order");
-    row("attention, paged KV (16-token pages, shuffled)", format!("{:.1} us", paged.as_secs_f64() * 1e6), "same blocks, scattered and read through a page table");
+    row(
+        "attention, contiguous KV, 4096 tokens",
+        format!("{:.1} us", contiguous.as_secs_f64() * 1e6),
+        "32 heads / 8 KV heads x 128, one query, 16-token blocks in order",
+    );
+    row(
+        "attention, paged KV (16-token pages, shuffled)",
+        format!("{:.1} us", paged.as_secs_f64() * 1e6),
+        "same blocks, scattered and read through a page table",
+    );
     row("paged / contiguous speed", format!("{:.2}x", contiguous.as_secs_f64() / paged.as_secs_f64()), "aim: at least 0.8x");
 
     // Pool allocation, committed memory, per GiB.

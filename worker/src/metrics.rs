@@ -82,7 +82,11 @@ impl Metrics {
             rejected: r.counter_vec("kvgate_requests_rejected_total", "Requests rejected before generation, by reason.", "reason", &Rejection::REASONS),
             ttft: r.histogram("kvgate_time_to_first_token_seconds", "Time from request arrival to its first generated token.", latency()),
             inter_token: r.histogram("kvgate_inter_token_latency_seconds", "Time between consecutive generated tokens of one request.", latency()),
-            duration: r.histogram("kvgate_request_duration_seconds", "Time from request arrival to its last token.", prometheus::exponential_buckets(0.005, 2.0, 16).unwrap()),
+            duration: r.histogram(
+                "kvgate_request_duration_seconds",
+                "Time from request arrival to its last token.",
+                prometheus::exponential_buckets(0.005, 2.0, 16).unwrap(),
+            ),
             prompt_tokens: r.counter("kvgate_prompt_tokens_total", "Prompt tokens of admitted requests."),
             generation_tokens: r.counter("kvgate_generation_tokens_total", "Tokens generated."),
         }

@@ -26,8 +26,7 @@ impl std::fmt::Debug for Tokenizer {
 
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        let t = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let t = tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
         Ok(Tokenizer::Hf(Box::new(t)))
     }
 

@@ -94,10 +94,7 @@ async fn expired_and_replayed_frames_of_a_peer_are_refused_and_unused_reservatio
 
 #[tokio::test]
 async fn fault_injection_needs_its_safety_flag() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate-worker"))
-        .args(["prefill", "--inject-fault", "truncate-transfer"])
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate-worker")).args(["prefill", "--inject-fault", "truncate-transfer"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-fault-injection"));
 }

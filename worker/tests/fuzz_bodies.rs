@@ -67,7 +67,15 @@ fn apps() -> &'static Apps {
         let (public, decode, prefill) = rt.block_on(async {
             let registry = roles::registry();
             let Command::Local(local) = parse(&[&["local", "--colocated", "--listen", "127.0.0.1:0"][..], &small].concat()) else { unreachable!() };
-            let Command::Decode(d) = parse(&[&["decode", "--listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--handoff-timeout-ms", "200", "--max-open-reservations", "8"][..], &small].concat()) else { unreachable!() };
+            let Command::Decode(d) = parse(
+                &[
+                    &["decode", "--listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--handoff-timeout-ms", "200", "--max-open-reservations", "8"][..],
+                    &small,
+                ]
+                .concat(),
+            ) else {
+                unreachable!()
+            };
             let Command::Prefill(p) = parse(&[&["prefill", "--listen", "127.0.0.1:0"][..], &small].concat()) else { unreachable!() };
             let public = roles::colocated(&local, &registry).await.unwrap().app;
             let decode = roles::decode(&d, &roles::registry(), secret.clone()).await.unwrap().app;
@@ -115,8 +123,29 @@ fn post(app: &axum::Router, path: &str, body: Vec<u8>, signer: Option<&Signer>) 
 
 /// Keys the endpoints know, so generated objects often reach deep into the validation.
 const KEYS: [&str; 24] = [
-    "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stream", "n", "model", "messages", "role", "content",
-    "type", "text", "prompt_tokens", "reservation", "handoff_id", "pages", "reserved_tokens", "expires_ms", "tag", "rejected", "sampling",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stream",
+    "n",
+    "model",
+    "messages",
+    "role",
+    "content",
+    "type",
+    "text",
+    "prompt_tokens",
+    "reservation",
+    "handoff_id",
+    "pages",
+    "reserved_tokens",
+    "expires_ms",
+    "tag",
+    "rejected",
+    "sampling",
     "commit_wait_ms",
 ];
 

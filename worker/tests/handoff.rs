@@ -115,15 +115,12 @@ async fn disaggregated_output_equals_colocated_output_and_survives_failures() {
 async fn streaming_through_the_router_equals_the_whole_answer() {
     let w = Worker::local(&[]);
     let whole = w.complete("stream through the handoff", 16).await;
-    let (status, datas) = w
-        .stream("/v1/completions", &json!({"prompt": "stream through the handoff", "max_tokens": 16, "temperature": 0, "stream": true}))
-        .await;
+    let (status, datas) =
+        w.stream("/v1/completions", &json!({"prompt": "stream through the handoff", "max_tokens": 16, "temperature": 0, "stream": true})).await;
     assert_eq!(status, 200);
     assert_eq!(datas.last().unwrap(), "[DONE]");
-    let text: String = datas[..datas.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string())
-        .collect();
+    let text: String =
+        datas[..datas.len() - 1].iter().map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()).collect();
     assert_eq!(text, whole);
     assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 2.0);
     assert_pools_empty(&w).await;
@@ -137,8 +134,15 @@ async fn a_truncated_request_never_sees_the_previous_tenants_kv() {
     let other = "Another customer's prompt of the same size..";
     assert_eq!(secret.len(), other.len());
     let w = Worker::local(&[
-        "--kv-pool-tokens", "64", "--context-window", "64",
-        "--allow-fault-injection", "--inject-fault", "truncate-transfer", "--fault-every", "2",
+        "--kv-pool-tokens",
+        "64",
+        "--context-window",
+        "64",
+        "--allow-fault-injection",
+        "--inject-fault",
+        "truncate-transfer",
+        "--fault-every",
+        "2",
     ]);
     let (status, first) = w.post("/v1/completions", &json!({"prompt": secret, "max_tokens": 16, "temperature": 0})).await;
     assert_eq!(status, 200, "{first}");

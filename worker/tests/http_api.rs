@@ -160,8 +160,7 @@ async fn a_full_pool_makes_requests_wait_then_503() {
 #[tokio::test]
 async fn concurrent_requests_each_equal_the_same_request_alone() {
     let w = Worker::colocated(&[]);
-    let prompts: Vec<(String, u32)> =
-        (0..12).map(|i| (format!("tenant {i} asks: {}", "why? ".repeat(i * 7)), 8 + (i as u32 * 5) % 23)).collect();
+    let prompts: Vec<(String, u32)> = (0..12).map(|i| (format!("tenant {i} asks: {}", "why? ".repeat(i * 7)), 8 + (i as u32 * 5) % 23)).collect();
     let mut alone = Vec::new();
     for (p, n) in &prompts {
         alone.push(w.complete(p, *n).await);
@@ -216,7 +215,14 @@ async fn capacity_report_models_health_and_metrics() {
     ] {
         assert!(metrics.contains(series), "missing {series}");
     }
-    for name in ["kvgate_time_to_first_token_seconds", "kvgate_inter_token_latency_seconds", "kvgate_request_duration_seconds", "kvgate_prompt_tokens_total", "kvgate_generation_tokens_total", "kvgate_kv_pool_used_tokens"] {
+    for name in [
+        "kvgate_time_to_first_token_seconds",
+        "kvgate_inter_token_latency_seconds",
+        "kvgate_request_duration_seconds",
+        "kvgate_prompt_tokens_total",
+        "kvgate_generation_tokens_total",
+        "kvgate_kv_pool_used_tokens",
+    ] {
         assert!(metrics.contains(name), "missing {name}");
     }
     w.complete("count me", 3).await;

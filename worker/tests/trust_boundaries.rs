@@ -34,7 +34,10 @@ fn kv_port(reason: &str) -> String {
 /// Sum of every integrity mismatch reason on decode.
 async fn mismatches(w: &Worker) -> f64 {
     let (_, text) = w.get("/metrics").await;
-    text.lines().filter(|l| l.starts_with("kvgate_handoff_mismatch_total{") && l.contains(r#"role="decode""#)).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
+    text.lines()
+        .filter(|l| l.starts_with("kvgate_handoff_mismatch_total{") && l.contains(r#"role="decode""#))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
 }
 
 /// Greedy completions of `prompts`, all at once.
@@ -55,7 +58,12 @@ async fn internal_endpoints_refuse_callers_without_the_deployment_secret() {
     let calls = [
         (&c.decode, "decode", "/internal/v1/reserve".to_string(), reserve.clone()),
         (&c.decode, "decode", format!("/internal/v1/handoffs/{id}/cancel"), json!({"rejected": false})),
-        (&c.decode, "decode", format!("/internal/v1/handoffs/{id}/generate"), json!({"prompt": [1], "max_tokens": 1, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}})),
+        (
+            &c.decode,
+            "decode",
+            format!("/internal/v1/handoffs/{id}/generate"),
+            json!({"prompt": [1], "max_tokens": 1, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}}),
+        ),
         (&c.prefill, "prefill", "/internal/v1/prefill".to_string(), json!({"prompt": [1], "reservation": {}})),
     ];
     for (n, (w, role, path, body)) in calls.iter().enumerate() {
@@ -75,7 +83,13 @@ async fn internal_endpoints_refuse_callers_without_the_deployment_secret() {
     let body = serde_json::to_vec(&reserve).unwrap();
     let signature = c.secret.signer().sign("/internal/v1/reserve", &body);
     let replay = || {
-        c.decode.http.post(format!("{}/internal/v1/reserve", c.decode.base)).header("x-kvgate-signature", &signature).header("content-type", "application/json").body(body.clone()).send()
+        c.decode
+            .http
+            .post(format!("{}/internal/v1/reserve", c.decode.base))
+            .header("x-kvgate-signature", &signature)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
     };
     assert_eq!(replay().await.unwrap().status(), 200);
     assert_eq!(replay().await.unwrap().status(), 401);
@@ -88,7 +102,8 @@ async fn internal_endpoints_refuse_callers_without_the_deployment_secret() {
     let kv = KvClient::reserve(&c.decode, &c.secret.signer(), 3, 4).await;
     let mut redirected = kv.reservation.clone();
     redirected.kv_addr = trap.local_addr().unwrap().to_string();
-    let (status, resp) = c.prefill.post_signed(&c.secret.signer(), "/internal/v1/prefill", &json!({"prompt": [256, 104, 105], "reservation": redirected})).await;
+    let (status, resp) =
+        c.prefill.post_signed(&c.secret.signer(), "/internal/v1/prefill", &json!({"prompt": [256, 104, 105], "reservation": redirected})).await;
     assert_eq!(status, 400, "{resp}");
     assert_eq!(resp["error"]["code"], "reservation_invalid");
     assert!(resp["error"]["message"].as_str().unwrap().contains("does not carry a tag"), "{resp}");
@@ -438,9 +453,10 @@ async fn split_roles_finish_on_the_first_token_as_colocated_does() {
     let mut stopped_at_once = 0;
     // The first five end at their first token on the tiny model (its weights are the same on
     // every machine); the others do not.
-    let mut prompts: Vec<String> = ["x world zz the to !", "world zz x zz x the to a page", "zz of", "x decode page ! decode ! to", "prompt world x decode cat of x a of"]
-        .map(String::from)
-        .to_vec();
+    let mut prompts: Vec<String> =
+        ["x world zz the to !", "world zz x zz x the to a page", "zz of", "x decode page ! decode ! to", "prompt world x decode cat of x a of"]
+            .map(String::from)
+            .to_vec();
     prompts.extend((0..10).map(|i| format!("p{i}{}", "?".repeat(i % 7))));
     for prompt in prompts {
         for max_tokens in [1, 8] {

@@ -1,8 +1,8 @@
 //! Server-side apply of owned objects, and deletion of those no longer wanted.
 
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::Resource;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 

@@ -66,7 +66,10 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     }
     // Deployments of revisions that are neither serving nor the candidate are gone.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let mine = deployments.list(&ListParams::default().labels(&format!("{}={name},{}", labels::INSTANCE, labels::REVISION))).await.map_err(kube_err("listing Deployments"))?;
+    let mine = deployments
+        .list(&ListParams::default().labels(&format!("{}={name},{}", labels::INSTANCE, labels::REVISION)))
+        .await
+        .map_err(kube_err("listing Deployments"))?;
     for dep in &mine {
         let r = dep.labels().get(labels::REVISION).cloned().unwrap_or_default();
         if r != rev && Some(&r) != current.as_ref() {
@@ -105,7 +108,15 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
                 tracing::warn!(%name, %ns, revision = %rev, %message, "rollout refused");
             }
             Verdict::Verified if full_strength(d, &candidate, |r| ready(&rev, r)) => {
-                event(ctx, &reference, EventType::Normal, "RolloutVerified", "RolloutGate", format!("revision {rev}: every pod's KV pool holds contextWindow {}; now serving", d.spec.context_window)).await;
+                event(
+                    ctx,
+                    &reference,
+                    EventType::Normal,
+                    "RolloutVerified",
+                    "RolloutGate",
+                    format!("revision {rev}: every pod's KV pool holds contextWindow {}; now serving", d.spec.context_window),
+                )
+                .await;
                 if let Some(old) = &current {
                     for role in [Role::Prefill, Role::Decode] {
                         delete::<Deployment>(client, &ns, &workers::deployment_name(d, role, old)).await?;
@@ -129,7 +140,8 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
 
     // Status describes the serving revision, or before there is one, the candidate.
     let shown = serving.clone().unwrap_or_else(|| rev.clone());
-    let shown_pods = if shown == rev { candidate.clone() } else { pods::verify(&pods_api, &ctx.http, &name, &shown, window).await.map_err(kube_err("verifying pods"))? };
+    let shown_pods =
+        if shown == rev { candidate.clone() } else { pods::verify(&pods_api, &ctx.http, &name, &shown, window).await.map_err(kube_err("verifying pods"))? };
     let observed = Observed {
         spec_revision: rev.clone(),
         serving: serving.clone(),

@@ -49,12 +49,24 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     };
     let prefill = role(Role::Prefill, 0, &prev.prefill);
     let decode = role(Role::Decode, 1, &prev.decode);
-    let router = RoleStatus { revision: None, desired_replicas: d.spec.router.replicas, ready_replicas: o.router_ready, verified_replicas: 0, min_measured_tokens: None };
+    let router = RoleStatus {
+        revision: None,
+        desired_replicas: d.spec.router.replicas,
+        ready_replicas: o.router_ready,
+        verified_replicas: 0,
+        min_measured_tokens: None,
+    };
 
     let mut conds = prev.conditions.clone();
     let available = o.serving.is_some() && o.router_ready > 0 && o.ready[0] > 0 && o.ready[1] > 0;
     let serving_text = o.serving.as_ref().map_or("no revision has passed the rollout gate".to_string(), |s| {
-        format!("revision {s} serves contextWindow {}: {} router, {} prefill, {} decode pods ready", o.serving_window.unwrap_or(0), o.router_ready, o.ready[0], o.ready[1])
+        format!(
+            "revision {s} serves contextWindow {}: {} router, {} prefill, {} decode pods ready",
+            o.serving_window.unwrap_or(0),
+            o.router_ready,
+            o.ready[0],
+            o.ready[1]
+        )
     });
     let (reason, message) = match (&o.serving, available, refused_now) {
         (_, true, _) => ("Serving", serving_text.clone()),
@@ -78,8 +90,16 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
 
     let (ok, reason, message) = match (refused_now, &o.candidate.verdict, rolled_out) {
         (Some(r), _, _) => (false, r.reason.clone(), r.message.clone()),
-        (None, _, true) => (true, "KVPoolVerified".to_string(), format!("every pod of revision {} measured a KV pool >= contextWindow {}", o.spec_revision, d.spec.context_window)),
-        (None, Verdict::Verified, false) => (true, "KVPoolVerified".to_string(), format!("every pod of revision {} measured a KV pool >= contextWindow {}; waiting for all to be Ready", o.spec_revision, d.spec.context_window)),
+        (None, _, true) => (
+            true,
+            "KVPoolVerified".to_string(),
+            format!("every pod of revision {} measured a KV pool >= contextWindow {}", o.spec_revision, d.spec.context_window),
+        ),
+        (None, Verdict::Verified, false) => (
+            true,
+            "KVPoolVerified".to_string(),
+            format!("every pod of revision {} measured a KV pool >= contextWindow {}; waiting for all to be Ready", o.spec_revision, d.spec.context_window),
+        ),
         (None, _, false) => (false, "AwaitingCapacityReports".to_string(), format!("waiting for the capacity reports of revision {}", o.spec_revision)),
     };
     conditions::set(&mut conds, CAPACITY_VERIFIED, ok, &reason, message, generation);

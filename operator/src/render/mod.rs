@@ -25,13 +25,7 @@ pub const MODEL_DIR: &str = "/models";
 /// Metadata of an owned object: its name, the deployment's namespace and labels, and an owner
 /// reference so that deleting the deployment deletes it.
 pub fn owned_meta(d: &InferenceDeployment, name: String, labels: std::collections::BTreeMap<String, String>) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name),
-        namespace: d.metadata.namespace.clone(),
-        labels: Some(labels),
-        owner_references: Some(vec![owner(d)]),
-        ..Default::default()
-    }
+    ObjectMeta { name: Some(name), namespace: d.metadata.namespace.clone(), labels: Some(labels), owner_references: Some(vec![owner(d)]), ..Default::default() }
 }
 
 pub fn owner(d: &InferenceDeployment) -> OwnerReference {

@@ -37,8 +37,11 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> 
         secret_flag,
     ];
     let mut mounts = vec![secret_mount];
-    mounts.extend(model_volume.as_ref().map(|v| {
-        k8s_openapi::api::core::v1::VolumeMount { name: v.name.clone(), mount_path: super::MODEL_DIR.into(), read_only: Some(true), ..Default::default() }
+    mounts.extend(model_volume.as_ref().map(|v| k8s_openapi::api::core::v1::VolumeMount {
+        name: v.name.clone(),
+        mount_path: super::MODEL_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
     }));
     let volumes: Vec<_> = std::iter::once(secret_volume).chain(model_volume).collect();
     Deployment {

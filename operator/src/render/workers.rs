@@ -3,9 +3,9 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, PodReadinessGate, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource,
+    PodReadinessGate, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -30,7 +30,10 @@ pub fn model_flag(d: &InferenceDeployment) -> (String, Option<Volume>) {
         (None, Some(path), Some(v)) => {
             let volume = Volume {
                 name: "model".into(),
-                persistent_volume_claim: v.persistent_volume_claim.clone().map(|claim_name| PersistentVolumeClaimVolumeSource { claim_name, read_only: Some(true) }),
+                persistent_volume_claim: v
+                    .persistent_volume_claim
+                    .clone()
+                    .map(|claim_name| PersistentVolumeClaimVolumeSource { claim_name, read_only: Some(true) }),
                 host_path: v.host_path.clone().map(|path| HostPathVolumeSource { path, type_: Some("Directory".into()) }),
                 ..Default::default()
             };
@@ -42,7 +45,11 @@ pub fn model_flag(d: &InferenceDeployment) -> (String, Option<Volume>) {
 }
 
 fn env_field(name: &str, path: &str) -> EnvVar {
-    EnvVar { name: name.into(), value_from: Some(EnvVarSource { field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }), ..Default::default() }), ..Default::default() }
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource { field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }), ..Default::default() }),
+        ..Default::default()
+    }
 }
 
 /// Env every worker container gets: where it runs (for its listen addresses and logs).
@@ -128,7 +135,8 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
     let pod_labels = labels::with(labels::common(n), selector.clone());
     let (_, model_volume) = model_flag(d);
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
-    let mut mounts: Vec<VolumeMount> = volumes.iter().map(|v| VolumeMount { name: v.name.clone(), mount_path: MODEL_DIR.into(), read_only: Some(true), ..Default::default() }).collect();
+    let mut mounts: Vec<VolumeMount> =
+        volumes.iter().map(|v| VolumeMount { name: v.name.clone(), mount_path: MODEL_DIR.into(), read_only: Some(true), ..Default::default() }).collect();
     let port = match role {
         Role::Prefill => PREFILL_PORT,
         Role::Decode => DECODE_PORT,
@@ -241,7 +249,14 @@ mod tests {
         assert_eq!(pod.automount_service_account_token, Some(false));
         let c = &pod.containers[0];
         let args = c.args.clone().unwrap();
-        for want in ["decode", "--kv-listen=$(POD_IP):8083", "--handoff-secret-file=/var/run/kvgate/handoff/secret", "--context-window=1024", "--kv-memory-fraction=0.9", "--model=tiny"] {
+        for want in [
+            "decode",
+            "--kv-listen=$(POD_IP):8083",
+            "--handoff-secret-file=/var/run/kvgate/handoff/secret",
+            "--context-window=1024",
+            "--kv-memory-fraction=0.9",
+            "--model=tiny",
+        ] {
             assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
         }
         let sc = c.security_context.as_ref().unwrap();
@@ -280,7 +295,9 @@ mod tests {
         let pod = dep.spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("llm-router"));
         let args = pod.containers[0].args.clone().unwrap();
-        for want in ["--prefill-service=llm-prefill", "--decode-service=llm-decode", "--context-window=512", "--handoff-secret-file=/var/run/kvgate/handoff/secret"] {
+        for want in
+            ["--prefill-service=llm-prefill", "--decode-service=llm-decode", "--context-window=512", "--handoff-secret-file=/var/run/kvgate/handoff/secret"]
+        {
             assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
         }
         assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff"));
@@ -291,6 +308,9 @@ mod tests {
         assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().path.as_deref(), Some("/readyz"));
         let role = router::role(&d(spec()));
         let rule = &role.rules.unwrap()[0];
-        assert_eq!((rule.resources.clone().unwrap(), rule.verbs.clone()), (vec!["endpointslices".to_string()], vec!["get".to_string(), "list".into(), "watch".into()]));
+        assert_eq!(
+            (rule.resources.clone().unwrap(), rule.verbs.clone()),
+            (vec!["endpointslices".to_string()], vec!["get".to_string(), "list".into(), "watch".into()])
+        );
     }
 }

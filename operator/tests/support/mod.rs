@@ -169,7 +169,12 @@ pub fn http(method: &str, url: &str, body: Option<&str>) -> Option<(u16, String)
     let mut s = std::net::TcpStream::connect_timeout(&host.parse().ok()?, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
     let body = body.unwrap_or("");
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
     let mut out = Vec::new();
     s.read_to_end(&mut out).ok()?;
     let text = String::from_utf8_lossy(&out).into_owned();
@@ -195,7 +200,10 @@ fn dechunk(mut s: &str) -> String {
 /// The router pods' addresses, from the API Service's EndpointSlices (ready ones).
 pub fn router_endpoints(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> {
     let slices = get_json(cp, &["-n", ns, "get", "endpointslices", "-l", &format!("kubernetes.io/service-name={name}")]);
-    slices["items"].as_array().into_iter().flatten()
+    slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
         .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
         .filter(|e| e["conditions"]["ready"] == true)
         .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())

@@ -220,13 +220,7 @@ impl ControlPlane {
 
     /// The tail of every component's log, for a failed test's output.
     pub fn logs(&self) -> String {
-        self.procs
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|p| format!("--- {} ({}) ---\n{}", p.name, p.log.display(), tail(&p.log, 30)))
-            .collect::<Vec<_>>()
-            .join("\n")
+        self.procs.lock().unwrap().iter().map(|p| format!("--- {} ({}) ---\n{}", p.name, p.log.display(), tail(&p.log, 30))).collect::<Vec<_>>().join("\n")
     }
 }
 

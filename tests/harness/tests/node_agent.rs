@@ -59,7 +59,10 @@ fn ready(pod: &Value) -> bool {
 /// Addresses of the Service's endpoints, each with whether it is ready.
 fn endpoints(cp: &ControlPlane, ns: &str, service: &str) -> Vec<(String, bool)> {
     let slices = json(cp, &["-n", ns, "get", "endpointslices", "-l", &format!("kubernetes.io/service-name={service}")]);
-    let mut out: Vec<(String, bool)> = slices["items"].as_array().into_iter().flatten()
+    let mut out: Vec<(String, bool)> = slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
         .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
         .flat_map(|e| {
             let ready = e["conditions"]["ready"] == true;
@@ -96,10 +99,14 @@ const WORKER: &str = r#"
 fn a_worker_deployment_runs_as_processes_on_their_own_addresses() {
     let cp = cluster();
     let ns = cp.namespace("agent");
-    apply(cp, &ns, &format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{ name: w }}\nspec:\n  replicas: 2\n  selector: {{ matchLabels: {{ app: w }} }}\n  template:\n    metadata: {{ labels: {{ app: w }} }}\n    spec:{WORKER}\n---\n{}",
-        service("w")
-    ));
+    apply(
+        cp,
+        &ns,
+        &format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{ name: w }}\nspec:\n  replicas: 2\n  selector: {{ matchLabels: {{ app: w }} }}\n  template:\n    metadata: {{ labels: {{ app: w }} }}\n    spec:{WORKER}\n---\n{}",
+            service("w")
+        ),
+    );
     let mut ips = Vec::new();
     eventually(cp, "2 ready worker pods", Duration::from_secs(60), || {
         let pods = json(cp, &["-n", &ns, "get", "pods", "-l", "app=w"]);
@@ -130,13 +137,20 @@ fn service(app: &str) -> String {
 fn a_pod_with_an_unmet_readiness_gate_is_never_ready() {
     let cp = cluster();
     let ns = cp.namespace("gate");
-    apply(cp, &ns, &format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: gated, labels: {{ app: gated }} }}\nspec:\n      readinessGates: [{{ conditionType: kvgate.dev/kv-pool-verified }}]{WORKER}\n---\n{}",
-        service("gated")
-    ));
+    apply(
+        cp,
+        &ns,
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{ name: gated, labels: {{ app: gated }} }}\nspec:\n      readinessGates: [{{ conditionType: kvgate.dev/kv-pool-verified }}]{WORKER}\n---\n{}",
+            service("gated")
+        ),
+    );
     // The container is ready (its probe passes) but the gate is not: the pod is NotReady.
     eventually(cp, "containers ready", Duration::from_secs(60), || {
-        json(cp, &["-n", &ns, "get", "pod", "gated"])["status"]["conditions"].as_array().into_iter().flatten()
+        json(cp, &["-n", &ns, "get", "pod", "gated"])["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
             .any(|c| c["type"] == "ContainersReady" && c["status"] == "True")
     });
     std::thread::sleep(Duration::from_secs(2));
@@ -149,7 +163,8 @@ fn a_pod_with_an_unmet_readiness_gate_is_never_ready() {
     eventually(cp, "the gated pod listed as not ready", Duration::from_secs(30), || endpoints(cp, &ns, "gated") == vec![(ip.clone(), false)]);
     // Setting the gate's condition (as the operator will) makes it Ready, and the node agent
     // keeps the condition it does not own.
-    let patch = r#"{"status":{"conditions":[{"type":"kvgate.dev/kv-pool-verified","status":"True","reason":"Test","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#;
+    let patch =
+        r#"{"status":{"conditions":[{"type":"kvgate.dev/kv-pool-verified","status":"True","reason":"Test","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#;
     cp.kubectl_ok(&["-n", &ns, "patch", "pod", "gated", "--subresource=status", "--type=strategic", "-p", patch]);
     eventually(cp, "the gated pod Ready", Duration::from_secs(30), || ready(&json(cp, &["-n", &ns, "get", "pod", "gated"])));
     std::thread::sleep(Duration::from_secs(1));
@@ -162,7 +177,11 @@ fn a_pod_with_an_unmet_readiness_gate_is_never_ready() {
 fn exits_are_restarted_and_unknown_images_fail_clearly() {
     let cp = cluster();
     let ns = cp.namespace("restart");
-    apply(cp, &ns, "apiVersion: v1\nkind: Pod\nmetadata: { name: crasher }\nspec:\n  containers:\n  - name: c\n    image: kvgate/worker:test\n    args: [\"--no-such-flag\"]\n---\napiVersion: v1\nkind: Pod\nmetadata: { name: nosuch }\nspec:\n  containers:\n  - name: c\n    image: example.com/not-here:1\n");
+    apply(
+        cp,
+        &ns,
+        "apiVersion: v1\nkind: Pod\nmetadata: { name: crasher }\nspec:\n  containers:\n  - name: c\n    image: kvgate/worker:test\n    args: [\"--no-such-flag\"]\n---\napiVersion: v1\nkind: Pod\nmetadata: { name: nosuch }\nspec:\n  containers:\n  - name: c\n    image: example.com/not-here:1\n",
+    );
     eventually(cp, "a restart", Duration::from_secs(60), || {
         json(cp, &["-n", &ns, "get", "pod", "crasher"])["status"]["containerStatuses"][0]["restartCount"].as_i64().unwrap_or(0) >= 1
     });
@@ -177,7 +196,11 @@ fn exits_are_restarted_and_unknown_images_fail_clearly() {
 fn a_process_runs_with_its_service_accounts_permissions() {
     let cp = cluster();
     let ns = cp.namespace("sa");
-    apply(cp, &ns, "apiVersion: v1\nkind: ServiceAccount\nmetadata: { name: limited }\n---\napiVersion: v1\nkind: Pod\nmetadata: { name: lister }\nspec:\n  serviceAccountName: limited\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: kvgate/kubectl:test\n    args: [\"get\", \"pods\"]\n");
+    apply(
+        cp,
+        &ns,
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: { name: limited }\n---\napiVersion: v1\nkind: Pod\nmetadata: { name: lister }\nspec:\n  serviceAccountName: limited\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: kvgate/kubectl:test\n    args: [\"get\", \"pods\"]\n",
+    );
     eventually(cp, "the pod to fail", Duration::from_secs(60), || json(cp, &["-n", &ns, "get", "pod", "lister"])["status"]["phase"] == "Failed");
     let pod = json(cp, &["-n", &ns, "get", "pod", "lister"]);
     let uid = pod["metadata"]["uid"].as_str().unwrap();

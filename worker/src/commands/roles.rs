@@ -18,9 +18,9 @@ use crate::metrics::{self, Metrics};
 use crate::model::ModelSource;
 use crate::roles::decode::{self, DecodeRole};
 use crate::roles::discovery;
+use crate::roles::internal_auth::{self, Signer, Verifier};
 use crate::roles::peers::Peers;
 use crate::roles::prefill::{self, PrefillRole};
-use crate::roles::internal_auth::{self, Signer, Verifier};
 use crate::roles::router::RouterBackend;
 use crate::server::{self, AppState, Backend, limits};
 use crate::setup;
@@ -49,12 +49,14 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))
 }
 
-fn start_engine(engine: &EngineArgs, sched: &SchedulerArgs, registry: &prometheus::Registry, role: &str) -> anyhow::Result<(Engine, kvgate_proto::CapacityReport)> {
+fn start_engine(
+    engine: &EngineArgs,
+    sched: &SchedulerArgs,
+    registry: &prometheus::Registry,
+    role: &str,
+) -> anyhow::Result<(Engine, kvgate_proto::CapacityReport)> {
     let loaded = setup::load(engine)?;
-    let config = SchedulerConfig {
-        max_batch_tokens: sched.max_batch_tokens as usize,
-        admission_timeout: Duration::from_millis(sched.admission_timeout_ms),
-    };
+    let config = SchedulerConfig { max_batch_tokens: sched.max_batch_tokens as usize, admission_timeout: Duration::from_millis(sched.admission_timeout_ms) };
     let window = engine.context_window as usize;
     let e = Engine::start(loaded.model, loaded.pool, window, Metrics::new(registry, role), config);
     Ok((e, loaded.report))

@@ -79,12 +79,7 @@ impl Engine {
     }
 
     /// Admits and queues a request. Rejections happen here, before any page is reserved.
-    pub fn submit(
-        &self,
-        prompt: Vec<u32>,
-        max_tokens: usize,
-        sampling: SamplingParams,
-    ) -> Result<mpsc::UnboundedReceiver<Event>, Rejection> {
+    pub fn submit(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<mpsc::UnboundedReceiver<Event>, Rejection> {
         admission::admit(self.limits, prompt.len(), max_tokens)?;
         Ok(self.enqueue(prompt, max_tokens, sampling, Mode::Full))
     }

@@ -135,8 +135,7 @@ impl Scheduler {
         let mut plan: Vec<(usize, usize)> = Vec::new();
         let mut failed: Vec<(usize, String)> = Vec::new();
         // Decodes first: a running sequence must never stall behind a long prompt.
-        let (decoding, prefilling): (Vec<usize>, Vec<usize>) =
-            (0..self.running.len()).partition(|&i| self.running[i].pending() == 1);
+        let (decoding, prefilling): (Vec<usize>, Vec<usize>) = (0..self.running.len()).partition(|&i| self.running[i].pending() == 1);
         for i in decoding.into_iter().chain(prefilling) {
             if budget == 0 {
                 break;

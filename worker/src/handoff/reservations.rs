@@ -75,10 +75,14 @@ enum Entry {
     Committed(Committed),
     /// Tombstones: kept (bounded) so late or replayed frames get the right reason.
     Failed(Verdict),
-    Cancelled { rejected: bool },
+    Cancelled {
+        rejected: bool,
+    },
     /// `counted`: a timeout mismatch was already counted for it (pages had arrived), so a late
     /// frame of the same transfer does not count it twice.
-    Expired { counted: bool },
+    Expired {
+        counted: bool,
+    },
 }
 
 /// How many finished handoffs are remembered.
@@ -88,13 +92,29 @@ const TOMBSTONES: usize = 4096;
 #[derive(Debug, PartialEq, Eq)]
 pub enum ReserveError {
     /// A field is out of range (zero tokens, or a sum that overflows).
-    Invalid { field: &'static str, message: String },
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
     /// Prompt plus completion exceed the declared window.
-    ContextLength { prompt: u32, max_tokens: u32, window: usize },
+    ContextLength {
+        prompt: u32,
+        max_tokens: u32,
+        window: usize,
+    },
     /// Too many reservations are open or committed and not yet decoded.
-    TooMany { open: usize, limit: usize },
-    NeverFits { needed: usize, capacity: usize },
-    NoRoom { needed: usize, free: usize },
+    TooMany {
+        open: usize,
+        limit: usize,
+    },
+    NeverFits {
+        needed: usize,
+        capacity: usize,
+    },
+    NoRoom {
+        needed: usize,
+        free: usize,
+    },
 }
 
 /// What the reservation tells prefill.
@@ -481,7 +501,9 @@ impl Reservations {
                     Some(Entry::Open(_)) => {}
                     Some(Entry::Failed(v)) => return Err(v.clone()),
                     Some(Entry::Cancelled { .. }) => return Err(Verdict::new("cancelled", format!("kv_handoff_cancelled: handoff {id} was cancelled"))),
-                    Some(Entry::Expired { .. }) => return Err(Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired without a commit"))),
+                    Some(Entry::Expired { .. }) => {
+                        return Err(Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired without a commit")));
+                    }
                     None => return Err(Verdict::new("unknown_handoff", format!("kv_handoff_unknown: no reservation {id}"))),
                 }
             }

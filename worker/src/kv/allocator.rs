@@ -48,11 +48,7 @@ pub struct PageAllocator {
 impl PageAllocator {
     pub fn new(num_pages: usize) -> Self {
         assert!(num_pages <= u32::MAX as usize, "page ids are u32");
-        PageAllocator {
-            free: (0..num_pages as u32).collect(),
-            owner: vec![None; num_pages],
-            generation: vec![0; num_pages],
-        }
+        PageAllocator { free: (0..num_pages as u32).collect(), owner: vec![None; num_pages], generation: vec![0; num_pages] }
     }
 
     pub fn total(&self) -> usize {
@@ -183,9 +179,6 @@ mod tests {
     #[test]
     fn unknown_page_ids_are_reported() {
         let a = PageAllocator::new(1);
-        assert_eq!(
-            a.check(A, PageRef { id: 7, generation: 0 }),
-            Err(AccessError::NoSuchPage { page: 7 })
-        );
+        assert_eq!(a.check(A, PageRef { id: 7, generation: 0 }), Err(AccessError::NoSuchPage { page: 7 }));
     }
 }

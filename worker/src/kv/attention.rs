@@ -114,12 +114,8 @@ mod tests {
         let mut out = vec![0.0f32; h_n * d];
         for h in 0..h_n {
             let g = h / (h_n / kv_n);
-            let scores: Vec<f64> = (0..n)
-                .map(|t| {
-                    (0..d).map(|i| q[h * d + i] as f64 * k[(t * kv_n + g) * d + i] as f64).sum::<f64>()
-                        / (d as f64).sqrt()
-                })
-                .collect();
+            let scores: Vec<f64> =
+                (0..n).map(|t| (0..d).map(|i| q[h * d + i] as f64 * k[(t * kv_n + g) * d + i] as f64).sum::<f64>() / (d as f64).sqrt()).collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let z: f64 = e.iter().sum();

@@ -31,23 +31,13 @@ impl CudaStore {
         let pages = size.pages(layout, || Ok(free as u64)).map_err(|e| StoreError::Cuda(e.to_string()))?;
         let bytes = pages * layout.page_bytes();
         if bytes > free {
-            return Err(StoreError::Cuda(format!(
-                "a pool of {bytes} bytes ({pages} pages) does not fit the {free} free bytes of cuda:{ordinal}"
-            )));
+            return Err(StoreError::Cuda(format!("a pool of {bytes} bytes ({pages} pages) does not fit the {free} free bytes of cuda:{ordinal}")));
         }
         let stream = ctx.default_stream();
         let buf = stream.alloc_zeros::<u8>(bytes).map_err(cuda_err(format!("allocating {bytes} bytes on cuda:{ordinal}")))?;
         stream.synchronize().map_err(cuda_err("zeroing the pool"))?;
         let (free_after, _) = ctx.mem_get_info().map_err(cuda_err("reading device memory"))?;
-        tracing::info!(
-            device = ordinal,
-            total_bytes = total,
-            free_before = free,
-            free_after,
-            pool_bytes = bytes,
-            pages,
-            "KV pool allocated in device memory"
-        );
+        tracing::info!(device = ordinal, total_bytes = total, free_before = free, free_after, pool_bytes = bytes, pages, "KV pool allocated in device memory");
         Ok(CudaStore { stream, buf, page_bytes: layout.page_bytes(), num_pages: pages })
     }
 

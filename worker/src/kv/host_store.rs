@@ -18,9 +18,7 @@ impl HostStore {
     /// Allocates and *commits* `num_pages` pages: every byte is written once, so the kernel has
     /// really backed the memory and the reported capacity is true, not an overcommit promise.
     pub fn allocate(layout: &KvLayout, num_pages: usize) -> Result<Self, StoreError> {
-        let elems = num_pages
-            .checked_mul(layout.page_elems())
-            .ok_or(StoreError::TooLarge { pages: num_pages })?;
+        let elems = num_pages.checked_mul(layout.page_elems()).ok_or(StoreError::TooLarge { pages: num_pages })?;
         let bytes = elems * layout.dtype.size();
         let data = match layout.dtype {
             KvDtype::F32 => HostData::F32(committed_vec(elems, bytes)?),

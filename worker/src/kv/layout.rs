@@ -173,9 +173,7 @@ mod tests {
     #[test]
     fn blocks_tile_the_page_without_overlap() {
         let l = layout();
-        let mut starts: Vec<usize> = (0..l.num_layers)
-            .flat_map(|layer| [Half::K, Half::V].map(|h| l.block_offset(layer, h)))
-            .collect();
+        let mut starts: Vec<usize> = (0..l.num_layers).flat_map(|layer| [Half::K, Half::V].map(|h| l.block_offset(layer, h))).collect();
         starts.sort();
         let block = l.page_size * l.token_elems();
         for (i, s) in starts.iter().enumerate() {

@@ -2,14 +2,14 @@
 
 pub mod allocator;
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda_store;
 pub mod element;
 mod host_store;
 pub mod layout;
 pub mod pool;
 pub mod sizing;
 pub mod store;
-#[cfg(feature = "cuda")]
-pub mod cuda_store;
 
 pub use allocator::{AllocError, OwnerId, PageRef};
 pub use attention::{AttnShape, Scratch};

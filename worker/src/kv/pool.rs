@@ -148,9 +148,10 @@ impl KvPool {
             for p in pages {
                 // Scrub only what this owner really holds; the release below reports the rest.
                 if inner.alloc.check(owner, *p).is_ok()
-                    && let Err(e) = inner.store.scrub(p.id) {
-                        tracing::error!(page = p.id, error = %e, "failed to scrub KV page");
-                    }
+                    && let Err(e) = inner.store.scrub(p.id)
+                {
+                    tracing::error!(page = p.id, error = %e, "failed to scrub KV page");
+                }
             }
         }
         if let Err(e) = inner.alloc.release(owner, pages) {
@@ -309,10 +310,7 @@ impl PoolGuard<'_> {
     }
 
     fn page_at(&self, lease: &Lease, pos: usize) -> Result<PageRef, KvError> {
-        let page = *lease
-            .pages
-            .get(pos / self.layout.page_size)
-            .ok_or(KvError::PastLease { pos, capacity: lease.capacity() })?;
+        let page = *lease.pages.get(pos / self.layout.page_size).ok_or(KvError::PastLease { pos, capacity: lease.capacity() })?;
         self.inner.alloc.check(lease.owner, page)?;
         Ok(page)
     }

@@ -51,8 +51,7 @@ impl PoolSize {
 /// cgroup (v2 or v1) limit leaves.
 pub fn available_host_memory() -> Result<u64, SizingError> {
     let meminfo = fs::read_to_string("/proc/meminfo").map_err(|e| SizingError::NoMemInfo(e.to_string()))?;
-    let host = parse_meminfo_available(&meminfo)
-        .ok_or_else(|| SizingError::NoMemInfo("no MemAvailable in /proc/meminfo".into()))?;
+    let host = parse_meminfo_available(&meminfo).ok_or_else(|| SizingError::NoMemInfo("no MemAvailable in /proc/meminfo".into()))?;
     Ok(match cgroup_headroom() {
         Some(room) => host.min(room),
         None => host,
@@ -70,10 +69,7 @@ fn cgroup_headroom() -> Option<u64> {
     let read = |p: &str| fs::read_to_string(p).ok();
     let (limit, usage) = match read("/sys/fs/cgroup/memory.max") {
         Some(max) => (max, read("/sys/fs/cgroup/memory.current")?),
-        None => (
-            read("/sys/fs/cgroup/memory/memory.limit_in_bytes")?,
-            read("/sys/fs/cgroup/memory/memory.usage_in_bytes")?,
-        ),
+        None => (read("/sys/fs/cgroup/memory/memory.limit_in_bytes")?, read("/sys/fs/cgroup/memory/memory.usage_in_bytes")?),
     };
     headroom(&limit, &usage)
 }
@@ -110,10 +106,7 @@ mod tests {
     fn bytes_round_down_to_whole_pages() {
         let page = layout().page_bytes() as u64;
         assert_eq!(PoolSize::Bytes(page * 5 + page / 2).pages(&layout(), unused), Ok(5));
-        assert_eq!(
-            PoolSize::Bytes(page - 1).pages(&layout(), unused),
-            Err(SizingError::BelowOnePage { requested: page - 1, page_bytes: page })
-        );
+        assert_eq!(PoolSize::Bytes(page - 1).pages(&layout(), unused), Err(SizingError::BelowOnePage { requested: page - 1, page_bytes: page }));
     }
 
     #[test]

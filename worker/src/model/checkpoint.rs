@@ -75,12 +75,8 @@ fn require(path: PathBuf) -> Result<PathBuf, ModelError> {
 /// The distinct shard files named by the index's `weight_map`, each required to exist.
 fn shards(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, ModelError> {
     let text = std::fs::read_to_string(index).map_err(|e| ModelError::Io(index.to_path_buf(), e))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| ModelError::Config(format!("{}: {e}", index.display())))?;
-    let map = value
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| ModelError::Config(format!("{}: no `weight_map` object", index.display())))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Config(format!("{}: {e}", index.display())))?;
+    let map = value.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Config(format!("{}: no `weight_map` object", index.display())))?;
     let files: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
     files.into_iter().map(|f| require(dir.join(f))).collect()
 }

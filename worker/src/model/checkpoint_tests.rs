@@ -50,7 +50,11 @@ fn sharded_weights_load_through_the_index() {
     for (i, (name, t)) in all.into_iter().enumerate() {
         let file = if i % 2 == 0 { "model-00001-of-00002.safetensors" } else { "model-00002-of-00002.safetensors" };
         map.insert(name.clone(), file.into());
-        if i % 2 == 0 { a.insert(name, t) } else { b.insert(name, t) };
+        if i % 2 == 0 {
+            a.insert(name, t)
+        } else {
+            b.insert(name, t)
+        };
     }
     std::fs::write(d.join("config.json"), serde_json::to_string(&tiny::config()).unwrap()).unwrap();
     std::fs::write(d.join("tokenizer.json"), TOKENIZER).unwrap();

@@ -107,12 +107,11 @@ impl ModelConfig {
             return Err(ModelError::UnsupportedArchitecture { found: arch.clone(), supported: SUPPORTED.join(", ") });
         }
         if let Some(scaling) = &self.rope_scaling
-            && scaling.rope_type != "llama3" && scaling.rope_type != "default" {
-                return Err(ModelError::Config(format!(
-                    "rope_scaling.rope_type `{}` is not supported (llama3 or default)",
-                    scaling.rope_type
-                )));
-            }
+            && scaling.rope_type != "llama3"
+            && scaling.rope_type != "default"
+        {
+            return Err(ModelError::Config(format!("rope_scaling.rope_type `{}` is not supported (llama3 or default)", scaling.rope_type)));
+        }
         let heads = self.num_attention_heads;
         if heads == 0 || self.num_kv_heads() == 0 || !heads.is_multiple_of(self.num_kv_heads()) {
             return Err(ModelError::Config(format!(

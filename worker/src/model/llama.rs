@@ -80,9 +80,7 @@ impl Block {
 impl Llama {
     pub fn load(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
         let embed = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, vb.pp("model.embed_tokens"))?;
-        let blocks = (0..cfg.num_hidden_layers)
-            .map(|i| Block::load(cfg, vb.pp(format!("model.layers.{i}"))))
-            .collect::<Result<Vec<_>>>()?;
+        let blocks = (0..cfg.num_hidden_layers).map(|i| Block::load(cfg, vb.pp(format!("model.layers.{i}")))).collect::<Result<Vec<_>>>()?;
         let norm = candle_nn::rms_norm(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("model.norm"))?;
         let lm_head = if cfg.tie_word_embeddings {
             Linear::new(embed.embeddings().clone(), None)
@@ -97,11 +95,7 @@ impl Llama {
     }
 
     pub(crate) fn attn_shape(&self) -> AttnShape {
-        AttnShape {
-            num_heads: self.cfg.num_attention_heads,
-            num_kv_heads: self.cfg.num_kv_heads(),
-            head_dim: self.cfg.head_dim(),
-        }
+        AttnShape { num_heads: self.cfg.num_attention_heads, num_kv_heads: self.cfg.num_kv_heads(), head_dim: self.cfg.head_dim() }
     }
 
     /// Rotates `x` (`[n, heads * head_dim]`) by the positions' angles.
@@ -121,8 +115,7 @@ impl Llama {
             kv.verify(s.lease).map_err(|e| err(e.into()))?;
         }
         let ids: Vec<u32> = steps.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        let positions: Vec<u32> =
-            steps.iter().flat_map(|s| (s.start..s.start + s.tokens.len()).map(|p| p as u32)).collect();
+        let positions: Vec<u32> = steps.iter().flat_map(|s| (s.start..s.start + s.tokens.len()).map(|p| p as u32)).collect();
         let n = ids.len();
         let shape = self.attn_shape();
         let (q_width, kv_width) = (shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim);
@@ -141,8 +134,7 @@ impl Llama {
             for s in steps {
                 for i in 0..s.tokens.len() {
                     let r = row + i;
-                    kv.write_token(s.lease, s.start + i, layer, &k[r * kv_width..][..kv_width], &v[r * kv_width..][..kv_width])
-                        .map_err(err)?;
+                    kv.write_token(s.lease, s.start + i, layer, &k[r * kv_width..][..kv_width], &v[r * kv_width..][..kv_width]).map_err(err)?;
                 }
                 for i in 0..s.tokens.len() {
                     let r = row + i;

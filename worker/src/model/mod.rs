@@ -1,15 +1,15 @@
 //! The model: config, weights (built-in tiny or a checkpoint), forward pass and sampling.
 
 pub mod checkpoint;
+#[cfg(test)]
+mod checkpoint_tests;
 pub mod config;
 pub mod llama;
 mod reference;
-#[cfg(test)]
-mod checkpoint_tests;
-#[cfg(test)]
-mod tests;
 pub mod rope;
 pub mod sampling;
+#[cfg(test)]
+mod tests;
 pub mod tiny;
 
 use std::path::{Path, PathBuf};

@@ -14,8 +14,7 @@ impl Llama {
         let (h_n, kv_n, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
         let positions: Vec<u32> = (0..n as u32).collect();
         let (cos, sin) = self.rope.tables(&positions, dev)?;
-        let mask: Vec<f32> =
-            (0..n).flat_map(|i| (0..n).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+        let mask: Vec<f32> = (0..n).flat_map(|i| (0..n).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
         let mask = Tensor::from_vec(mask, (n, n), dev)?;
 
         let mut x = self.embed.forward(&Tensor::new(tokens, dev)?)?;

@@ -38,8 +38,7 @@ impl Sampler {
         }
         let t = self.params.temperature;
         let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let mut probs: Vec<(u32, f32)> =
-            logits.iter().enumerate().map(|(i, l)| (i as u32, ((l - max) / t).exp())).collect();
+        let mut probs: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, l)| (i as u32, ((l - max) / t).exp())).collect();
         let total: f32 = probs.iter().map(|p| p.1).sum();
         probs.iter_mut().for_each(|p| p.1 /= total);
         if self.params.top_p < 1.0 {
@@ -92,8 +91,14 @@ mod tests {
     fn a_seed_makes_sampling_repeatable() {
         let p = SamplingParams { temperature: 1.0, top_p: 1.0, seed: Some(7) };
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
-        let a: Vec<u32> = { let mut s = Sampler::new(p); (0..32).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p); (0..32).map(|_| s.sample(&logits)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..32).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..32).map(|_| s.sample(&logits)).collect()
+        };
         assert_eq!(a, b);
         assert!(a.iter().any(|t| *t != a[0]), "temperature 1 over a flat-ish distribution must vary");
     }

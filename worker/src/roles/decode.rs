@@ -12,7 +12,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use futures::StreamExt;
 use kvgate_proto::handoff::HandoffId;
-use kvgate_proto::roles::{CancelRequest, GenerateRequest, ReserveRequest, Reservation, StreamLine};
+use kvgate_proto::roles::{CancelRequest, GenerateRequest, Reservation, ReserveRequest, StreamLine};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::engine::{Engine, Event, Mode, Rejection};
@@ -135,7 +135,10 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
             return Err(ApiError::invalid("prompt", format!("prompt has {} tokens, the handoff carried {}", req.prompt.len(), committed.reserved_tokens)));
         }
         if req.max_tokens == 0 || req.max_tokens > committed.max_tokens {
-            return Err(ApiError::invalid("max_tokens", format!("`max_tokens` must be between 1 and the {} reserved, got {}", committed.max_tokens, req.max_tokens)));
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!("`max_tokens` must be between 1 and the {} reserved, got {}", committed.max_tokens, req.max_tokens),
+            ));
         }
         let sampling = SamplingParams { temperature: req.sampling.temperature, top_p: req.sampling.top_p, seed: req.sampling.seed };
         let mode = Mode::Continue { lease: committed.lease, first_token: committed.first_token };
@@ -143,11 +146,9 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
         let lines = UnboundedReceiverStream::new(rx).map(|event| {
             let line = match event {
                 Event::Token(t) => StreamLine::Token(t),
-                Event::Done { finish, prompt_tokens, completion_tokens } => StreamLine::Done {
-                    finish: finish.as_str().into(),
-                    prompt_tokens: prompt_tokens as u32,
-                    completion_tokens: completion_tokens as u32,
-                },
+                Event::Done { finish, prompt_tokens, completion_tokens } => {
+                    StreamLine::Done { finish: finish.as_str().into(), prompt_tokens: prompt_tokens as u32, completion_tokens: completion_tokens as u32 }
+                }
                 Event::Rejected(r) => StreamLine::Error { status: ApiError::from(r.clone()).status.as_u16(), code: r.reason().into(), message: r.to_string() },
                 Event::Failed(f) => StreamLine::Error { status: f.status, code: f.code, message: f.message },
             };

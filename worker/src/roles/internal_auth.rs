@@ -44,10 +44,7 @@ impl Signer {
     /// A signed JSON POST of `body` to `base` + `path`.
     pub fn post(&self, http: &reqwest::Client, base: &str, path: &str, body: &impl serde::Serialize) -> reqwest::RequestBuilder {
         let bytes = serde_json::to_vec(body).expect("role bodies serialize");
-        http.post(format!("{base}{path}"))
-            .header(SIGNATURE_HEADER, self.sign(path, &bytes))
-            .header("content-type", "application/json")
-            .body(bytes)
+        http.post(format!("{base}{path}")).header(SIGNATURE_HEADER, self.sign(path, &bytes)).header("content-type", "application/json").body(bytes)
     }
 }
 

@@ -124,10 +124,7 @@ impl Peers {
         let mut decodes: Vec<(&Arc<Peer>, CapacityReport)> = decode.iter().filter_map(|d| d.report().map(|r| (d, r))).collect();
         decodes.sort_by_key(|(d, _)| d.load());
         for (d, dr) in decodes {
-            let prefill = prefill
-                .iter()
-                .filter(|p| p.report().is_some_and(|pr| compatible(&pr, &dr)))
-                .min_by_key(|p| p.load());
+            let prefill = prefill.iter().filter(|p| p.report().is_some_and(|pr| compatible(&pr, &dr))).min_by_key(|p| p.load());
             if let Some(p) = prefill {
                 return Some((p.clone(), d.clone()));
             }

@@ -40,7 +40,13 @@ pub fn routes(role: PrefillRole) -> Router {
 }
 
 fn reservation_error(e: SendError) -> ApiError {
-    ApiError { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", code: "reservation_invalid".into(), param: Some("reservation".into()), message: e.to_string() }
+    ApiError {
+        status: StatusCode::BAD_REQUEST,
+        kind: "invalid_request_error",
+        code: "reservation_invalid".into(),
+        param: Some("reservation".into()),
+        message: e.to_string(),
+    }
 }
 
 async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response {

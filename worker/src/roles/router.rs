@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, PrefillResponse, ReserveRequest, Reservation, Sampling, StreamLine};
+use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, PrefillResponse, Reservation, ReserveRequest, Sampling, StreamLine};
 use serde_json::Value;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -145,12 +145,8 @@ impl RouterBackend {
 
     /// POSTs `body` to decode; any answer but success becomes the failure decode described.
     async fn call_decode(&self, base: &str, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Event> {
-        let resp = self
-            .signer
-            .post(&self.http, base, path, body)
-            .send()
-            .await
-            .map_err(|e| fail(502, "peer_unreachable", format!("decode peer {base}: {e}")))?;
+        let resp =
+            self.signer.post(&self.http, base, path, body).send().await.map_err(|e| fail(502, "peer_unreachable", format!("decode peer {base}: {e}")))?;
         if !resp.status().is_success() {
             return Err(peer_error(resp, "decode").await);
         }
@@ -167,8 +163,7 @@ impl RouterBackend {
             buf.extend_from_slice(&chunk);
             while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=nl).collect();
-                let parsed: StreamLine =
-                    serde_json::from_slice(&line).map_err(|e| fail(502, "peer_error", format!("bad line from decode: {e}")))?;
+                let parsed: StreamLine = serde_json::from_slice(&line).map_err(|e| fail(502, "peer_error", format!("bad line from decode: {e}")))?;
                 let event = match parsed {
                     StreamLine::Token(t) => {
                         let now = Instant::now();

@@ -112,9 +112,7 @@ impl CompletionRequest {
         match &self.prompt {
             Prompt::Text(t) => Ok(t),
             Prompt::Batch(v) if v.len() == 1 => Ok(&v[0]),
-            Prompt::Batch(v) => {
-                Err(ApiError::invalid("prompt", format!("`prompt` must be one string (batches are not supported), got {}", v.len())))
-            }
+            Prompt::Batch(v) => Err(ApiError::invalid("prompt", format!("`prompt` must be one string (batches are not supported), got {}", v.len()))),
         }
     }
 }
@@ -189,7 +187,8 @@ mod tests {
 
     #[test]
     fn chat_renders_roles_in_order() {
-        let r: ChatRequest = parse(br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#).unwrap();
+        let r: ChatRequest =
+            parse(br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#).unwrap();
         assert_eq!(r.render().unwrap(), "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
         let r: ChatRequest = parse(br#"{"messages":[{"role":"wizard","content":"x"}]}"#).unwrap();
         assert_eq!(r.render().unwrap_err().param.as_deref(), Some("messages[0].role"));

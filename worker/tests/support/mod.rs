@@ -130,9 +130,14 @@ impl Worker {
 
     /// Greedy completion text of `prompt`.
     pub async fn complete(&self, prompt: &str, max_tokens: u32) -> String {
-        let (status, body) = self.post("/v1/completions", &serde_json::json!({
-            "prompt": prompt, "max_tokens": max_tokens, "temperature": 0
-        })).await;
+        let (status, body) = self
+            .post(
+                "/v1/completions",
+                &serde_json::json!({
+                    "prompt": prompt, "max_tokens": max_tokens, "temperature": 0
+                }),
+            )
+            .await;
         assert_eq!(status, 200, "{body}");
         body["choices"][0]["text"].as_str().unwrap().to_string()
     }

@@ -8,10 +8,7 @@ use kvgate_testenv::node::{AgentConfig, ImageTable, NodeAgent};
 /// `--flag value` or `--flag=value`.
 fn arg(args: &[String], flag: &str) -> Option<String> {
     let prefix = format!("{flag}=");
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1).cloned())
-        .or_else(|| args.iter().find_map(|a| a.strip_prefix(&prefix).map(str::to_string)))
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned()).or_else(|| args.iter().find_map(|a| a.strip_prefix(&prefix).map(str::to_string)))
 }
 
 #[tokio::main]

@@ -54,9 +54,10 @@ impl PodAddresses {
 
     pub fn release(&mut self, addr: Ipv4Addr) {
         if self.held.remove(&addr)
-            && let Err(e) = ip(&["addr", "del", &format!("{addr}/32"), "dev", "lo"]) {
-                tracing::warn!(%addr, error = %e, "could not remove a pod address");
-            }
+            && let Err(e) = ip(&["addr", "del", &format!("{addr}/32"), "dev", "lo"])
+        {
+            tracing::warn!(%addr, error = %e, "could not remove a pod address");
+        }
     }
 }
 

@@ -50,7 +50,14 @@ impl NodeAgent {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let name = &self.cfg.node_name;
         if nodes.get_opt(name).await?.is_none() {
-            let node = Node { metadata: ObjectMeta { name: Some(name.clone()), labels: Some([("kubernetes.io/hostname".to_string(), name.clone())].into()), ..Default::default() }, ..Default::default() };
+            let node = Node {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some([("kubernetes.io/hostname".to_string(), name.clone())].into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
             nodes.create(&PostParams::default(), &node).await?;
         }
         self.heartbeat().await
@@ -214,7 +221,11 @@ impl NodeAgent {
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
         let name = pod.metadata.name.clone().unwrap_or_default();
-        let dp = DeleteParams { grace_period_seconds: Some(0), preconditions: Some(kube::api::Preconditions { uid: Some(uid), resource_version: None }), ..Default::default() };
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(kube::api::Preconditions { uid: Some(uid), resource_version: None }),
+            ..Default::default()
+        };
         if let Err(e) = api.delete(&name, &dp).await {
             tracing::debug!(pod = name, error = %e, "final delete failed");
         }

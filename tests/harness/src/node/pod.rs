@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -62,7 +62,14 @@ fn now() -> Time {
 }
 
 impl PodRt {
-    pub fn new(pod: &Pod, ip: Ipv4Addr, dir: PathBuf, kubeconfig: Option<PathBuf>, token: Option<String>, volumes: Result<BTreeMap<String, PathBuf>, String>) -> Self {
+    pub fn new(
+        pod: &Pod,
+        ip: Ipv4Addr,
+        dir: PathBuf,
+        kubeconfig: Option<PathBuf>,
+        token: Option<String>,
+        volumes: Result<BTreeMap<String, PathBuf>, String>,
+    ) -> Self {
         let containers = pod
             .spec
             .iter()
@@ -166,23 +173,24 @@ impl PodRt {
         for i in 0..self.containers.len() {
             let c = &mut self.containers[i];
             if let Some(child) = c.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait() {
-                    let exit_code = status.code().unwrap_or(137);
-                    let started = match &c.state {
-                        State::Running { started } => started.clone(),
-                        _ => now(),
-                    };
-                    let reason = if exit_code == 0 { "Completed" } else { "Error" };
-                    c.state = State::Terminated { exit_code, reason: reason.into(), started, finished: now() };
-                    c.child = None;
-                    c.ready = false;
-                    let restart = policy == "Always" || (policy == "OnFailure" && exit_code != 0);
-                    if restart {
-                        // Back off 1 s, 2 s, 4 s ... up to 30 s, as CrashLoopBackOff does (faster).
-                        let delay = Duration::from_secs(1u64 << c.restarts.min(5) as u64).min(Duration::from_secs(30));
-                        c.backoff_until = Some(Instant::now() + delay);
-                    }
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                let exit_code = status.code().unwrap_or(137);
+                let started = match &c.state {
+                    State::Running { started } => started.clone(),
+                    _ => now(),
+                };
+                let reason = if exit_code == 0 { "Completed" } else { "Error" };
+                c.state = State::Terminated { exit_code, reason: reason.into(), started, finished: now() };
+                c.child = None;
+                c.ready = false;
+                let restart = policy == "Always" || (policy == "OnFailure" && exit_code != 0);
+                if restart {
+                    // Back off 1 s, 2 s, 4 s ... up to 30 s, as CrashLoopBackOff does (faster).
+                    let delay = Duration::from_secs(1u64 << c.restarts.min(5) as u64).min(Duration::from_secs(30));
+                    c.backoff_until = Some(Instant::now() + delay);
                 }
+            }
             let c = &mut self.containers[i];
             let due = match (&c.state, c.backoff_until) {
                 (State::Waiting { reason, .. }, _) if reason == "ContainerCreating" || reason == "CreateContainerConfigError" => true,
@@ -205,20 +213,21 @@ impl PodRt {
         let c = &mut self.containers[i];
         let Some(started) = c.started_at.filter(|_| c.child.is_some()) else { return };
         if let Some(p) = c.spec.liveness_probe.clone()
-            && due(&mut c.liveness, &p, started) {
-                if let Err(reason) = probes::run(&p, &c.spec, &ip).await {
-                    c.liveness.failures += 1;
-                    if c.liveness.failures >= p.failure_threshold.unwrap_or(3) {
-                        tracing::info!(container = c.spec.name, reason, "liveness probe failed; restarting");
-                        if let Some(child) = c.child.as_mut() {
-                            // SAFETY: signalling the container's own process.
-                            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-                        }
+            && due(&mut c.liveness, &p, started)
+        {
+            if let Err(reason) = probes::run(&p, &c.spec, &ip).await {
+                c.liveness.failures += 1;
+                if c.liveness.failures >= p.failure_threshold.unwrap_or(3) {
+                    tracing::info!(container = c.spec.name, reason, "liveness probe failed; restarting");
+                    if let Some(child) = c.child.as_mut() {
+                        // SAFETY: signalling the container's own process.
+                        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
                     }
-                } else {
-                    c.liveness.failures = 0;
                 }
+            } else {
+                c.liveness.failures = 0;
             }
+        }
         match c.spec.readiness_probe.clone() {
             None => c.ready = true,
             Some(p) => {
@@ -255,18 +264,16 @@ impl PodRt {
             "Pending"
         };
         let existing = pod.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
-        let gates_ok = pod.spec.iter().flat_map(|s| s.readiness_gates.iter().flatten()).all(|g| {
-            existing.iter().any(|c| c.type_ == g.condition_type && c.status == "True")
-        });
+        let gates_ok = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.readiness_gates.iter().flatten())
+            .all(|g| existing.iter().any(|c| c.type_ == g.condition_type && c.status == "True"));
         let ready = all_ready && gates_ok;
         let cond = |t: &str, ok: bool, reason: Option<&str>| {
             let status = if ok { "True" } else { "False" };
             // Keep the transition time while the status holds.
-            let since = existing
-                .iter()
-                .find(|c| c.type_ == t && c.status == status)
-                .and_then(|c| c.last_transition_time.clone())
-                .unwrap_or_else(now);
+            let since = existing.iter().find(|c| c.type_ == t && c.status == status).and_then(|c| c.last_transition_time.clone()).unwrap_or_else(now);
             let mut v = json!({ "type": t, "status": status, "lastTransitionTime": since, "lastProbeTime": null });
             if let Some(r) = reason.filter(|_| !ok) {
                 v["reason"] = json!(r);

@@ -36,7 +36,10 @@ pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option
                     let token = token.ok_or_else(|| format!("volume {}: no service-account token for this pod", v.name))?;
                     data.insert(t.path.clone(), token.as_bytes().to_vec());
                 } else if let Some(c) = &src.config_map {
-                    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns).get(&c.name).await.map_err(|e| format!("volume {}: configmap {}: {e}", v.name, c.name))?;
+                    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
+                        .get(&c.name)
+                        .await
+                        .map_err(|e| format!("volume {}: configmap {}: {e}", v.name, c.name))?;
                     let values = cm.data.unwrap_or_default();
                     for item in c.items.iter().flatten() {
                         data.insert(item.path.clone(), values.get(&item.key).cloned().unwrap_or_default().into_bytes());
