@@ -22,7 +22,11 @@ test: test-deps controlplane tools
 test-deps:
 	bash scripts/test-deps.sh
 
+## Formatting (rustfmt.toml) and clippy with warnings as errors; .ci/run runs it before the tests.
 lint:
+	@$(CARGO) fmt --version >/dev/null 2>&1 || { echo "cargo fmt not found: rustup component add rustfmt"; exit 1; }
+	@$(CARGO) clippy --version >/dev/null 2>&1 || { echo "cargo clippy not found: rustup component add clippy"; exit 1; }
+	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## Benchmarks (printed as a Markdown table; numbers in the README come from here).
