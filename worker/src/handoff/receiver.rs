@@ -141,13 +141,13 @@ async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Durati
                 Ok(Frame::Ack(_)) => Err(refused("malformed", "kv_port_malformed: decode does not accept acks".into())),
                 Ok(frame) => {
                     let id = frame.handoff().expect("pages and commits name a handoff");
-                    let authentic = table.verifies_integrity() && frame.mac_verifies(&table.frame_key(id), &header, &body);
+                    let authentic = table.authenticate(&frame, &header, &body);
                     let accepted = match &frame {
                         Frame::Page(p) => table.accept_page(p, authentic).map(|_| false),
                         Frame::Commit(c) => table.accept_commit(c, authentic).map(|_| true),
                         Frame::Ack(_) => unreachable!("matched above"),
                     };
-                    if authentic || !table.verifies_integrity() {
+                    if authentic {
                         bound = Some(id);
                     }
                     accepted
