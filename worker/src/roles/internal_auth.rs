@@ -114,7 +114,8 @@ impl Verifier {
 
     fn refuse(&self, e: AuthError) -> Response {
         self.rejected.with_label_values(&[e.reason()]).inc();
-        tracing::warn!(reason = e.reason(), "internal request refused: {e}");
+        // Counted, not logged loudly: whoever can reach the port could otherwise flood the log.
+        tracing::debug!(reason = e.reason(), "internal request refused: {e}");
         let kind = "authentication_error";
         ApiError { status: StatusCode::UNAUTHORIZED, kind, code: "unauthenticated".into(), param: None, message: e.to_string() }.into_response()
     }

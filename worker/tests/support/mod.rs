@@ -42,6 +42,12 @@ impl TestSecret {
     }
 }
 
+impl Drop for TestSecret {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 pub struct Worker {
     pub child: Child,
     /// The line in which the worker reported where it listens.
