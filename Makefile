@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run demo test test-deps lint bench fuzz controlplane tools images dev-cluster
+.PHONY: run demo test test-deps lint generate bench fuzz controlplane tools images dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
@@ -28,6 +28,12 @@ lint:
 	@$(CARGO) clippy --version >/dev/null 2>&1 || { echo "cargo clippy not found: rustup component add clippy"; exit 1; }
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+## Every generated file: the CRD YAML (crds/ and the chart's copy), the dashboards and the chart's
+## copies of them and of the alert rules, the refusal-reason table of docs/handoff-protocol.md.
+## `make test` fails when one is stale (xtask/tests/generated.rs).
+generate:
+	$(CARGO) xtask generate
 
 ## Benchmarks (printed as a Markdown table; numbers in the README come from here).
 bench:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes kvgate's Grafana dashboards (dashboards/*.json) from the panel lists below.
 
-Run `python3 dashboards/generate.py` after editing; `--check` fails when a file is stale (a test
-runs it). Conventions (checked by operator/tests/observability.rs): one datasource variable
+Run `make generate` after editing (it runs this and copies the result into the chart); `--check`
+fails when a file is stale (a test runs it). Conventions (checked by operator/tests/observability.rs): one datasource variable
 `datasource`, `namespace` and `deployment` variables from label values, stable uids, a unit and a
 description on every panel, `$__rate_interval` in rates.
 """
@@ -169,7 +169,7 @@ def main():
         else:
             path.write_text(text)
     if stale:
-        sys.exit(f"stale dashboards {stale}: run python3 dashboards/generate.py")
+        sys.exit(f"stale dashboards {stale}: run make generate")
 
 
 if __name__ == "__main__":

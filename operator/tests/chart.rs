@@ -102,7 +102,7 @@ fn the_chart_lints_renders_and_validates_on_the_api_server() {
 #[test]
 fn the_chart_ships_the_generated_crds_rules_and_dashboards() {
     let same = |a: &str, b: &str| {
-        assert_eq!(std::fs::read_to_string(repo(a)).unwrap(), std::fs::read_to_string(repo(b)).unwrap(), "{b} differs from {a}: copy it over")
+        assert_eq!(std::fs::read_to_string(repo(a)).unwrap(), std::fs::read_to_string(repo(b)).unwrap(), "{b} differs from {a}: run `make generate`")
     };
     same("crds/kvgate.dev_inferencedeployments.yaml", "charts/kvgate/crds/kvgate.dev_inferencedeployments.yaml");
     same("dashboards/alerts.yaml", "charts/kvgate/files/alerts.yaml");

@@ -1,12 +1,12 @@
 //! `crds/` is what `kvgate-operator crd` prints: regenerate with
-//! `cargo run -p kvgate-operator -- crd > crds/kvgate.dev_inferencedeployments.yaml`.
+//! `make generate` (which also writes the chart's copy).
 
 #[test]
 fn crds_dir_is_not_stale() {
     let want = kvgate_operator::crdgen::yaml().unwrap();
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(kvgate_operator::crdgen::FILE);
     let have = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(have == want, "{} is stale: regenerate it with `cargo run -p kvgate-operator -- crd > {}`", path.display(), kvgate_operator::crdgen::FILE);
+    assert!(have == want, "{} is stale: run `make generate`", path.display());
 }
 
 #[test]

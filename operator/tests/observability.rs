@@ -62,6 +62,35 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     out
 }
 
+/// The label matchers an expression puts on `metric`, each selector as written (`""` when bare).
+fn selectors<'e>(expr: &'e str, metric: &str) -> Vec<&'e str> {
+    expr.match_indices(metric)
+        .filter(|(at, _)| !expr[at + metric.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_'))
+        .map(|(at, _)| {
+            let rest = &expr[at + metric.len()..];
+            if rest.starts_with('{') { &rest[..rest.find('}').map_or(rest.len(), |e| e + 1)] } else { "" }
+        })
+        .collect()
+}
+
+#[test]
+fn the_integrity_alert_covers_every_mismatch_reason() {
+    use kvgate_proto::refusal::Mismatch;
+    let rule = alert_rules().into_iter().find(|r| r["alert"] == "KvgateHandoffIntegrityViolation").expect("the integrity alert");
+    let expr = rule["expr"].as_str().unwrap();
+    let sels = selectors(expr, "kvgate_handoff_mismatch_total");
+    assert!(!sels.is_empty(), "the integrity alert does not read kvgate_handoff_mismatch_total: {expr}");
+    for sel in sels {
+        // A bare series covers every reason; a reason matcher must name each one.
+        if sel.contains("reason") {
+            for m in Mismatch::ALL {
+                assert!(sel.contains(m.as_str()) && !sel.contains("reason!"), "the integrity alert's {sel} leaves out reason {}", m.as_str());
+            }
+        }
+    }
+    assert!(expr.contains("by (namespace, deployment, pod, reason)"), "the alert names the reason: {expr}");
+}
+
 #[test]
 fn dashboards_follow_the_conventions_and_are_generated() {
     let out = Command::new("python3").arg(repo("dashboards/generate.py")).arg("--check").output().expect("python3 is needed to check dashboards/generate.py");

@@ -6,6 +6,7 @@
 pub mod auth;
 mod capacity;
 pub mod handoff;
+pub mod refusal;
 pub mod roles;
 
 pub use capacity::{CapacityReport, KV_POOL_PATH};

@@ -1,16 +1,10 @@
 //! Handoff metrics, shared by the prefill and decode roles.
 
+use kvgate_proto::refusal::{Mismatch, PortRefusal};
 use prometheus::{Histogram, IntCounter, IntCounterVec, Registry};
 
 use crate::metrics::RoleRegistry;
 
-/// Every reason decode refuses an authenticated transfer for (the `reason` label of
-/// `kvgate_handoff_mismatch_total`): evidence of missing, corrupt or forged KV.
-pub const MISMATCH_REASONS: [&str; 9] =
-    ["token_count", "checksum", "page_set", "auth", "fingerprint", "timeout", "unknown_handoff", "rejected_forwarded", "first_token"];
-/// Why the KV port refused bytes nobody holding the secret sent, or a connection it would not
-/// serve (`kvgate_kv_port_rejected_total{reason}`): abuse or noise, never an integrity event.
-pub const KV_PORT_REASONS: [&str; 5] = ["malformed", "too_large", "unauthenticated", "read_timeout", "connection_limit"];
 pub const OUTCOMES: [&str; 3] = ["committed", "rejected", "failed"];
 
 #[derive(Clone)]
@@ -27,9 +21,11 @@ pub struct HandoffMetrics {
 impl HandoffMetrics {
     pub fn new(registry: &Registry, role: &str) -> Self {
         let r = RoleRegistry { registry, role };
+        let mismatches = Mismatch::ALL.map(Mismatch::as_str);
+        let port_refusals = PortRefusal::ALL.map(PortRefusal::as_str);
         HandoffMetrics {
             total: r.counter_vec("kvgate_handoff_total", "KV handoffs by outcome.", "outcome", &OUTCOMES),
-            mismatch: r.counter_vec("kvgate_handoff_mismatch_total", "KV handoffs refused by decode's integrity checks, by reason.", "reason", &MISMATCH_REASONS),
+            mismatch: r.counter_vec("kvgate_handoff_mismatch_total", "KV handoffs refused by decode's integrity checks, by reason.", "reason", &mismatches),
             bytes: r.counter("kvgate_handoff_bytes_total", "KV page bytes moved over the handoff channel."),
             duration: r.histogram(
                 "kvgate_handoff_duration_seconds",
@@ -45,7 +41,7 @@ impl HandoffMetrics {
                 "kvgate_kv_port_rejected_total",
                 "Frames or connections decode's KV port refused that no holder of the secret sent (malformed, oversized, unauthenticated, too slow, over the connection cap).",
                 "reason",
-                &KV_PORT_REASONS,
+                &port_refusals,
             ),
         }
     }

@@ -7,6 +7,7 @@ pub mod metrics;
 pub mod receiver;
 pub mod reservations;
 pub mod sender;
+pub mod verify;
 
 pub use auth::Secret;
 pub use faults::Fault;

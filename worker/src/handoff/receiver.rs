@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvgate_proto::handoff::{AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, parse_header};
+use kvgate_proto::refusal::{PortRefusal, Refusal};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::metrics::KV_PORT_REASONS;
 use super::reservations::{Reservations, Verdict};
 
 /// Room for a page frame's fixed fields on top of the page itself.
@@ -59,7 +59,7 @@ pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: Port
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    table.metrics.kv_port_rejected.with_label_values(&["connection_limit"]).inc();
+                    table.metrics.kv_port_rejected.with_label_values(&[PortRefusal::ConnectionLimit.as_str()]).inc();
                     drop(stream);
                     continue;
                 };
@@ -87,7 +87,7 @@ enum Read {
     /// The peer closed or broke the connection.
     Closed(std::io::Error),
     /// A protocol refusal (`kvgate_kv_port_rejected_total` reason and message).
-    Refused(&'static str, String),
+    Refused(PortRefusal, String),
 }
 
 async fn read_frame(stream: &mut TcpStream, max_body: usize, timeout: Duration) -> Read {
@@ -98,11 +98,11 @@ async fn read_frame(stream: &mut TcpStream, max_body: usize, timeout: Duration) 
         }
         let h = match parse_header(&header) {
             Ok(h) => h,
-            Err(e @ FrameError::TooLarge(_)) => return Read::Refused("too_large", format!("kv_port_too_large: {e}")),
-            Err(e) => return Read::Refused("malformed", format!("kv_port_malformed: {e}")),
+            Err(e @ FrameError::TooLarge(_)) => return Read::Refused(PortRefusal::TooLarge, format!("kv_port_too_large: {e}")),
+            Err(e) => return Read::Refused(PortRefusal::Malformed, format!("kv_port_malformed: {e}")),
         };
         if h.body_len as usize > max_body {
-            return Read::Refused("too_large", format!("kv_port_too_large: frame body of {} bytes exceeds {max_body}", h.body_len));
+            return Read::Refused(PortRefusal::TooLarge, format!("kv_port_too_large: frame body of {} bytes exceeds {max_body}", h.body_len));
         }
         let mut body = vec![0u8; h.body_len as usize];
         match stream.read_exact(&mut body).await {
@@ -112,7 +112,7 @@ async fn read_frame(stream: &mut TcpStream, max_body: usize, timeout: Duration) 
     };
     tokio::time::timeout(timeout, read)
         .await
-        .unwrap_or_else(|_| Read::Refused("read_timeout", format!("kv_port_read_timeout: no whole frame within {} ms", timeout.as_millis())))
+        .unwrap_or_else(|_| Read::Refused(PortRefusal::ReadTimeout, format!("kv_port_read_timeout: no whole frame within {} ms", timeout.as_millis())))
 }
 
 async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Duration) -> std::io::Result<()> {
@@ -121,12 +121,12 @@ async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Durati
     // The handoff this connection carries, once an authenticated frame named one.
     let mut bound: Option<HandoffId> = None;
     loop {
-        let refused = |reason: &'static str, message: String| {
-            table.metrics.kv_port_rejected.with_label_values(&[reason]).inc();
+        let refused = |reason: PortRefusal, message: String| {
+            table.metrics.kv_port_rejected.with_label_values(&[reason.as_str()]).inc();
             if let Some(id) = bound {
                 table.connection_lost(id);
             }
-            Verdict { reason, message }
+            Verdict::new(reason, message)
         };
         let result = match read_frame(&mut stream, max_body, timeout).await {
             Read::Closed(e) => {
@@ -137,8 +137,8 @@ async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Durati
             }
             Read::Refused(reason, message) => Err(refused(reason, message)),
             Read::Frame(header, body) => match Frame::decode_body(header[6], &body) {
-                Err(e) => Err(refused("malformed", format!("kv_port_malformed: {e}"))),
-                Ok(Frame::Ack(_)) => Err(refused("malformed", "kv_port_malformed: decode does not accept acks".into())),
+                Err(e) => Err(refused(PortRefusal::Malformed, format!("kv_port_malformed: {e}"))),
+                Ok(Frame::Ack(_)) => Err(refused(PortRefusal::Malformed, "kv_port_malformed: decode does not accept acks".into())),
                 Ok(frame) => {
                     let id = frame.handoff().expect("pages and commits name a handoff");
                     let authentic = table.authenticate(&frame, &header, &body);
@@ -161,12 +161,12 @@ async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Durati
                 return Ok(());
             }
             Err(v) => {
-                if KV_PORT_REASONS.contains(&v.reason) {
-                    tracing::debug!(reason = v.reason, message = %v.message, "KV port refused bytes nobody with the secret sent");
+                if let Refusal::Port(_) = v.reason {
+                    tracing::debug!(reason = %v.reason, message = %v.message, "KV port refused bytes nobody with the secret sent");
                 } else {
-                    tracing::warn!(reason = v.reason, message = %v.message, "KV handoff refused");
+                    tracing::warn!(reason = %v.reason, message = %v.message, "KV handoff refused");
                 }
-                ack(&mut stream, AckFrame { ok: false, reason: v.reason.into(), message: v.message }).await?;
+                ack(&mut stream, AckFrame { ok: false, reason: v.reason.as_str().into(), message: v.message }).await?;
                 return Ok(());
             }
         }

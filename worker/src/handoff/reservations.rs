@@ -1,5 +1,6 @@
-//! Decode's table of reservations: what each transfer must deliver, what has arrived, and the
-//! verdict. Every integrity rule of the handoff is checked here, before anything is decoded.
+//! Decode's table of reservations: their state (open, committed, failed, expired), their pages
+//! and deadlines, and the verdict of each. The integrity rules themselves are `verify.rs`; this
+//! file applies them to the frames that arrive, before anything is decoded.
 //!
 //! Two kinds of refusal are kept apart. *Integrity* refusals (`kvgate_handoff_mismatch_total`)
 //! are evidence that KV was missing, corrupt, forged or sent where it must not go: an
@@ -14,29 +15,44 @@ use std::time::{Duration, Instant};
 
 use kvgate_proto::auth::{Mac, ReservationFields};
 use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageFrame};
+use kvgate_proto::refusal::{Mismatch, PortRefusal, Refusal};
 use tokio::sync::Notify;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::auth::Secret;
 use super::metrics::HandoffMetrics;
+use super::verify::{self, Refused, Rules, Transfer};
 use crate::kv::{AllocError, KvPool, Lease};
 
 /// Why a transfer was refused: the `reason` label and a message for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
-    pub reason: &'static str,
+    pub reason: Refusal,
     pub message: String,
 }
 
 impl Verdict {
-    fn new(reason: &'static str, message: String) -> Self {
-        Verdict { reason, message }
+    pub fn new(reason: impl Into<Refusal>, message: String) -> Self {
+        Verdict { reason: reason.into(), message }
     }
 
     /// A frame whose MAC does not verify for a handoff that is not open: nobody holding the
     /// secret sent it (a protocol refusal, not an integrity one).
     fn unauthenticated(id: HandoffId) -> Self {
-        Verdict::new("unauthenticated", format!("kv_port_unauthenticated: a frame for handoff {id} does not carry its MAC"))
+        Verdict::new(PortRefusal::Unauthenticated, format!("kv_port_unauthenticated: a frame for handoff {id} does not carry its MAC"))
+    }
+
+    /// The integrity mismatch it is, if it is one.
+    pub fn mismatch(&self) -> Option<Mismatch> {
+        match self.reason {
+            Refusal::Mismatch(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+impl From<Refused> for Verdict {
+    fn from(r: Refused) -> Self {
+        Verdict::new(r.mismatch, r.message)
     }
 }
 
@@ -54,19 +70,19 @@ pub struct Committed {
 
 struct Open {
     lease: Lease,
-    reserved_tokens: u32,
     max_tokens: u32,
-    pages: Vec<u32>,
     deadline: Instant,
     created: Instant,
-    /// Checksum of each page index received so far.
-    received: Vec<Option<u64>>,
-    received_tokens: u32,
+    transfer: Transfer,
 }
 
 impl Open {
     fn pages_received(&self) -> usize {
-        self.received.iter().filter(|r| r.is_some()).count()
+        self.transfer.pages_received()
+    }
+
+    fn pages(&self) -> usize {
+        self.transfer.pages.len()
     }
 }
 
@@ -146,8 +162,7 @@ pub struct Reservations {
     limits: Limits,
     /// The KV port prefill must send to; covered by each reservation's tag.
     kv_addr: String,
-    model_fingerprint: u64,
-    layout_fingerprint: u64,
+    rules: Rules,
     pub metrics: HandoffMetrics,
     table: Mutex<Table>,
     changed: Notify,
@@ -183,12 +198,6 @@ pub fn fingerprint_u64(hex: &str) -> u64 {
     u64::from_str_radix(hex, 16).unwrap_or(0)
 }
 
-/// The digest a commit must carry: xxh3 over the page checksums in index order.
-pub fn digest(checksums: impl IntoIterator<Item = u64>) -> u64 {
-    let bytes: Vec<u8> = checksums.into_iter().flat_map(u64::to_le_bytes).collect();
-    xxh3_64(&bytes)
-}
-
 /// Everything `Reservations` is built from besides the pool and the secret.
 #[derive(Debug, Clone)]
 pub struct TableConfig {
@@ -201,14 +210,22 @@ pub struct TableConfig {
 
 impl Reservations {
     pub fn new(pool: Arc<KvPool>, secret: Secret, config: TableConfig, metrics: HandoffMetrics) -> Self {
+        let layout = pool.layout();
+        let rules = Rules {
+            page_size: layout.page_size as u32,
+            page_bytes: layout.page_bytes(),
+            vocab: config.limits.vocab,
+            model_fingerprint: fingerprint_u64(&config.model_fingerprint),
+            layout_fingerprint: fingerprint_u64(&config.layout_fingerprint),
+            checksums: true,
+        };
         Reservations {
             pool,
             secret,
             timeout: config.timeout,
             limits: config.limits,
             kv_addr: config.kv_addr,
-            model_fingerprint: fingerprint_u64(&config.model_fingerprint),
-            layout_fingerprint: fingerprint_u64(&config.layout_fingerprint),
+            rules,
             metrics,
             table: Mutex::new(Table::default()),
             changed: Notify::new(),
@@ -221,6 +238,7 @@ impl Reservations {
     #[doc(hidden)]
     pub fn without_integrity_checks(mut self) -> Self {
         self.verify_integrity = false;
+        self.rules.checksums = false;
         self
     }
 
@@ -277,16 +295,7 @@ impl Reservations {
         let fields = ReservationFields { handoff: id, reserved_tokens: prompt, max_tokens, expires_ms, pages: &pages, kv_addr: &self.kv_addr };
         let tag = self.secret.key().reservation_tag(&fields);
         let now = Instant::now();
-        let open = Open {
-            received: vec![None; pages.len()],
-            lease,
-            reserved_tokens: prompt,
-            max_tokens,
-            pages: pages.clone(),
-            deadline: now + self.timeout,
-            created: now,
-            received_tokens: 0,
-        };
+        let open = Open { lease, max_tokens, deadline: now + self.timeout, created: now, transfer: Transfer::new(pages.clone(), prompt) };
         table.entries.insert(id, Entry::Open(open));
         Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag })
     }
@@ -297,21 +306,21 @@ impl Reservations {
         let (v, count) = match table.entries.get_mut(&id) {
             Some(Entry::Cancelled { rejected: true }) => (
                 Verdict::new(
-                    "rejected_forwarded",
+                    Mismatch::RejectedForwarded,
                     format!("kv_handoff_rejected_forwarded: handoff {id} was rejected and cancelled, but KV for it still arrived"),
                 ),
                 true,
             ),
             Some(Entry::Expired { counted }) => {
                 let first = !std::mem::replace(counted, true);
-                (Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired before this frame arrived")), first)
+                (Verdict::new(Mismatch::Timeout, format!("kv_handoff_timeout: reservation {id} expired before this frame arrived")), first)
             }
             Some(Entry::Failed(v)) => (v.clone(), false),
-            Some(Entry::Committed(_)) => (Verdict::new("unknown_handoff", format!("kv_handoff_unknown: handoff {id} was already committed")), true),
-            _ => (Verdict::new("unknown_handoff", format!("kv_handoff_unknown: no open reservation {id}")), true),
+            Some(Entry::Committed(_)) => (Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: handoff {id} was already committed")), true),
+            _ => (Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no open reservation {id}")), true),
         };
         if count {
-            self.metrics.mismatch.with_label_values(&[v.reason]).inc();
+            self.count(&v);
         }
         v
     }
@@ -322,7 +331,7 @@ impl Reservations {
     fn fail(&self, table: &mut Table, id: HandoffId, v: Verdict, integrity: bool) -> Verdict {
         table.tombstone(id, Entry::Failed(v.clone()));
         if integrity {
-            self.metrics.mismatch.with_label_values(&[v.reason]).inc();
+            self.count(&v);
         } else {
             self.metrics.expired.inc();
         }
@@ -337,17 +346,17 @@ impl Reservations {
         match table.entries.get(&id) {
             Some(Entry::Open(_)) if !authentic => {
                 // Someone who sees the live handoff on the wire tried to write into it.
-                let v = Verdict::new("auth", "kv_handoff_auth: a frame for this handoff does not carry its MAC (forged or altered)".into());
+                let v = Verdict::new(Mismatch::Auth, "kv_handoff_auth: a frame for this handoff does not carry its MAC (forged or altered)".into());
                 return Err(self.fail(table, id, v, true));
             }
             Some(Entry::Open(open)) if open.deadline <= Instant::now() => {
                 let got = open.pages_received();
-                let v = Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired ({got} of {} pages had arrived)", open.pages.len()));
+                let v = Verdict::new(Mismatch::Timeout, format!("kv_handoff_timeout: reservation {id} expired ({got} of {} pages had arrived)", open.pages()));
                 return Err(self.fail(table, id, v, true));
             }
             Some(Entry::Open(_)) => {}
             _ if !authentic => {
-                self.metrics.kv_port_rejected.with_label_values(&["unauthenticated"]).inc();
+                self.metrics.kv_port_rejected.with_label_values(&[PortRefusal::Unauthenticated.as_str()]).inc();
                 return Err(Verdict::unauthenticated(id));
             }
             _ => return Err(self.not_open(table, id)),
@@ -363,28 +372,13 @@ impl Reservations {
     pub fn accept_page(&self, f: &PageFrame, authentic: bool) -> Result<(), Verdict> {
         let mut table = self.lock();
         let open = self.open_for(&mut table, f.handoff, authentic)?;
-        let check = (|| {
-            let i = f.index as usize;
-            if open.pages.get(i) != Some(&f.page) {
-                return Err(Verdict::new("page_set", format!("kv_handoff_page_set: page {} at index {i} is not part of the reservation", f.page)));
-            }
-            if open.received[i].is_some() {
-                return Err(Verdict::new("page_set", format!("kv_handoff_page_set: page index {i} was sent twice")));
-            }
-            let page_size = self.pool.layout().page_size as u32;
-            // `i` is a valid index, so `i * page_size < reserved_tokens`: no underflow.
-            let expected = (open.reserved_tokens - f.index * page_size).min(page_size);
-            if f.tokens != expected {
-                return Err(Verdict::new("token_count", format!("kv_handoff_token_count: page index {i} carries {} tokens, {expected} reserved", f.tokens)));
-            }
-            if f.payload.len() != self.page_bytes() || (self.verify_integrity && xxh3_64(&f.payload) != f.checksum) {
-                return Err(Verdict::new("checksum", format!("kv_handoff_checksum: page index {i} failed its checksum")));
-            }
-            self.pool.access().write_page(&open.lease, i, &f.payload).map_err(|e| Verdict::new("page_set", format!("kv_handoff_page_set: {e}")))?;
-            open.received[i] = Some(f.checksum);
-            open.received_tokens += f.tokens;
-            Ok(())
-        })();
+        let check = verify::check_page(&self.rules, &open.transfer, f).map_err(Verdict::from).and_then(|()| {
+            let written = self.pool.access().write_page(&open.lease, f.index as usize, &f.payload);
+            written.map_err(|e| Verdict::new(Mismatch::Protocol, format!("kv_handoff_protocol: {e}")))
+        });
+        if check.is_ok() {
+            open.transfer.record(f);
+        }
         check.map_err(|v| self.fail(&mut table, f.handoff, v, true))?;
         self.metrics.bytes.inc_by(f.payload.len() as u64);
         Ok(())
@@ -394,39 +388,9 @@ impl Reservations {
     pub fn accept_commit(&self, c: &CommitFrame, authentic: bool) -> Result<(), Verdict> {
         let mut table = self.lock();
         let open = self.open_for(&mut table, c.handoff, authentic)?;
-        let check = || {
-            if c.model_fingerprint != self.model_fingerprint || c.layout_fingerprint != self.layout_fingerprint {
-                return Err(Verdict::new(
-                    "fingerprint",
-                    format!(
-                        "kv_handoff_fingerprint: sender model/layout {:016x}/{:016x} != decode {:016x}/{:016x}",
-                        c.model_fingerprint, c.layout_fingerprint, self.model_fingerprint, self.layout_fingerprint
-                    ),
-                ));
-            }
-            if c.total_tokens != open.reserved_tokens || open.received_tokens != open.reserved_tokens {
-                return Err(Verdict::new(
-                    "token_count",
-                    format!("kv_handoff_incomplete: received {} of {} reserved tokens", open.received_tokens, open.reserved_tokens),
-                ));
-            }
-            let missing = open.received.len() - open.pages_received();
-            if missing > 0 || c.page_count as usize != open.pages.len() {
-                return Err(Verdict::new("page_set", format!("kv_handoff_page_set: {missing} of {} reserved pages never arrived", open.pages.len())));
-            }
-            if self.verify_integrity && digest(open.received.iter().map(|r| r.unwrap_or_default())) != c.digest {
-                return Err(Verdict::new("checksum", "kv_handoff_checksum: the commit digest does not match the pages received".into()));
-            }
-            if c.first_token as usize >= self.limits.vocab {
-                return Err(Verdict::new(
-                    "first_token",
-                    format!("kv_handoff_first_token: the committed first token {} is outside the vocabulary of {} tokens", c.first_token, self.limits.vocab),
-                ));
-            }
-            Ok(())
-        };
-        if let Err(v) = check() {
-            return Err(self.fail(&mut table, c.handoff, v, true));
+        let check = verify::check_commit(&self.rules, &open.transfer, c);
+        if let Err(r) = check {
+            return Err(self.fail(&mut table, c.handoff, r.into(), true));
         }
         let Some(Entry::Open(open)) = table.entries.remove(&c.handoff) else { unreachable!("checked by open_for") };
         self.metrics.duration.observe(open.created.elapsed().as_secs_f64());
@@ -434,7 +398,7 @@ impl Reservations {
         let committed = Committed {
             lease: open.lease,
             first_token: c.first_token,
-            reserved_tokens: open.reserved_tokens,
+            reserved_tokens: open.transfer.reserved_tokens,
             max_tokens: open.max_tokens,
             deadline: open.deadline,
         };
@@ -443,13 +407,20 @@ impl Reservations {
         Ok(())
     }
 
+    /// Counts an integrity refusal under its reason.
+    fn count(&self, v: &Verdict) {
+        if let Some(m) = v.mismatch() {
+            self.metrics.mismatch.with_label_values(&[m.as_str()]).inc();
+        }
+    }
+
     /// The sender of an authenticated transfer vanished (or sent garbage) before committing.
     pub fn connection_lost(&self, id: HandoffId) {
         let mut table = self.lock();
         if let Some(Entry::Open(open)) = table.entries.get(&id) {
             let v = Verdict::new(
-                "timeout",
-                format!("kv_handoff_timeout: the prefill peer closed the KV connection after {} of {} pages", open.pages_received(), open.pages.len()),
+                Mismatch::Timeout,
+                format!("kv_handoff_timeout: the prefill peer closed the KV connection after {} of {} pages", open.pages_received(), open.pages()),
             );
             let integrity = open.pages_received() > 0;
             self.fail(&mut table, id, v, integrity);
@@ -470,7 +441,7 @@ impl Reservations {
                 Ok(())
             }
             Some(Entry::Failed(v)) => Err(v.clone()),
-            _ => Err(Verdict::new("unknown_handoff", format!("kv_handoff_unknown: no open reservation {id}"))),
+            _ => Err(Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no open reservation {id}"))),
         }
     }
 
@@ -484,8 +455,8 @@ impl Reservations {
                 if let Some(Entry::Open(open)) = table.entries.get(&id) {
                     let got = open.pages_received();
                     let v = Verdict::new(
-                        "timeout",
-                        format!("kv_handoff_timeout: no commit from prefill ({got} of {} pages arrived) before the router gave up", open.pages.len()),
+                        Mismatch::Timeout,
+                        format!("kv_handoff_timeout: no commit from prefill ({got} of {} pages arrived) before the router gave up", open.pages()),
                     );
                     return Err(self.fail(&mut table, id, v, got > 0));
                 }
@@ -500,11 +471,11 @@ impl Reservations {
                     }
                     Some(Entry::Open(_)) => {}
                     Some(Entry::Failed(v)) => return Err(v.clone()),
-                    Some(Entry::Cancelled { .. }) => return Err(Verdict::new("cancelled", format!("kv_handoff_cancelled: handoff {id} was cancelled"))),
+                    Some(Entry::Cancelled { .. }) => return Err(Verdict::new(Refusal::Cancelled, format!("kv_handoff_cancelled: handoff {id} was cancelled"))),
                     Some(Entry::Expired { .. }) => {
-                        return Err(Verdict::new("timeout", format!("kv_handoff_timeout: reservation {id} expired without a commit")));
+                        return Err(Verdict::new(Mismatch::Timeout, format!("kv_handoff_timeout: reservation {id} expired without a commit")));
                     }
-                    None => return Err(Verdict::new("unknown_handoff", format!("kv_handoff_unknown: no reservation {id}"))),
+                    None => return Err(Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no reservation {id}"))),
                 }
             }
             // Expiry is swept by `expire`; wake up at least that often.
@@ -536,7 +507,7 @@ impl Reservations {
             if was_open {
                 self.metrics.total.with_label_values(&["failed"]).inc();
                 if got > 0 {
-                    self.metrics.mismatch.with_label_values(&["timeout"]).inc();
+                    self.metrics.mismatch.with_label_values(&[Mismatch::Timeout.as_str()]).inc();
                 }
             }
         }

@@ -9,6 +9,7 @@ use prometheus::Registry;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::*;
+use crate::handoff::verify::digest;
 use crate::kv::{KvDtype, KvLayout};
 
 const PAGE: usize = 4;
@@ -62,7 +63,7 @@ impl Fixture {
     }
 
     fn mismatches(&self) -> u64 {
-        super::super::metrics::MISMATCH_REASONS.iter().map(|r| self.mismatch(r)).sum()
+        Mismatch::ALL.iter().map(|m| self.mismatch(m.as_str())).sum()
     }
 }
 
@@ -106,7 +107,7 @@ fn a_first_token_outside_the_vocabulary_is_refused_at_commit() {
     let issued = f.table.reserve(2, 2).unwrap();
     f.table.accept_page(&f.page(&issued, 0), true).unwrap();
     let v = f.table.accept_commit(&f.commit(&issued, 100_000), true).unwrap_err();
-    assert_eq!(v.reason, "first_token");
+    assert_eq!(v.reason.as_str(), "first_token");
     assert!(v.message.contains("100000") && v.message.contains("100 tokens"), "{}", v.message);
     assert_eq!(f.table.pool.used_pages(), 0, "the failed handoff's pages are freed at once");
 }
@@ -116,7 +117,7 @@ fn an_unauthenticated_frame_on_a_live_handoff_fails_it_as_forged() {
     let f = fixture(Duration::from_secs(5));
     let issued = f.table.reserve(2, 2).unwrap();
     let v = f.table.accept_page(&f.page(&issued, 0), false).unwrap_err();
-    assert_eq!(v.reason, "auth");
+    assert_eq!(v.reason.as_str(), "auth");
     assert_eq!(f.mismatch("auth"), 1);
     assert_eq!(f.table.pool.used_pages(), 0);
 }
@@ -127,10 +128,10 @@ fn frames_nobody_with_the_secret_sent_are_protocol_noise_not_integrity_events() 
     let issued = f.table.reserve(2, 2).unwrap();
     let mut stray = f.page(&issued, 0);
     stray.handoff = HandoffId(12345);
-    assert_eq!(f.table.accept_page(&stray, false).unwrap_err().reason, "unauthenticated");
+    assert_eq!(f.table.accept_page(&stray, false).unwrap_err().reason.as_str(), "unauthenticated");
     assert_eq!((f.protocol("unauthenticated"), f.mismatches()), (1, 0));
     // The same frame from a holder of the secret is evidence: a transfer for no reservation.
-    assert_eq!(f.table.accept_page(&stray, true).unwrap_err().reason, "unknown_handoff");
+    assert_eq!(f.table.accept_page(&stray, true).unwrap_err().reason.as_str(), "unknown_handoff");
     assert_eq!(f.mismatch("unknown_handoff"), 1);
     // The live reservation was not disturbed.
     f.table.accept_page(&f.page(&issued, 0), true).unwrap();
@@ -144,7 +145,7 @@ fn a_frame_after_the_deadline_is_refused_before_the_sweeper_runs() {
     f.table.accept_page(&f.page(&issued, 0), true).unwrap();
     std::thread::sleep(Duration::from_millis(60));
     let v = f.table.accept_page(&f.page(&issued, 1), true).unwrap_err();
-    assert_eq!(v.reason, "timeout");
+    assert_eq!(v.reason.as_str(), "timeout");
     assert!(v.message.contains("1 of 2 pages"), "{}", v.message);
     assert_eq!(f.mismatch("timeout"), 1);
     assert_eq!(f.table.pool.used_pages(), 0);
@@ -162,7 +163,7 @@ fn an_unused_reservation_expires_without_an_integrity_mismatch() {
     assert_eq!(f.mismatch("timeout"), 1, "only the transfer that stopped half way is a mismatch");
     assert_eq!(f.table.pool.used_pages(), 0);
     let late = f.page(&unused, 0);
-    assert_eq!(f.table.accept_page(&late, true).unwrap_err().reason, "timeout");
+    assert_eq!(f.table.accept_page(&late, true).unwrap_err().reason.as_str(), "timeout");
 }
 
 #[test]
@@ -171,7 +172,7 @@ fn page_set_token_count_and_checksum_rules_hold() {
     let reason = |frame: PageFrame| {
         let issued = f.table.reserve(6, 2).unwrap();
         let frame = PageFrame { handoff: issued.id, page: if frame.page == u32::MAX { u32::MAX } else { issued.pages[frame.index as usize] }, ..frame };
-        f.table.accept_page(&frame, true).unwrap_err().reason
+        f.table.accept_page(&frame, true).unwrap_err().reason.as_str()
     };
     let template = |issued: &Issued| f.page(issued, 1);
     let base = template(&f.table.reserve(6, 2).unwrap());
@@ -181,9 +182,9 @@ fn page_set_token_count_and_checksum_rules_hold() {
     // Twice the same index.
     let issued = f.table.reserve(6, 2).unwrap();
     f.table.accept_page(&f.page(&issued, 0), true).unwrap();
-    assert_eq!(f.table.accept_page(&f.page(&issued, 0), true).unwrap_err().reason, "page_set");
+    assert_eq!(f.table.accept_page(&f.page(&issued, 0), true).unwrap_err().reason.as_str(), "page_set");
     // A commit before the last page.
     let issued = f.table.reserve(6, 2).unwrap();
     f.table.accept_page(&f.page(&issued, 0), true).unwrap();
-    assert_eq!(f.table.accept_commit(&f.commit(&issued, 1), true).unwrap_err().reason, "token_count");
+    assert_eq!(f.table.accept_commit(&f.commit(&issued, 1), true).unwrap_err().reason.as_str(), "token_count");
 }

@@ -12,7 +12,8 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::auth::Secret;
 use super::faults::Fault;
 use super::metrics::HandoffMetrics;
-use super::reservations::{digest, fingerprint_u64};
+use super::reservations::fingerprint_u64;
+use super::verify::digest;
 use crate::kv::{KvError, KvPool, Lease};
 
 /// How the transfer ended, from prefill's point of view.

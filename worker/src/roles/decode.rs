@@ -42,7 +42,7 @@ pub fn routes(role: DecodeRole) -> Router {
 
 /// The error a failed handoff surfaces as: 502, with decode's own words.
 pub fn verdict_error(v: &Verdict) -> ApiError {
-    ApiError { status: StatusCode::BAD_GATEWAY, kind: "server_error", code: format!("kv_handoff_{}", v.reason), param: None, message: v.message.clone() }
+    ApiError { status: StatusCode::BAD_GATEWAY, kind: "server_error", code: v.reason.code(), param: None, message: v.message.clone() }
 }
 
 fn parse_id(id: &str) -> Result<HandoffId, ApiError> {

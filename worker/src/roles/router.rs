@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use kvgate_proto::refusal::Refusal;
 use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, PrefillResponse, Reservation, ReserveRequest, Sampling, StreamLine};
 use serde_json::Value;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -44,7 +45,11 @@ async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
     let body: Value = resp.json().await.unwrap_or(Value::Null);
     let (code, message) = match (&body["error"], &body["reason"]) {
         (Value::Object(e), _) => (e["code"].as_str().unwrap_or("peer_error").to_string(), e["message"].as_str().unwrap_or("").to_string()),
-        (_, Value::String(reason)) => (format!("kv_handoff_{reason}"), body["message"].as_str().unwrap_or("").to_string()),
+        (_, Value::String(reason)) => {
+            // Decode's verdict, relayed by prefill: one of the closed set of refusal reasons.
+            let code = Refusal::parse(reason).map_or_else(|| "peer_error".to_string(), Refusal::code);
+            (code, body["message"].as_str().unwrap_or("").to_string())
+        }
         _ => ("peer_error".to_string(), format!("{peer} answered HTTP {status}")),
     };
     fail(status, &code, message)

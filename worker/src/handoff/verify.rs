@@ -1,0 +1,127 @@
+//! The handoff's integrity rules, as pure functions: what a reservation expects, what has
+//! arrived so far, and whether the next page or the commit may be accepted.
+//!
+//! Nothing here touches the pool, the clock or a metric; the reservation table
+//! (`reservations.rs`) calls these before writing a page or releasing a handoff to decode, and
+//! turns a `Refused` into a failed handoff.
+
+use kvgate_proto::handoff::{CommitFrame, PageFrame};
+use kvgate_proto::refusal::Mismatch;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Why a frame was refused, with the message the client gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub mismatch: Mismatch,
+    pub message: String,
+}
+
+fn refused(mismatch: Mismatch, message: String) -> Result<(), Refused> {
+    Err(Refused { mismatch, message })
+}
+
+/// What every transfer to this decode must satisfy, besides its own reservation.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    pub page_size: u32,
+    pub page_bytes: usize,
+    /// The model's vocabulary: a committed first token must be a token.
+    pub vocab: usize,
+    pub model_fingerprint: u64,
+    pub layout_fingerprint: u64,
+    /// Checksums and the digest are checked (off only in the benchmark that measures their cost).
+    pub checksums: bool,
+}
+
+/// One reservation's transfer: the pages it must fill and what has arrived.
+#[derive(Debug, Clone)]
+pub struct Transfer {
+    /// The reservation's pages, in index order.
+    pub pages: Vec<u32>,
+    pub reserved_tokens: u32,
+    /// The checksum of each page index received so far.
+    pub received: Vec<Option<u64>>,
+    pub received_tokens: u32,
+}
+
+impl Transfer {
+    pub fn new(pages: Vec<u32>, reserved_tokens: u32) -> Self {
+        Transfer { received: vec![None; pages.len()], pages, reserved_tokens, received_tokens: 0 }
+    }
+
+    pub fn pages_received(&self) -> usize {
+        self.received.iter().filter(|r| r.is_some()).count()
+    }
+
+    /// Records a page `check_page` accepted.
+    pub fn record(&mut self, f: &PageFrame) {
+        self.received[f.index as usize] = Some(f.checksum);
+        self.received_tokens += f.tokens;
+    }
+}
+
+/// The digest a commit must carry: xxh3 over the page checksums in index order.
+pub fn digest(checksums: impl IntoIterator<Item = u64>) -> u64 {
+    let bytes: Vec<u8> = checksums.into_iter().flat_map(u64::to_le_bytes).collect();
+    xxh3_64(&bytes)
+}
+
+/// A page frame may be written: it is the reservation's page at its index, the index is new, it
+/// carries the tokens that index must hold, and its payload is a whole page matching its checksum.
+pub fn check_page(rules: &Rules, t: &Transfer, f: &PageFrame) -> Result<(), Refused> {
+    let i = f.index as usize;
+    if t.pages.get(i) != Some(&f.page) {
+        return refused(Mismatch::PageSet, format!("kv_handoff_page_set: page {} at index {i} is not part of the reservation", f.page));
+    }
+    if t.received[i].is_some() {
+        return refused(Mismatch::PageSet, format!("kv_handoff_page_set: page index {i} was sent twice"));
+    }
+    // `i` is a valid index, so `i * page_size < reserved_tokens`: no underflow.
+    let expected = (t.reserved_tokens - f.index * rules.page_size).min(rules.page_size);
+    if f.tokens != expected {
+        return refused(Mismatch::TokenCount, format!("kv_handoff_token_count: page index {i} carries {} tokens, {expected} reserved", f.tokens));
+    }
+    if f.payload.len() != rules.page_bytes {
+        return refused(Mismatch::Protocol, format!("kv_handoff_protocol: page index {i} carries {} bytes, a page is {}", f.payload.len(), rules.page_bytes));
+    }
+    if rules.checksums && xxh3_64(&f.payload) != f.checksum {
+        return refused(Mismatch::Checksum, format!("kv_handoff_checksum: page index {i} failed its checksum"));
+    }
+    Ok(())
+}
+
+/// A commit may release the handoff to decode: same model and layout, exactly the reserved
+/// tokens in exactly the reserved pages, the digest of what arrived, and a first token of the
+/// model.
+pub fn check_commit(rules: &Rules, t: &Transfer, c: &CommitFrame) -> Result<(), Refused> {
+    if c.model_fingerprint != rules.model_fingerprint || c.layout_fingerprint != rules.layout_fingerprint {
+        return refused(
+            Mismatch::Fingerprint,
+            format!(
+                "kv_handoff_fingerprint: sender model/layout {:016x}/{:016x} != decode {:016x}/{:016x}",
+                c.model_fingerprint, c.layout_fingerprint, rules.model_fingerprint, rules.layout_fingerprint
+            ),
+        );
+    }
+    if c.total_tokens != t.reserved_tokens || t.received_tokens != t.reserved_tokens {
+        return refused(Mismatch::TokenCount, format!("kv_handoff_incomplete: received {} of {} reserved tokens", t.received_tokens, t.reserved_tokens));
+    }
+    let missing = t.received.len() - t.pages_received();
+    if missing > 0 || c.page_count as usize != t.pages.len() {
+        return refused(Mismatch::PageSet, format!("kv_handoff_page_set: {missing} of {} reserved pages never arrived", t.pages.len()));
+    }
+    if rules.checksums && digest(t.received.iter().map(|r| r.unwrap_or_default())) != c.digest {
+        return refused(Mismatch::Checksum, "kv_handoff_checksum: the commit digest does not match the pages received".into());
+    }
+    if c.first_token as usize >= rules.vocab {
+        return refused(
+            Mismatch::FirstToken,
+            format!("kv_handoff_first_token: the committed first token {} is outside the vocabulary of {} tokens", c.first_token, rules.vocab),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "verify_tests.rs"]
+mod tests;

@@ -1,0 +1,84 @@
+//! Every file of the repository that is generated from another, in one place.
+//!
+//! `cargo xtask generate` (`make generate`) writes them all; `cargo xtask check` writes nothing
+//! and fails naming each stale file (a test runs it). Generated: the CRD YAML (from
+//! `operator/src/crd.rs`) in `crds/` and in the chart, the dashboards (from
+//! `dashboards/generate.py`) and the alert rules in the chart, and the table of handoff refusal
+//! reasons in `docs/handoff-protocol.md` (from `proto/src/refusal.rs`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+const DASHBOARDS: [&str; 4] = ["integrity", "capacity", "serving", "operator"];
+const REASONS_DOC: &str = "docs/handoff-protocol.md";
+const BEGIN: &str = "<!-- generated:refusal-reasons (cargo xtask generate; from proto/src/refusal.rs) -->\n";
+const END: &str = "<!-- end:refusal-reasons -->\n";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repository").to_path_buf()
+}
+
+fn read(path: &str) -> anyhow::Result<String> {
+    std::fs::read_to_string(root().join(path)).with_context(|| format!("reading {path}"))
+}
+
+/// Every generated file that is written from Rust, as (path, wanted contents).
+fn outputs() -> anyhow::Result<Vec<(String, String)>> {
+    let crds = kvgate_operator::crdgen::yaml()?;
+    let mut out = vec![(kvgate_operator::crdgen::FILE.to_string(), crds.clone()), (format!("charts/kvgate/{}", kvgate_operator::crdgen::FILE), crds)];
+    out.push(("charts/kvgate/files/alerts.yaml".into(), read("dashboards/alerts.yaml")?));
+    for d in DASHBOARDS {
+        out.push((format!("charts/kvgate/files/dashboards/{d}.json"), read(&format!("dashboards/{d}.json"))?));
+    }
+    out.push((REASONS_DOC.into(), with_reasons_table(&read(REASONS_DOC)?)?));
+    Ok(out)
+}
+
+/// The document with the text between its markers replaced by the current table.
+fn with_reasons_table(doc: &str) -> anyhow::Result<String> {
+    let (Some(b), Some(e)) = (doc.find(BEGIN), doc.find(END)) else { bail!("{REASONS_DOC} lacks the markers {BEGIN:?} and {END:?}") };
+    Ok(format!("{}{BEGIN}{}{}", &doc[..b], kvgate_proto::refusal::markdown_table(), &doc[e..]))
+}
+
+fn dashboards(check: bool) -> anyhow::Result<bool> {
+    let mut cmd = Command::new("python3");
+    cmd.arg(root().join("dashboards/generate.py"));
+    if check {
+        cmd.arg("--check");
+    }
+    let status = cmd.status().context("running python3 dashboards/generate.py (install python3: make test-deps)")?;
+    Ok(status.success())
+}
+
+fn main() -> anyhow::Result<()> {
+    match std::env::args().nth(1).as_deref() {
+        Some("generate") => {
+            // Dashboards first: the chart copies them.
+            if !dashboards(false)? {
+                bail!("dashboards/generate.py failed");
+            }
+            for (path, text) in outputs()? {
+                std::fs::write(root().join(&path), text).with_context(|| format!("writing {path}"))?;
+            }
+            Ok(())
+        }
+        Some("check") => {
+            let mut stale: Vec<String> = Vec::new();
+            if !dashboards(true)? {
+                stale.push("dashboards/*.json".into());
+            }
+            for (path, text) in outputs()? {
+                if std::fs::read_to_string(root().join(&path)).ok().as_deref() != Some(text.as_str()) {
+                    stale.push(path);
+                }
+            }
+            if !stale.is_empty() {
+                bail!("stale generated files: {}; run `make generate` (cargo xtask generate) and commit them", stale.join(", "));
+            }
+            Ok(())
+        }
+        _ => bail!("usage: cargo xtask generate | cargo xtask check"),
+    }
+}
