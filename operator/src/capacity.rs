@@ -8,10 +8,32 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5)).build().expect("HTTP client")
 }
 
-/// The report, or why there is none yet (not listening yet, not a kvgate worker).
-pub async fn read(http: &reqwest::Client, ip: &str, port: i32) -> Result<CapacityReport, String> {
+/// Why a pod has no report yet (not listening yet, not a kvgate worker); shown in the pod's gate
+/// condition.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("GET {url}: {}", cause(.source))]
+    Unreachable { url: String, source: reqwest::Error },
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: reqwest::StatusCode },
+    #[error("GET {url}: not a capacity report: {}", cause(.source))]
+    NotAReport { url: String, source: reqwest::Error },
+}
+
+/// The innermost cause (e.g. `connection refused`), not reqwest's generic outer text.
+fn cause(e: &reqwest::Error) -> String {
+    let mut inner: &dyn std::error::Error = e;
+    while let Some(next) = inner.source() {
+        inner = next;
+    }
+    inner.to_string()
+}
+
+pub async fn read(http: &reqwest::Client, ip: &str, port: i32) -> Result<CapacityReport, ReportError> {
     let url = format!("http://{ip}:{port}{KV_POOL_PATH}");
-    let resp = http.get(&url).send().await.map_err(|e| format!("{url}: {e}"))?;
-    let resp = resp.error_for_status().map_err(|e| format!("{url}: {e}"))?;
-    resp.json::<CapacityReport>().await.map_err(|e| format!("{url}: not a capacity report: {e}"))
+    let resp = http.get(&url).send().await.map_err(|source| ReportError::Unreachable { url: url.clone(), source })?;
+    if !resp.status().is_success() {
+        return Err(ReportError::Status { status: resp.status(), url });
+    }
+    resp.json::<CapacityReport>().await.map_err(|source| ReportError::NotAReport { url, source })
 }

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
+use kvgate_proto::contract;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -144,9 +145,9 @@ fn one() -> i32 {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("[has(self.bytes), has(self.tokens), has(self.memoryFraction)].filter(x, x).size() <= 1").message("set at most one of kvPool.bytes, kvPool.tokens and kvPool.memoryFraction").reason(Reason::FieldValueInvalid))]
 pub struct KvPoolSpec {
-    /// Tokens per KV page, a power of two from 1 to 4096. Must be equal for prefill and decode.
+    /// Tokens per KV page, a power of two from 1 to 1024. Must be equal for prefill and decode.
     #[serde(default = "page_size")]
-    #[x_kube(validation = Rule::new("self in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]").message("pageSize must be a power of two from 1 to 4096").reason(Reason::FieldValueInvalid))]
+    #[x_kube(validation = Rule::new(contract::PAGE_SIZE_RULE).message(contract::PAGE_SIZE_RULE_MESSAGE).reason(Reason::FieldValueInvalid))]
     pub page_size: u32,
     /// Pool size in bytes (rounded down to whole pages).
     #[serde(default, skip_serializing_if = "Option::is_none")]

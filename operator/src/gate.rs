@@ -6,20 +6,7 @@ use kvgate_proto::CapacityReport;
 /// The readiness gate the operator owns on every prefill and decode pod.
 pub const CONDITION: &str = "kvgate.dev/kv-pool-verified";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
-    Prefill,
-    Decode,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-}
+pub use kvgate_proto::contract::Role;
 
 /// One pod's capacity report (or none yet: still starting, or unreachable).
 #[derive(Debug, Clone)]
@@ -88,10 +75,7 @@ pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdi
                     message: format!("{role} pod {} measured {} tokens < contextWindow {context_window}", p.pod, r.capacity_tokens),
                 };
             }
-            let other = match p.role {
-                Role::Prefill => Role::Decode,
-                Role::Decode => Role::Prefill,
-            };
+            let other = p.role.peer();
             match fingerprints(other) {
                 None => PodVerdict::Pending,
                 Some((model, layout)) if model != r.model_fingerprint || layout != r.layout_fingerprint => PodVerdict::Failed {

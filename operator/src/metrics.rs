@@ -79,6 +79,28 @@ impl Metrics {
         Metrics { registry, reconciles, reconcile_duration, refused, pool_tokens, context_window, refused_now, leader }
     }
 
+    /// The per-deployment gauges, from its status: the window, the serving revision's smallest
+    /// measured pools, and whether the spec's revision stands refused.
+    pub fn export(&self, ns: &str, name: &str, context_window: u64, status: &crate::crd::InferenceDeploymentStatus) {
+        self.context_window.with_label_values(&[ns, name]).set(context_window as i64);
+        for (role, rs) in [("prefill", &status.prefill), ("decode", &status.decode)] {
+            let serving = rs.as_ref().filter(|r| r.revision.is_some() && r.revision == status.current_revision);
+            match serving.and_then(|r| r.min_measured_tokens) {
+                Some(tokens) => self.pool_tokens.with_label_values(&[ns, name, role]).set(tokens as i64),
+                None => {
+                    let _ = self.pool_tokens.remove_label_values(&[ns, name, role]);
+                }
+            }
+        }
+        let refused = status.refused_revision.as_ref().filter(|_| crate::conditions::is_true(&status.conditions, crate::conditions::ROLLOUT_REFUSED));
+        for reason in REFUSAL_REASONS {
+            let _ = self.refused_now.remove_label_values(&[ns, name, reason]);
+        }
+        if let Some(r) = refused {
+            self.refused_now.with_label_values(&[ns, name, &r.reason]).set(1);
+        }
+    }
+
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buf).unwrap();

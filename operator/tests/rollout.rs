@@ -236,6 +236,8 @@ fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
         (tiny("e", 256, 1024, 1024, "").replace("name: tiny }", "name: gpt }"), "the only built-in model is 'tiny'"),
         (tiny("f", 256, 1024, 1024, "").replace("replicas: 1", "replicas: -1"), "spec.prefill.replicas"),
         (tiny("g", 256, 1024, 1024, ", dtype: f64"), "spec.prefill.kvPool.dtype"),
+        // The worker supports pages of up to 1024 tokens: a bigger one would give pods that never start.
+        (tiny("h", 256, 1024, 1024, ", pageSize: 2048"), "pageSize must be a power of two from 1 to 1024"),
     ];
     for (yaml, want) in cases {
         let (ok, err) = try_apply(cp, &ns, &yaml);

@@ -196,11 +196,27 @@ impl FrameKey {
     }
 }
 
+/// Why a secret cannot key a deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyError {
+    TooShort { len: usize },
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyError::TooShort { len } => write!(f, "the handoff secret must be at least {MIN_SECRET_LEN} bytes, got {len}"),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
 impl DeploymentKey {
     /// Derives the keys from a secret of at least [`MIN_SECRET_LEN`] bytes.
-    pub fn new(secret: &[u8]) -> Result<Self, String> {
+    pub fn new(secret: &[u8]) -> Result<Self, KeyError> {
         if secret.len() < MIN_SECRET_LEN {
-            return Err(format!("the handoff secret must be at least {MIN_SECRET_LEN} bytes, got {}", secret.len()));
+            return Err(KeyError::TooShort { len: secret.len() });
         }
         Ok(DeploymentKey {
             request: blake3::derive_key(REQUEST_CONTEXT, secret),
@@ -326,7 +342,7 @@ mod tests {
 
     #[test]
     fn secrets_must_be_long_enough_and_keys_are_never_printed() {
-        assert!(DeploymentKey::new(b"short").unwrap_err().contains("16 bytes"));
+        assert_eq!(DeploymentKey::new(b"short").unwrap_err().to_string(), "the handoff secret must be at least 16 bytes, got 5");
         let k = DeploymentKey::new(b"super-secret-value-123").unwrap();
         assert!(!format!("{k:?}").contains("super"));
         assert_eq!(format!("{:?}", k.frame_key(HandoffId(1))), "FrameKey(<redacted>)");

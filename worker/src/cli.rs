@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use kvgate_proto::contract::{self, flag};
+
 use crate::handoff::Fault;
 use crate::kv::{KvDtype, PoolSize};
 use crate::model::ModelSource;
@@ -12,6 +14,10 @@ use crate::model::ModelSource;
 #[derive(Debug, Parser)]
 #[command(name = "kvgate-worker", version, about = "kvgate's inference worker: a Llama-architecture model over a measured, paged KV pool")]
 pub struct Cli {
+    /// Check the arguments as the command would on start, print what is wrong, and exit
+    /// without starting (0 when they are valid).
+    #[arg(long, global = true)]
+    pub check_config: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -36,7 +42,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct LocalArgs {
     /// Address of the HTTP API (the router's; prefill and decode take free loopback ports).
-    #[arg(long, default_value = "127.0.0.1:8080", env = "KVGATE_LISTEN")]
+    #[arg(long = flag::LISTEN, default_value = "127.0.0.1:8080", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     /// One engine prefills and decodes itself: no handoff.
     #[arg(long)]
@@ -53,7 +59,7 @@ pub struct LocalArgs {
 
 #[derive(Debug, Args)]
 pub struct RouterArgs {
-    #[arg(long, default_value = "0.0.0.0:8080", env = "KVGATE_LISTEN")]
+    #[arg(long = flag::LISTEN, default_value = "0.0.0.0:8080", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     /// Prefill peers' HTTP addresses (`host:port`), space-separated or repeated.
     #[arg(long, num_args = 1.., required_unless_present = "prefill_service", conflicts_with = "prefill_service")]
@@ -63,19 +69,19 @@ pub struct RouterArgs {
     pub decode: Vec<String>,
     /// In a cluster: find prefill peers as the ready endpoints (port `http`) of this Service's
     /// EndpointSlices (needs get/list on endpointslices; kubeconfig from $KUBECONFIG or in-cluster).
-    #[arg(long, requires = "decode_service")]
+    #[arg(long = flag::PREFILL_SERVICE, requires = "decode_service")]
     pub prefill_service: Option<String>,
     /// In a cluster: find decode peers likewise.
-    #[arg(long, requires = "prefill_service")]
+    #[arg(long = flag::DECODE_SERVICE, requires = "prefill_service")]
     pub decode_service: Option<String>,
     /// Namespace of those Services.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub namespace: String,
     /// `tiny` or a checkpoint directory: the router needs only its name and tokenizer.
-    #[arg(long, default_value = "tiny", env = "KVGATE_MODEL")]
+    #[arg(long = flag::MODEL, default_value = "tiny", env = "KVGATE_MODEL")]
     pub model: ModelSource,
     /// Declared context window: prompt + completion tokens one request may use.
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long = flag::CONTEXT_WINDOW, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
     pub context_window: u64,
     #[command(flatten)]
     pub secret: SecretArgs,
@@ -83,7 +89,7 @@ pub struct RouterArgs {
 
 #[derive(Debug, Args)]
 pub struct PrefillArgs {
-    #[arg(long, default_value = "0.0.0.0:8081", env = "KVGATE_LISTEN")]
+    #[arg(long = flag::LISTEN, default_value = "0.0.0.0:8081", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -97,10 +103,10 @@ pub struct PrefillArgs {
 
 #[derive(Debug, Args)]
 pub struct DecodeArgs {
-    #[arg(long, default_value = "0.0.0.0:8082", env = "KVGATE_LISTEN")]
+    #[arg(long = flag::LISTEN, default_value = "0.0.0.0:8082", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     /// Address of the KV port prefill peers stream pages to.
-    #[arg(long, default_value = "0.0.0.0:8083", env = "KVGATE_KV_LISTEN")]
+    #[arg(long = flag::KV_LISTEN, default_value = "0.0.0.0:8083", env = "KVGATE_KV_LISTEN")]
     pub kv_listen: SocketAddr,
     /// Address prefill peers should dial for the KV port, when it differs from --kv-listen
     /// (e.g. the pod IP when listening on 0.0.0.0).
@@ -129,7 +135,7 @@ pub struct SecretArgs {
     /// File holding the secret shared by the deployment's pods (at least 16 bytes). Every call
     /// between roles is signed with a key derived from it, reservations are tagged and KV frames
     /// MACed with it. Required by `router`, `prefill` and `decode`; `local` makes a random one.
-    #[arg(long, env = "KVGATE_HANDOFF_SECRET_FILE")]
+    #[arg(long = flag::HANDOFF_SECRET_FILE, env = "KVGATE_HANDOFF_SECRET_FILE")]
     pub handoff_secret_file: Option<PathBuf>,
 }
 
@@ -138,7 +144,7 @@ pub struct HandoffArgs {
     #[command(flatten)]
     pub secret: SecretArgs,
     /// How long a reservation waits for its commit before its pages are freed.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long = flag::HANDOFF_TIMEOUT_MS, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub handoff_timeout_ms: u64,
     /// Most reservations decode holds open (or committed and not yet decoding) at once; more
     /// are answered 503.
@@ -183,10 +189,10 @@ pub struct ProbeArgs {
 pub struct EngineArgs {
     /// `tiny` (built-in, seeded weights) or a checkpoint directory with config.json,
     /// *.safetensors and tokenizer.json.
-    #[arg(long, default_value = "tiny", env = "KVGATE_MODEL")]
+    #[arg(long = flag::MODEL, default_value = "tiny", env = "KVGATE_MODEL")]
     pub model: ModelSource,
     /// Declared context window: prompt + completion tokens one request may use.
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long = flag::CONTEXT_WINDOW, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
     pub context_window: u64,
     #[command(flatten)]
     pub pool: PoolArgs,
@@ -196,24 +202,24 @@ pub struct EngineArgs {
 #[group(skip)]
 pub struct PoolArgs {
     /// KV pool size in bytes (rounded down to whole pages).
-    #[arg(long, conflicts_with_all = ["kv_pool_tokens", "kv_memory_fraction"])]
+    #[arg(long = flag::KV_POOL_BYTES, conflicts_with_all = ["kv_pool_tokens", "kv_memory_fraction"], value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_pool_bytes: Option<u64>,
     /// KV pool size in tokens (rounded up to whole pages).
-    #[arg(long, conflicts_with = "kv_memory_fraction")]
+    #[arg(long = flag::KV_POOL_TOKENS, conflicts_with = "kv_memory_fraction", value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_pool_tokens: Option<u64>,
     /// KV pool size as a fraction (0, 1] of the memory this process may use after loading the
     /// model (respects the cgroup limit). Without any size flag the pool holds four times the
     /// context window.
-    #[arg(long)]
+    #[arg(long = flag::KV_MEMORY_FRACTION, value_parser = parse_fraction)]
     pub kv_memory_fraction: Option<f64>,
     /// Tokens per KV page (a power of two).
-    #[arg(long, default_value_t = 16, value_parser = parse_page_size)]
+    #[arg(long = flag::PAGE_SIZE, default_value_t = 16, value_parser = parse_page_size)]
     pub page_size: usize,
     /// Element type of stored K/V.
-    #[arg(long, default_value = "f32")]
+    #[arg(long = flag::KV_DTYPE, default_value = "f32")]
     pub kv_dtype: KvDtype,
     /// Where the pool lives: `cpu`, or `cuda` / `cuda:N` (needs the `cuda` build feature).
-    #[arg(long, default_value = "cpu")]
+    #[arg(long = flag::DEVICE, default_value = "cpu", value_parser = parse_device)]
     pub device: String,
     /// Skip zeroing freed pages (they stay unreadable through the generation check either way).
     #[arg(long)]
@@ -235,12 +241,29 @@ impl PoolArgs {
     }
 }
 
+// Value parsers return `String` errors: that is clap's `value_parser` interface.
 fn parse_page_size(s: &str) -> Result<usize, String> {
-    let n: usize = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
-    if n == 0 || !n.is_power_of_two() || n > 1024 {
-        return Err(format!("--page-size must be a power of two between 1 and 1024, got {n}"));
+    let n: u64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if !contract::page_size_supported(n) {
+        return Err(format!("--page-size must be a power of two between 1 and {}, got {n}", contract::PAGE_SIZES[contract::PAGE_SIZES.len() - 1]));
     }
-    Ok(n)
+    Ok(n as usize)
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let f: f64 = s.parse().map_err(|_| format!("`{s}` is not a decimal number"))?;
+    if !(f > 0.0 && f <= 1.0) {
+        return Err(format!("--kv-memory-fraction must be in (0, 1], got {s}"));
+    }
+    Ok(f)
+}
+
+fn parse_device(s: &str) -> Result<String, String> {
+    let ok = s == "cpu" || s == "cuda" || s.strip_prefix("cuda:").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !ok {
+        return Err(format!("--device must be cpu, cuda or cuda:N, got `{s}`"));
+    }
+    Ok(s.to_string())
 }
 
 #[cfg(test)]

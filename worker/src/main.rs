@@ -8,6 +8,18 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if cli.check_config {
+        return match commands::check::run(&cli.command) {
+            Ok(()) => {
+                println!("kvgate-worker: the arguments are valid");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("kvgate-worker: {e:#}");
+                std::process::ExitCode::from(2)
+            }
+        };
+    }
     let result = match cli.command {
         Command::Probe(args) => commands::probe::run(args),
         command => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(serve(command))),

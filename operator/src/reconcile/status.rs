@@ -4,7 +4,7 @@ use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, PROGRESSING, ROLLOUT
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
 use crate::gate::{Role, Verdict};
 
-use super::pods::Verification;
+use super::decide::Verification;
 
 /// What the reconcile saw and decided.
 #[derive(Debug, Clone)]

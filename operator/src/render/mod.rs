@@ -8,14 +8,15 @@ pub mod workers;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
+use kvgate_proto::contract;
 
 use crate::crd::InferenceDeployment;
 
-/// Ports every worker role listens on (on the pod IP).
-pub const ROUTER_PORT: i32 = 8080;
-pub const PREFILL_PORT: i32 = 8081;
-pub const DECODE_PORT: i32 = 8082;
-pub const KV_PORT: i32 = 8083;
+/// Ports every worker role listens on (on the pod IP); the worker's defaults (`proto::contract`).
+pub const ROUTER_PORT: i32 = contract::ROUTER_PORT as i32;
+pub const PREFILL_PORT: i32 = contract::PREFILL_PORT as i32;
+pub const DECODE_PORT: i32 = contract::DECODE_PORT as i32;
+pub const KV_PORT: i32 = contract::KV_PORT as i32;
 
 /// Where the handoff secret is mounted in decode pods.
 pub const SECRET_DIR: &str = "/var/run/kvgate/handoff";

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateS
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvgate_proto::contract::flag;
 
 use super::workers::{downward_env, handoff_secret, http_probe, model_flag, restricted, service_name};
 use super::{ROUTER_PORT, labels, name, owned_meta};
@@ -29,11 +30,11 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> 
     let (secret_volume, secret_mount, secret_flag) = handoff_secret(d);
     let args = vec![
         "router".to_string(),
-        format!("--listen=$(POD_IP):{ROUTER_PORT}"),
-        format!("--prefill-service={}", service_name(d, Role::Prefill)),
-        format!("--decode-service={}", service_name(d, Role::Decode)),
-        format!("--model={model}"),
-        format!("--context-window={context_window}"),
+        flag::arg(flag::LISTEN, format!("$(POD_IP):{ROUTER_PORT}")),
+        flag::arg(flag::PREFILL_SERVICE, service_name(d, Role::Prefill)),
+        flag::arg(flag::DECODE_SERVICE, service_name(d, Role::Decode)),
+        flag::arg(flag::MODEL, model),
+        flag::arg(flag::CONTEXT_WINDOW, context_window),
         secret_flag,
     ];
     let mut mounts = vec![secret_mount];

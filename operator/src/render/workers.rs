@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvgate_proto::contract::flag;
 
 use super::{DECODE_PORT, KV_PORT, MODEL_DIR, PREFILL_PORT, SECRET_DIR, labels, name, owned_meta, secret};
 use crate::crd::InferenceDeployment;
@@ -93,36 +94,37 @@ pub fn handoff_secret(d: &InferenceDeployment) -> (Volume, VolumeMount, String) 
         ..Default::default()
     };
     let mount = VolumeMount { name: "handoff-secret".into(), mount_path: SECRET_DIR.into(), read_only: Some(true), ..Default::default() };
-    (volume, mount, format!("--handoff-secret-file={SECRET_DIR}/{}", secret::KEY))
+    (volume, mount, flag::arg(flag::HANDOFF_SECRET_FILE, format!("{SECRET_DIR}/{}", secret::KEY)))
 }
 
-fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
+/// The worker container's arguments (`$(POD_IP)` is expanded by the kubelet).
+pub fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
     let r = d.spec.worker(role);
     let pool = &r.kv_pool;
     let (model, _) = model_flag(d);
     let mut args = vec![role.as_str().to_string()];
     match role {
-        Role::Prefill => args.push(format!("--listen=$(POD_IP):{PREFILL_PORT}")),
+        Role::Prefill => args.push(flag::arg(flag::LISTEN, format!("$(POD_IP):{PREFILL_PORT}"))),
         Role::Decode => {
-            args.push(format!("--listen=$(POD_IP):{DECODE_PORT}"));
-            args.push(format!("--kv-listen=$(POD_IP):{KV_PORT}"));
-            args.push(format!("--handoff-timeout-ms={}", d.spec.handoff.timeout_ms));
+            args.push(flag::arg(flag::LISTEN, format!("$(POD_IP):{DECODE_PORT}")));
+            args.push(flag::arg(flag::KV_LISTEN, format!("$(POD_IP):{KV_PORT}")));
+            args.push(flag::arg(flag::HANDOFF_TIMEOUT_MS, d.spec.handoff.timeout_ms));
         }
     }
     args.push(handoff_secret(d).2);
-    args.push(format!("--model={model}"));
-    args.push(format!("--context-window={}", d.spec.context_window));
-    args.push(format!("--page-size={}", pool.page_size));
-    args.push(format!("--kv-dtype={}", pool.dtype));
-    args.push(format!("--device={}", pool.device));
+    args.push(flag::arg(flag::MODEL, model));
+    args.push(flag::arg(flag::CONTEXT_WINDOW, d.spec.context_window));
+    args.push(flag::arg(flag::PAGE_SIZE, pool.page_size));
+    args.push(flag::arg(flag::KV_DTYPE, &pool.dtype));
+    args.push(flag::arg(flag::DEVICE, &pool.device));
     if let Some(b) = pool.bytes {
-        args.push(format!("--kv-pool-bytes={b}"));
+        args.push(flag::arg(flag::KV_POOL_BYTES, b));
     }
     if let Some(t) = pool.tokens {
-        args.push(format!("--kv-pool-tokens={t}"));
+        args.push(flag::arg(flag::KV_POOL_TOKENS, t));
     }
     if let Some(f) = &pool.memory_fraction {
-        args.push(format!("--kv-memory-fraction={f}"));
+        args.push(flag::arg(flag::KV_MEMORY_FRACTION, f));
     }
     args
 }

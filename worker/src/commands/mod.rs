@@ -1,5 +1,6 @@
 //! One module per `kvgate-worker` subcommand; `roles` starts the pieces they share.
 
+pub mod check;
 pub mod local;
 pub mod probe;
 pub mod roles;

@@ -199,8 +199,34 @@ pub async fn run_single(started: Started) -> anyhow::Result<()> {
 }
 
 pub fn fault_args_check(f: &FaultArgs) -> anyhow::Result<()> {
+    faults_allowed(f, cfg!(feature = "testing"))
+}
+
+/// `--inject-fault` needs a build with the `testing` feature and `--allow-fault-injection`.
+fn faults_allowed(f: &FaultArgs, testing_build: bool) -> anyhow::Result<()> {
+    if f.inject_fault.is_some() && !testing_build {
+        anyhow::bail!(
+            "--inject-fault: this kvgate-worker was built without fault injection (cargo feature `testing`, which the tests and benchmarks enable; images and `make run` do not)"
+        );
+    }
     if f.inject_fault.is_some() && !f.allow_fault_injection {
         anyhow::bail!("--inject-fault needs --allow-fault-injection");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::Fault;
+
+    #[test]
+    fn faults_need_a_testing_build_and_the_allow_flag() {
+        let args = |inject: bool, allow: bool| FaultArgs { inject_fault: inject.then_some(Fault::CorruptPage), allow_fault_injection: allow, fault_every: 1 };
+        let release = faults_allowed(&args(true, true), false).unwrap_err().to_string();
+        assert!(release.contains("built without fault injection") && release.contains("`testing`"), "{release}");
+        assert!(faults_allowed(&args(true, false), true).unwrap_err().to_string().contains("--allow-fault-injection"));
+        assert!(faults_allowed(&args(true, true), true).is_ok());
+        assert!(faults_allowed(&args(false, false), false).is_ok(), "a release build without the flag starts");
+    }
 }

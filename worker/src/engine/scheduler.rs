@@ -146,7 +146,7 @@ impl Scheduler {
                     budget -= n;
                     plan.push((i, n));
                 }
-                Err(why) => failed.push((i, why)),
+                Err(why) => failed.push((i, why.to_string())),
             }
         }
         let rows = if plan.is_empty() { Vec::new() } else { self.forward_isolating(&plan) };

@@ -58,13 +58,13 @@ impl Sequence {
 
     /// Whether the next `n` pending tokens can run: each one a token of the model, each
     /// position inside the lease. Checked before the batch so one bad sequence cannot fail it.
-    pub fn check_step(&self, n: usize, vocab: usize) -> Result<(), String> {
-        if let Some(t) = self.tokens[self.cached..self.cached + n].iter().find(|t| **t as usize >= vocab) {
-            return Err(format!("token {t} is outside the vocabulary of {vocab} tokens"));
+    pub fn check_step(&self, n: usize, vocab: usize) -> Result<(), StepError> {
+        if let Some(&token) = self.tokens[self.cached..self.cached + n].iter().find(|t| **t as usize >= vocab) {
+            return Err(StepError::OutsideVocabulary { token, vocab });
         }
         let end = self.cached + n;
         if end > self.lease.capacity() {
-            return Err(format!("position {} is past the {} tokens leased", end - 1, self.lease.capacity()));
+            return Err(StepError::PastLease { position: end - 1, leased: self.lease.capacity() });
         }
         Ok(())
     }
@@ -88,4 +88,13 @@ impl Sequence {
         // A closed channel means the client left; the scheduler notices and frees the pages.
         let _ = self.req.events.send(event);
     }
+}
+
+/// Why a sequence's next step cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepError {
+    #[error("token {token} is outside the vocabulary of {vocab} tokens")]
+    OutsideVocabulary { token: u32, vocab: usize },
+    #[error("position {position} is past the {leased} tokens leased")]
+    PastLease { position: usize, leased: usize },
 }

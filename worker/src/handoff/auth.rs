@@ -3,15 +3,15 @@
 
 use std::path::Path;
 
-use kvgate_proto::auth::DeploymentKey;
+use kvgate_proto::auth::{DeploymentKey, KeyError};
 
 /// Why the secret could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
     #[error("reading --handoff-secret-file {path}: {source}")]
     Read { path: String, source: std::io::Error },
-    #[error("--handoff-secret-file {path}: {reason}")]
-    Invalid { path: String, reason: String },
+    #[error("--handoff-secret-file {path}: {source}")]
+    Invalid { path: String, source: KeyError },
 }
 
 /// The keys derived from the deployment's handoff secret.
@@ -19,7 +19,7 @@ pub enum SecretError {
 pub struct Secret(DeploymentKey);
 
 impl Secret {
-    pub fn new(bytes: &[u8]) -> Result<Self, String> {
+    pub fn new(bytes: &[u8]) -> Result<Self, KeyError> {
         DeploymentKey::new(bytes).map(Secret)
     }
 
@@ -33,7 +33,7 @@ impl Secret {
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| SecretError::Read { path: shown.clone(), source })?;
         // Trailing newlines from `echo > file` are not part of the secret.
-        Secret::new(bytes.trim_ascii_end()).map_err(|reason| SecretError::Invalid { path: shown, reason })
+        Secret::new(bytes.trim_ascii_end()).map_err(|source| SecretError::Invalid { path: shown, source })
     }
 
     pub fn key(&self) -> &DeploymentKey {
@@ -49,7 +49,7 @@ mod tests {
     fn secrets_are_never_printed_and_must_be_long_enough() {
         let s = Secret::new(b"super-secret-value-123").unwrap();
         assert!(!format!("{s:?}").contains("super"));
-        assert!(Secret::new(b"short").unwrap_err().contains("16 bytes"));
+        assert!(Secret::new(b"short").unwrap_err().to_string().contains("16 bytes"));
     }
 
     #[test]

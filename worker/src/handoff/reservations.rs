@@ -234,8 +234,9 @@ impl Reservations {
     }
 
     /// Skips the MAC, checksum and digest checks. Only for measuring their cost in
-    /// `benches/handoff.rs`; no command line flag reaches it.
-    #[doc(hidden)]
+    /// `benches/handoff.rs`; no command line flag reaches it, and only a build with the
+    /// `testing` feature has it.
+    #[cfg(feature = "testing")]
     pub fn without_integrity_checks(mut self) -> Self {
         self.verify_integrity = false;
         self.rules.checksums = false;

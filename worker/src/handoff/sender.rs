@@ -50,10 +50,11 @@ pub struct Transfer<'a> {
     pub first_token: u32,
     pub model_fingerprint: &'a str,
     pub layout_fingerprint: &'a str,
+    /// Honoured only in a build with the `testing` feature.
     pub fault: Option<Fault>,
     pub metrics: &'a HandoffMetrics,
     /// False only in the benchmark that measures what the integrity checks (checksums and
-    /// MACs) cost.
+    /// MACs) cost; honoured only in a build with the `testing` feature.
     pub integrity: bool,
 }
 
@@ -83,11 +84,22 @@ pub fn check_reservation(r: &Reservation, secret: &Secret, prompt_tokens: usize,
 }
 
 impl Transfer<'_> {
+    /// The fault to commit: always none in a build without the `testing` feature, where every
+    /// fault branch below is dead code the compiler drops.
+    fn fault(&self) -> Option<Fault> {
+        if cfg!(feature = "testing") { self.fault } else { None }
+    }
+
+    /// Whether checksums and MACs are computed: always, without the `testing` feature.
+    fn integrity(&self) -> bool {
+        self.integrity || !cfg!(feature = "testing")
+    }
+
     pub async fn run(&self) -> Result<SendOutcome, SendError> {
         let r = self.reservation;
         let layout = *self.pool.layout();
         // The incident's bug hands a one-token placeholder to a whole prompt's reservation.
-        let prompt_tokens = if self.fault == Some(Fault::IgnoreRejection) { r.reserved_tokens as usize } else { self.lease.tokens() };
+        let prompt_tokens = if self.fault() == Some(Fault::IgnoreRejection) { r.reserved_tokens as usize } else { self.lease.tokens() };
         let id = check_reservation(r, self.secret, prompt_tokens, self.layout_fingerprint, layout.page_size)?;
         let key = self.secret.key().frame_key(id);
         let stream = TcpStream::connect(&r.kv_addr).await.map_err(|source| SendError::Connect { addr: r.kv_addr.clone(), source })?;
@@ -97,7 +109,7 @@ impl Transfer<'_> {
         let n = r.pages.len();
         let mut checksums = Vec::with_capacity(n);
         for (i, &dest) in r.pages.iter().enumerate() {
-            match self.fault {
+            match self.fault() {
                 Some(Fault::TruncateTransfer | Fault::IgnoreRejection) if i >= 1 => break,
                 Some(Fault::DieMidTransfer) if i >= n.div_ceil(2).max(1) => {
                     out.flush().await?;
@@ -112,24 +124,24 @@ impl Transfer<'_> {
             for range in layout.unwritten_byte_ranges(tokens as usize) {
                 payload[range].fill(0);
             }
-            let checksum = if self.integrity { xxh3_64(&payload) } else { 0 };
+            let checksum = if self.integrity() { xxh3_64(&payload) } else { 0 };
             checksums.push(checksum);
             let mut frame = PageFrame { handoff: id, index: i as u32, page: dest, tokens, checksum, payload, mac: Mac([0; MAC_LEN]) };
-            if self.fault == Some(Fault::CorruptPage) && i == n / 2 {
+            if self.fault() == Some(Fault::CorruptPage) && i == n / 2 {
                 frame.payload[0] ^= 0x01;
             }
-            if self.fault == Some(Fault::DropPage) && i == n / 2 {
+            if self.fault() == Some(Fault::DropPage) && i == n / 2 {
                 frame.page = u32::MAX; // lands outside the reservation; the reserved page stays unwritten
             }
             let bytes = self.sign(Frame::Page(frame), &key);
             out.write_all(&bytes).await?;
-            if self.fault == Some(Fault::DuplicatePage) && i == n / 2 {
+            if self.fault() == Some(Fault::DuplicatePage) && i == n / 2 {
                 out.write_all(&bytes).await?;
             }
             self.metrics.bytes.inc_by(bytes.len() as u64);
         }
         let mut model_fp = fingerprint_u64(self.model_fingerprint);
-        if self.fault == Some(Fault::WrongFingerprint) {
+        if self.fault() == Some(Fault::WrongFingerprint) {
             model_fp ^= 1;
         }
         let commit = CommitFrame {
@@ -150,11 +162,11 @@ impl Transfer<'_> {
 
     /// The frame's bytes with its MAC; the wrong-auth fault spoils the MAC.
     fn sign(&self, frame: Frame, key: &kvgate_proto::auth::FrameKey) -> Vec<u8> {
-        if !self.integrity {
+        if !self.integrity() {
             return frame.encode();
         }
         let mut bytes = frame.encode_signed(key);
-        if self.fault == Some(Fault::WrongAuth) {
+        if self.fault() == Some(Fault::WrongAuth) {
             let last = bytes.len() - 1;
             bytes[last] ^= 0xff;
         }

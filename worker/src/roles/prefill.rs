@@ -94,15 +94,19 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
 /// Why a prefill did not end with decode's ack.
 #[derive(Debug, thiserror::Error)]
 enum Failed {
+    #[error("computing the prompt's KV: prefill was dropped")]
+    Dropped,
     #[error("computing the prompt's KV: {0}")]
-    Compute(String),
+    Rejected(Rejection),
+    #[error("computing the prompt's KV: {0}")]
+    Engine(String),
     #[error(transparent)]
     Send(#[from] SendError),
     #[error("prefill died mid-transfer (injected fault)")]
     Died,
 }
 
-async fn compute(role: &PrefillRole, prompt: Vec<u32>) -> Result<Prefilled, String> {
+async fn compute(role: &PrefillRole, prompt: Vec<u32>) -> Result<Prefilled, Failed> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let sampling = SamplingParams { temperature: 0.0, top_p: 1.0, seed: None };
     let mut events = role.engine.enqueue(prompt, 1, sampling, Mode::PrefillOnly { reply: tx });
@@ -110,18 +114,18 @@ async fn compute(role: &PrefillRole, prompt: Vec<u32>) -> Result<Prefilled, Stri
     // mistakes a finished prefill for a failed one.
     tokio::select! {
         biased;
-        done = rx => done.map_err(|_| "prefill was dropped".to_string()),
+        done = rx => done.map_err(|_| Failed::Dropped),
         event = events.recv() => Err(match event {
-            Some(Event::Rejected(r)) => r.to_string(),
-            Some(Event::Failed(f)) => f.message,
-            other => format!("unexpected engine event {other:?}"),
+            Some(Event::Rejected(r)) => Failed::Rejected(r),
+            Some(Event::Failed(f)) => Failed::Engine(f.message),
+            other => Failed::Engine(format!("unexpected engine event {other:?}")),
         }),
     }
 }
 
 async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> Result<PrefillResponse, Failed> {
     let started = Instant::now();
-    let prefilled = compute(role, req.prompt.clone()).await.map_err(Failed::Compute)?;
+    let prefilled = compute(role, req.prompt.clone()).await?;
     let transfer = Transfer {
         pool: &role.engine.pool,
         lease: &prefilled.lease,

@@ -1,0 +1,231 @@
+//! Decide: from what one reconcile observed, the whole plan of what to write. Pure: no I/O, no
+//! clock, so every transition of the rollout is a table test (`decide_tests.rs`).
+//!
+//! Revisions: the serving one (`status.currentRevision`, verified) and the one the spec asks for.
+//! When they differ, the spec's revision is the candidate: its own prefill and decode Deployments
+//! come up next to the serving ones, which are never touched. Candidate pods carry the readiness
+//! gate, so until they are verified they are not Ready and the router's discovery
+//! (EndpointSlices) does not see them. Verified and Ready at full strength -> promoted, the old
+//! revision's Deployments are deleted. Any pod failing the gate -> the revision is refused:
+//! scaled to zero, recorded in status, an Event and a metric; it is not retried until the spec
+//! changes (a new revision).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::observe::{WorkerPod, World};
+use super::status::{self, Observed};
+use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
+use crate::gate::{self, PodReport, PodVerdict, Role, Verdict};
+use crate::render::workers;
+
+/// What the gate found for one revision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verification {
+    pub verdict: Verdict,
+    /// Per role: pods that passed, and the smallest measured pool of those that reported.
+    pub verified: BTreeMap<Role, i32>,
+    pub min_measured: BTreeMap<Role, u64>,
+    /// Pods that exist (not terminating), per role.
+    pub pods: BTreeMap<Role, i32>,
+}
+
+/// One revision's worker Deployment at the size it should have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerDeployment {
+    pub role: Role,
+    pub revision: String,
+    pub replicas: i32,
+}
+
+/// The `kvgate.dev/kv-pool-verified` condition a pod should carry (only those that change).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodGate {
+    pub pod: String,
+    pub status: &'static str,
+    pub reason: String,
+    pub message: String,
+    /// The transition time to keep (status unchanged); `None`: now.
+    pub since: Option<Time>,
+}
+
+/// An Event to publish on the InferenceDeployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announcement {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// Everything one reconcile writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The spec's revision's Deployments (none when its pods may not be created at all).
+    pub workers: Vec<WorkerDeployment>,
+    /// Deployments of revisions that neither serve nor are the candidate.
+    pub delete: Vec<String>,
+    /// The router Deployment, admitting this window; `None`: leave it as it is.
+    pub router_window: Option<u64>,
+    pub pod_gates: Vec<PodGate>,
+    pub events: Vec<Announcement>,
+    /// A refusal decided now: counted once under this reason.
+    pub refused_reason: Option<String>,
+    pub status: InferenceDeploymentStatus,
+    /// Nothing is in flight: the spec's revision serves or stands refused.
+    pub settled: bool,
+}
+
+/// What `decide` needs besides the observed world.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub d: &'a InferenceDeployment,
+    /// The revision the spec asks for.
+    pub revision: &'a str,
+    /// Why the spec's pods may not be created at all (a node directory that is not allowed).
+    pub host_path_refusal: Option<&'a str>,
+    pub world: &'a World,
+}
+
+pub fn decide(i: Inputs<'_>) -> Plan {
+    let Inputs { d, revision: rev, host_path_refusal, world } = i;
+    let window = d.spec.context_window;
+    let prev = d.status.clone().unwrap_or_default();
+    let current = prev.current_revision.clone();
+    let refused_before = prev.refused_revision.as_ref().is_some_and(|r| r.revision == rev);
+    let refused_already = refused_before || host_path_refusal.is_some();
+    let (candidate, candidate_verdicts) = verify(world, rev, window);
+
+    let mut refused = prev.refused_revision.clone();
+    let mut refused_reason = None;
+    let mut serving = current.clone();
+    let mut serving_window = prev.current_context_window;
+    let mut events = Vec::new();
+    let mut scale_to_zero = refused_already;
+    if let Some(message) = host_path_refusal.filter(|_| !refused_before) {
+        let reason = crate::host_paths::REASON;
+        refused = Some(RefusedRevision { revision: rev.into(), reason: reason.into(), message: message.into() });
+        refused_reason = Some(reason.to_string());
+        events.push(warning("RolloutRefused", "HostPathPolicy", format!("revision {rev} refused, no pod created: {message}")));
+    }
+    if Some(rev) != current.as_deref() && !refused_already {
+        match &candidate.verdict {
+            Verdict::Refused { failure, message } => {
+                refused = Some(RefusedRevision { revision: rev.into(), reason: failure.reason().into(), message: message.clone() });
+                refused_reason = Some(failure.reason().to_string());
+                scale_to_zero = true;
+                let keeps = current.as_ref().map_or("no revision serves yet".to_string(), |c| format!("revision {c} keeps serving"));
+                events.push(warning("RolloutRefused", "RolloutGate", format!("revision {rev} refused: {message}; {keeps}")));
+            }
+            Verdict::Verified if full_strength(d, &candidate, |r| world.ready(&workers::deployment_name(d, r, rev))) => {
+                events.push(Announcement {
+                    warning: false,
+                    reason: "RolloutVerified",
+                    action: "RolloutGate",
+                    note: format!("revision {rev}: every pod's KV pool holds contextWindow {window}; now serving"),
+                });
+                serving = Some(rev.to_string());
+                serving_window = Some(window);
+                refused = refused.filter(|r| r.revision != rev);
+            }
+            _ => {}
+        }
+    }
+
+    let workers = match host_path_refusal {
+        Some(_) => Vec::new(),
+        None => [Role::Prefill, Role::Decode]
+            .into_iter()
+            .map(|role| WorkerDeployment { role, revision: rev.into(), replicas: if scale_to_zero { 0 } else { d.spec.worker(role).replicas } })
+            .collect(),
+    };
+    let delete = world.deployments.iter().filter(|dep| dep.revision != rev && Some(&dep.revision) != serving.as_ref()).map(|dep| dep.name.clone()).collect();
+    // The router admits what the serving revision was verified for.
+    let router_window = serving_window.unwrap_or(window);
+
+    // Status describes the serving revision, or before there is one, the candidate; the pods of
+    // both get their gate condition.
+    let shown = serving.clone().unwrap_or_else(|| rev.to_string());
+    let mut pod_gates = gates(world.pods_of(rev), &candidate_verdicts);
+    let shown_pods = if shown == rev {
+        candidate.clone()
+    } else {
+        let (shown_pods, verdicts) = verify(world, &shown, router_window);
+        pod_gates.extend(gates(world.pods_of(&shown), &verdicts));
+        shown_pods
+    };
+    let observed = Observed {
+        spec_revision: rev.to_string(),
+        serving: serving.clone(),
+        serving_window,
+        refused: refused.clone(),
+        candidate,
+        shown_pods,
+        ready: [Role::Prefill, Role::Decode].map(|r| world.ready(&workers::deployment_name(d, r, &shown))),
+        router_ready: world.router_ready.unwrap_or(0),
+    };
+    let status = status::compute(d, &prev, &observed);
+    let settled = serving.as_deref() == Some(rev) || refused.as_ref().is_some_and(|r| r.revision == rev);
+    Plan { workers, delete, router_window: host_path_refusal.is_none().then_some(router_window), pod_gates, events, refused_reason, status, settled }
+}
+
+fn warning(reason: &'static str, action: &'static str, note: String) -> Announcement {
+    Announcement { warning: true, reason, action, note }
+}
+
+/// The gate on one revision's pods: the verdict per pod and for the revision.
+fn verify(world: &World, revision: &str, context_window: u64) -> (Verification, Vec<PodVerdict>) {
+    let pods: Vec<&WorkerPod> = world.pods_of(revision).collect();
+    let reports: Vec<PodReport> = pods.iter().map(|p| PodReport { role: p.role, pod: p.name.clone(), report: p.report.clone().ok() }).collect();
+    let (verdicts, verdict) = gate::judge(context_window, &reports);
+    let mut v = Verification { verdict, verified: BTreeMap::new(), min_measured: BTreeMap::new(), pods: BTreeMap::new() };
+    for (pod, pod_verdict) in pods.iter().zip(&verdicts) {
+        *v.pods.entry(pod.role).or_default() += 1;
+        if let Ok(r) = &pod.report {
+            let m = v.min_measured.entry(pod.role).or_insert(u64::MAX);
+            *m = (*m).min(r.capacity_tokens);
+        }
+        if matches!(pod_verdict, PodVerdict::Verified { .. }) {
+            *v.verified.entry(pod.role).or_default() += 1;
+        }
+    }
+    (v, verdicts)
+}
+
+/// The gate condition of each pod whose condition differs from its verdict.
+fn gates<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict]) -> Vec<PodGate> {
+    pods.zip(verdicts)
+        .filter_map(|(pod, verdict)| {
+            let (status, reason, message) = match verdict {
+                PodVerdict::Pending => {
+                    let why = match &pod.report {
+                        Err(why) => why.clone(),
+                        Ok(_) => format!("waiting for the {} pods' capacity reports to compare fingerprints", pod.role.peer().as_str()),
+                    };
+                    ("False", "AwaitingCapacityReport".to_string(), why)
+                }
+                PodVerdict::Verified { message } => ("True", "KVPoolVerified".to_string(), message.clone()),
+                PodVerdict::Failed { failure, message } => ("False", failure.reason().to_string(), message.clone()),
+            };
+            let existing = pod.condition.as_ref();
+            if existing.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(&reason) && c.message.as_deref() == Some(&message)) {
+                return None;
+            }
+            let since = existing.filter(|c| c.status == status).and_then(|c| c.last_transition_time.clone());
+            Some(PodGate { pod: pod.name.clone(), status, reason, message, since })
+        })
+        .collect()
+}
+
+/// Every desired pod of both roles exists, passed the gate and is Ready.
+fn full_strength(d: &InferenceDeployment, v: &Verification, ready: impl Fn(Role) -> i32) -> bool {
+    [Role::Prefill, Role::Decode].into_iter().all(|r| {
+        let want = d.spec.worker(r).replicas;
+        want > 0 && v.pods.get(&r).copied().unwrap_or(0) == want && v.verified.get(&r).copied().unwrap_or(0) == want && ready(r) >= want
+    })
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

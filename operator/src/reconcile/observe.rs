@@ -1,0 +1,114 @@
+//! Observe: everything one reconcile reads, and nothing it writes. The object itself (re-read,
+//! not the watch cache), the Deployments it owns, and the pods of its workers with their
+//! capacity reports and gate conditions.
+
+use futures::future::join_all;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kvgate_proto::CapacityReport;
+
+use super::{Context, Error};
+use crate::crd::InferenceDeployment;
+use crate::gate::{self, Role};
+use crate::render::{DECODE_PORT, PREFILL_PORT, labels, router};
+
+/// A Deployment this InferenceDeployment owns for one revision of its workers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedDeployment {
+    pub name: String,
+    pub revision: String,
+    pub ready: i32,
+}
+
+/// A worker pod (not terminating), what it reported and the gate condition it carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerPod {
+    pub name: String,
+    pub role: Role,
+    pub revision: String,
+    /// The pod's capacity report, or why there is none (not running yet, unreachable, not a report).
+    pub report: Result<CapacityReport, String>,
+    pub condition: Option<PodCondition>,
+}
+
+/// The world as one reconcile found it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct World {
+    pub deployments: Vec<OwnedDeployment>,
+    /// Ready pods of the router Deployment (`None`: there is none).
+    pub router_ready: Option<i32>,
+    pub pods: Vec<WorkerPod>,
+}
+
+impl World {
+    /// Ready pods of one revision's Deployment of `role`.
+    pub fn ready(&self, deployment_name: &str) -> i32 {
+        self.deployments.iter().find(|d| d.name == deployment_name).map_or(0, |d| d.ready)
+    }
+
+    pub fn pods_of<'w>(&'w self, revision: &'w str) -> impl Iterator<Item = &'w WorkerPod> + 'w {
+        self.pods.iter().filter(move |p| p.revision == revision)
+    }
+}
+
+/// The object as it is now: the watch cache may lag our own last status write, and decisions
+/// (refuse once, promote once) are taken on what is stored.
+pub async fn object(ctx: &Context, ns: &str, name: &str) -> Result<Option<InferenceDeployment>, Error> {
+    let api: Api<InferenceDeployment> = Api::namespaced(ctx.client.clone(), ns);
+    api.get_opt(name).await.map_err(Error::api(format!("reading InferenceDeployment {name}")))
+}
+
+pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Error> {
+    let ns = d.namespace().unwrap_or_else(|| "default".into());
+    let name = d.name_any();
+    // One list of the instance's Deployments: the workers' (one per revision) and the router's.
+    let instance = ListParams::default().labels(&format!("{}={name}", labels::INSTANCE));
+    let deployments_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let listed = deployments_api.list(&instance).await.map_err(Error::api("listing Deployments"))?;
+    let ready = |dep: &Deployment| dep.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+    let router_name = router::router_name(d);
+    let router_ready = listed.iter().find(|dep| dep.name_any() == router_name).map(ready);
+    let deployments = listed
+        .iter()
+        .filter_map(|dep| {
+            let revision = dep.labels().get(labels::REVISION)?.clone();
+            Some(OwnedDeployment { revision, ready: ready(dep), name: dep.name_any() })
+        })
+        .collect();
+    let mine = ListParams::default().labels(&format!("{}={name},{}", labels::INSTANCE, labels::REVISION));
+
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let listed = pods_api.list(&mine).await.map_err(Error::api("listing pods"))?;
+    let workers: Vec<(Role, Pod)> = listed
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let role = match p.labels().get(labels::COMPONENT).map(String::as_str) {
+                Some("prefill") => Role::Prefill,
+                Some("decode") => Role::Decode,
+                _ => return None,
+            };
+            Some((role, p))
+        })
+        .collect();
+    let pods = join_all(workers.into_iter().map(|(role, pod)| async move {
+        let report = report(ctx, role, &pod).await;
+        let condition = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == gate::CONDITION)).cloned();
+        WorkerPod { revision: pod.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: pod.name_any(), role, report, condition }
+    }))
+    .await;
+    Ok(World { deployments, router_ready, pods })
+}
+
+async fn report(ctx: &Context, role: Role, pod: &Pod) -> Result<CapacityReport, String> {
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    if phase != "Running" {
+        return Err(format!("the pod is {phase}, not Running"));
+    }
+    let ip = status.and_then(|s| s.pod_ip.as_deref()).ok_or_else(|| "the pod has no IP yet".to_string())?;
+    let port = if role == Role::Prefill { PREFILL_PORT } else { DECODE_PORT };
+    crate::capacity::read(&ctx.http, ip, port).await.map_err(|e| e.to_string())
+}
