@@ -3,11 +3,13 @@
 #   ip (iproute2): the node agent gives each pod its own address on lo.
 #   prometheus, promtool (prometheus): the alert-rule tests and the live-Prometheus test.
 #   python3: dashboards/generate.py --check.
+#   curl: worker/tests/readme.rs runs the README's commands as written.
 set -euo pipefail
 missing=()
 command -v ip >/dev/null || missing+=(iproute2)
 command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 command -v python3 >/dev/null || missing+=(python3)
+command -v curl >/dev/null || missing+=(curl)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "missing Debian packages: ${missing[*]}; install them with: apt-get install ${missing[*]}" >&2

@@ -56,8 +56,8 @@ fn the_incident_is_refused_with_both_numbers_and_never_available() {
     assert_eq!(count, 1, "the refusal was reported more than once: {evs}");
     // Its router has no verified peers: not ready, but alive, so it is never restarted for it.
     let ip = pod_ips(cp, &ns, "router").pop().expect("the incident's router pod");
-    assert_eq!(http("GET", &format!("http://{ip}:8080/healthz"), None).map(|r| r.0), Some(200));
-    assert_eq!(http("GET", &format!("http://{ip}:8080/readyz"), None).map(|r| r.0), Some(503));
+    assert_eq!(request("GET", &format!("http://{ip}:8080/healthz"), None).map(|r| r.0), Some(200));
+    assert_eq!(request("GET", &format!("http://{ip}:8080/readyz"), None).map(|r| r.0), Some(503));
     let routers = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=router"]);
     for p in routers["items"].as_array().unwrap() {
         assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0, "the router was restarted: {p}");
@@ -72,14 +72,14 @@ fn the_internal_api_and_kv_port_of_a_deployment_refuse_outsiders_in_the_cluster(
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "guarded")["status"]["phase"] == "Available");
     let (decode, prefill) = (pod_ips(cp, &ns, "decode").pop().unwrap(), pod_ips(cp, &ns, "prefill").pop().unwrap());
     // Anyone who reaches a pod cannot use the internal API without the deployment's secret.
-    let (status, body) = http("POST", &format!("http://{decode}:8082/internal/v1/reserve"), Some(r#"{"prompt_tokens":1,"max_tokens":1}"#)).unwrap();
+    let (status, body) = request("POST", &format!("http://{decode}:8082/internal/v1/reserve"), Some(r#"{"prompt_tokens":1,"max_tokens":1}"#)).unwrap();
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("unauthenticated"), "{body}");
-    let (status, body) = http("POST", &format!("http://{prefill}:8081/internal/v1/prefill"), Some(r#"{"prompt":[1],"reservation":{}}"#)).unwrap();
+    let (status, body) = request("POST", &format!("http://{prefill}:8081/internal/v1/prefill"), Some(r#"{"prompt":[1],"reservation":{}}"#)).unwrap();
     assert_eq!(status, 401, "{body}");
     let metric = |ip: &str, port: u16, series: &str| -> f64 {
         let text = get(&format!("http://{ip}:{port}/metrics")).unwrap();
-        text.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.trim().parse().ok())).unwrap_or_else(|| panic!("no {series}"))
+        kvgate_testenv::metrics::sample(&text, series).unwrap_or_else(|| panic!("no {series}"))
     };
     assert_eq!(metric(&decode, 8082, r#"kvgate_internal_requests_rejected_total{reason="missing",role="decode"}"#), 1.0);
     assert_eq!(metric(&prefill, 8081, r#"kvgate_internal_requests_rejected_total{reason="missing",role="prefill"}"#), 1.0);
@@ -92,9 +92,7 @@ fn the_internal_api_and_kv_port_of_a_deployment_refuse_outsiders_in_the_cluster(
     assert!(String::from_utf8_lossy(&ack).contains("kv_port_malformed"), "{ack:?}");
     assert_eq!(metric(&decode, 8082, r#"kvgate_kv_port_rejected_total{reason="malformed",role="decode"}"#), 1.0);
     let text = get(&format!("http://{decode}:8082/metrics")).unwrap();
-    let mismatches: f64 =
-        text.lines().filter(|l| l.starts_with("kvgate_handoff_mismatch_total{")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum();
-    assert_eq!(mismatches, 0.0);
+    assert_eq!(kvgate_testenv::metrics::family_sum(&text, "kvgate_handoff_mismatch_total"), 0.0);
     // The deployment's own roles, holding the secret, serve as before.
     let router = router_endpoints(cp, &ns, "guarded").pop().unwrap();
     assert_eq!(complete(&router, "Hello", 4).map(|r| r.0), Some(200));

@@ -196,6 +196,11 @@ impl FrameKey {
     }
 }
 
+/// Unix time in milliseconds: what signatures and reservation deadlines are stated in.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Why a secret cannot key a deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyError {

@@ -31,6 +31,22 @@ pub struct CapacityReport {
     pub layout_fingerprint: String,
 }
 
+/// What a router serves on [`KV_POOL_PATH`]: the last report it read from each peer (`report`
+/// is absent for a peer that has not answered).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerReports {
+    pub prefill: Vec<PeerReport>,
+    pub decode: Vec<PeerReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerReport {
+    /// The peer's base URL.
+    pub peer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<CapacityReport>,
+}
+
 impl CapacityReport {
     /// Bytes the pool occupies.
     pub fn pool_bytes(&self) -> u64 {

@@ -10,4 +10,4 @@ pub mod handoff;
 pub mod refusal;
 pub mod roles;
 
-pub use capacity::{CapacityReport, KV_POOL_PATH};
+pub use capacity::{CapacityReport, KV_POOL_PATH, PeerReport, PeerReports};

@@ -2,7 +2,10 @@
 
 use std::path::Path;
 
-use crate::model::ModelError;
+/// A tokenizer that could not be loaded, or text or ids it could not convert.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TokenizerError(String);
 
 /// The byte tokenizer's begin-of-sequence id (bytes are 0..=255).
 pub const BOS: u32 = 256;
@@ -25,25 +28,25 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
-    pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        let t = tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+    pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
+        let t = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError(format!("{}: {e}", path.display())))?;
         Ok(Tokenizer::Hf(Box::new(t)))
     }
 
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         match self {
             Tokenizer::Bytes => Ok(std::iter::once(BOS).chain(text.bytes().map(u32::from)).collect()),
-            Tokenizer::Hf(t) => Ok(t.encode(text, true).map_err(|e| ModelError::Tokenizer(e.to_string()))?.get_ids().to_vec()),
+            Tokenizer::Hf(t) => Ok(t.encode(text, true).map_err(|e| TokenizerError(e.to_string()))?.get_ids().to_vec()),
         }
     }
 
-    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         match self {
             Tokenizer::Bytes => {
                 let bytes: Vec<u8> = ids.iter().filter(|&&id| id < 256).map(|&id| id as u8).collect();
                 Ok(String::from_utf8_lossy(&bytes).into_owned())
             }
-            Tokenizer::Hf(t) => t.decode(ids, true).map_err(|e| ModelError::Tokenizer(e.to_string())),
+            Tokenizer::Hf(t) => t.decode(ids, true).map_err(|e| TokenizerError(e.to_string())),
         }
     }
 }
@@ -58,7 +61,7 @@ pub struct StreamDecoder {
 
 impl StreamDecoder {
     /// Adds one id; returns the newly complete text (possibly empty).
-    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, ModelError> {
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
         let text = tok.decode(&self.ids)?;
         if text.ends_with('\u{FFFD}') {
@@ -68,7 +71,7 @@ impl StreamDecoder {
     }
 
     /// Whatever is still held back, at the end of generation.
-    pub fn finish(&mut self, tok: &Tokenizer) -> Result<String, ModelError> {
+    pub fn finish(&mut self, tok: &Tokenizer) -> Result<String, TokenizerError> {
         let text = tok.decode(&self.ids)?;
         Ok(self.take_from(text))
     }

@@ -42,7 +42,7 @@ async fn a_rejected_prompt_forwarded_anyway_is_caught_as_rejected_forwarded() {
 #[tokio::test]
 async fn a_prefill_process_that_dies_mid_transfer_leaves_no_pages_behind() {
     let mut c = cluster(&["--allow-fault-injection", "--inject-fault", "die-mid-transfer"], &[]);
-    let prompt = "a prompt that spans seven pages of the tiny model's KV cache, sixteen tokens per page...";
+    let prompt = "a prompt that spans six pages of the tiny model's KV cache, sixteen tokens per page.....";
     assert_eq!(prompt.len() + 1, 89, "6 pages of 16");
     let (status, body) = c.router.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 4})).await;
     assert_eq!(status, 502, "{body}");

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvgate_testenv::ControlPlane;
+pub use kvgate_testenv::http::{get, request};
 use kvgate_testenv::process::{Proc, free_port, tail};
 use serde_json::Value;
 
@@ -61,8 +62,7 @@ impl Operator {
 
     /// The value of one sample of the operator's /metrics (`name{labels}` as printed).
     pub fn metric(&self, sample: &str) -> Option<f64> {
-        let text = get(&self.metrics)?;
-        text.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse().ok()))
+        kvgate_testenv::metrics::sample(&get(&self.metrics)?, sample)
     }
 }
 
@@ -119,15 +119,8 @@ pub fn condition_true(obj: &Value, type_: &str) -> bool {
 }
 
 /// Waits for `check`, or fails with what the namespace looks like.
-pub fn eventually(cp: &ControlPlane, ns: &str, what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    panic!("{what} did not happen within {timeout:?}\n{}", diagnostics(cp, ns));
+pub fn eventually(cp: &ControlPlane, ns: &str, what: &str, timeout: Duration, check: impl FnMut() -> bool) {
+    kvgate_testenv::wait::eventually(what, timeout, Duration::from_millis(300), check, || diagnostics(cp, ns));
 }
 
 /// Objects, events and pod logs of a namespace, and the components' logs.
@@ -157,46 +150,6 @@ pub fn diagnostics(cp: &ControlPlane, ns: &str) -> String {
     out.join("\n")
 }
 
-pub fn get(url: &str) -> Option<String> {
-    http("GET", url, None).filter(|(s, _)| *s == 200).map(|(_, b)| b)
-}
-
-/// A minimal HTTP/1.1 client: (status, body).
-pub fn http(method: &str, url: &str, body: Option<&str>) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let rest = url.strip_prefix("http://")?;
-    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
-    let mut s = std::net::TcpStream::connect_timeout(&host.parse().ok()?, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    let body = body.unwrap_or("");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).ok()?;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
-    Some((status, body))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
 /// The router pods' addresses, from the API Service's EndpointSlices (ready ones).
 pub fn router_endpoints(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> {
     let slices = get_json(cp, &["-n", ns, "get", "endpointslices", "-l", &format!("kubernetes.io/service-name={name}")]);
@@ -214,7 +167,7 @@ pub fn router_endpoints(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> 
 /// A completion through the router: (status, body).
 pub fn complete(router: &str, prompt: &str, max_tokens: u32) -> Option<(u16, String)> {
     let body = serde_json::json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 }).to_string();
-    http("POST", &format!("http://{router}/v1/completions"), Some(&body))
+    request("POST", &format!("http://{router}/v1/completions"), Some(&body))
 }
 
 /// The InferenceDeployment as JSON.

@@ -21,7 +21,7 @@ use crate::roles::discovery;
 use crate::roles::internal_auth::{self, Signer, Verifier};
 use crate::roles::peers::Peers;
 use crate::roles::prefill::{self, PrefillRole};
-use crate::roles::router::RouterBackend;
+use crate::roles::router::Dispatcher;
 use crate::server::{self, AppState, Backend, limits};
 use crate::setup;
 use crate::tokenizer::Tokenizer;
@@ -75,7 +75,7 @@ pub async fn colocated(args: &LocalArgs, registry: &prometheus::Registry) -> any
     let summary = describe("colocated", &report, args.engine.context_window);
     let state = AppState::for_engine(engine, report, registry.clone());
     let ready = state.ready.clone();
-    Ok(Started { listener: bind(args.listen).await?, app: server::router(state), ready, summary })
+    Ok(Started { listener: bind(args.listen).await?, app: server::app(state), ready, summary })
 }
 
 /// The deployment's secret for a role that talks to its peers. There is no "auth off": a role
@@ -158,7 +158,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
     let metrics = Metrics::new(registry, "router");
     metrics.context_window_tokens.set(args.context_window as i64);
     let window = args.context_window as usize;
-    let backend = RouterBackend::new(Arc::new(Peers::new(&args.prefill, &args.decode)), window, metrics.clone(), Signer::new(&secret));
+    let backend = Dispatcher::new(Arc::new(Peers::new(&args.prefill, &args.decode)), window, metrics.clone(), Signer::new(&secret));
     backend.peers.refresh(&backend.http).await;
     backend.spawn_refresh(Duration::from_secs(5));
     let peers_text = match (&args.prefill_service, &args.decode_service) {
@@ -171,7 +171,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         _ => format!("prefill {:?}, decode {:?}", args.prefill, args.decode),
     };
     let state = AppState {
-        backend: Backend::Router(backend),
+        backend: Backend::Remote(backend),
         tokenizer: Arc::new(tokenizer),
         model_name: name,
         window,
@@ -182,7 +182,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
     };
     let summary = format!("router: {peers_text}, context window {window} tokens");
     let ready = state.ready.clone();
-    Ok(Started { listener: bind(args.listen).await?, app: server::router(state), ready, summary })
+    Ok(Started { listener: bind(args.listen).await?, app: server::app(state), ready, summary })
 }
 
 /// A registry with the build info every process exports.

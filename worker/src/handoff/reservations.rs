@@ -292,7 +292,7 @@ impl Reservations {
         })?;
         let id = HandoffId(rand::random());
         let pages: Vec<u32> = lease.pages().iter().take(self.pool.layout().pages_for(prompt as usize)).map(|p| p.id).collect();
-        let expires_ms = crate::roles::internal_auth::now_ms() + self.timeout.as_millis() as u64;
+        let expires_ms = kvgate_proto::auth::now_ms() + self.timeout.as_millis() as u64;
         let fields = ReservationFields { handoff: id, reserved_tokens: prompt, max_tokens, expires_ms, pages: &pages, kv_addr: &self.kv_addr };
         let tag = self.secret.key().reservation_tag(&fields);
         let now = Instant::now();

@@ -68,7 +68,7 @@ pub fn check_reservation(r: &Reservation, secret: &Secret, prompt_tokens: usize,
     if !secret.key().reservation_tag(&r.fields(id)).verify(&tag) {
         return Err(bad(format!("reservation {id} does not carry a tag of this deployment's decode (forged or altered; kv_addr {})", r.kv_addr)));
     }
-    if r.expires_ms <= crate::roles::internal_auth::now_ms() {
+    if r.expires_ms <= kvgate_proto::auth::now_ms() {
         return Err(bad(format!("reservation {id} expired at {} ms", r.expires_ms)));
     }
     if r.reserved_tokens as usize != prompt_tokens {

@@ -36,7 +36,7 @@ pub enum ModelError {
     #[error("unsupported architecture `{found}` (supported: {supported})")]
     UnsupportedArchitecture { found: String, supported: String },
     #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("loading weights: {0}")]
     Weights(#[from] candle_core::Error),
 }

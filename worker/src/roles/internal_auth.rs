@@ -6,7 +6,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -23,9 +23,7 @@ use crate::server::error::ApiError;
 /// How far a signature's clock may be from ours.
 pub const MAX_SKEW: Duration = Duration::from_secs(30);
 
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use kvgate_proto::auth::now_ms;
 
 /// Signs the requests a role sends to its peers.
 #[derive(Clone, Debug)]

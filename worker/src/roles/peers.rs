@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kvgate_proto::{CapacityReport, KV_POOL_PATH};
+use kvgate_proto::{CapacityReport, KV_POOL_PATH, PeerReport, PeerReports};
 
 #[derive(Debug)]
 pub struct Peer {
@@ -108,6 +108,12 @@ impl Peers {
             .collect();
         *list = next;
         added
+    }
+
+    /// The last report read from every peer, per role.
+    pub fn reports(&self) -> PeerReports {
+        let of = |role| self.snapshot(role).iter().map(|p| PeerReport { peer: p.base.clone(), report: p.report() }).collect();
+        PeerReports { prefill: of(PeerRole::Prefill), decode: of(PeerRole::Decode) }
     }
 
     /// Re-reads every peer's capacity report; an unreachable peer has none and is not picked.

@@ -18,7 +18,9 @@ use crate::engine::{Event, Failure, FinishReason, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
 
-pub struct RouterBackend {
+/// The router role's backend: admits a request, picks a prefill/decode pair, reserves on decode,
+/// has prefill compute and hand off, and relays decode's tokens.
+pub struct Dispatcher {
     pub peers: Arc<Peers>,
     pub http: reqwest::Client,
     pub window: usize,
@@ -29,9 +31,9 @@ pub struct RouterBackend {
     pub signer: Signer,
 }
 
-impl std::fmt::Debug for RouterBackend {
+impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RouterBackend").field("peers", &self.peers).finish()
+        f.debug_struct("Dispatcher").field("peers", &self.peers).finish()
     }
 }
 
@@ -55,10 +57,24 @@ async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
     fail(status, &code, message)
 }
 
-impl RouterBackend {
+impl crate::server::Remote for Dispatcher {
+    fn submit(self: Arc<Self>, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<UnboundedReceiver<Event>, Rejection> {
+        Dispatcher::submit(&self, prompt, max_tokens, sampling)
+    }
+
+    fn can_serve(&self) -> bool {
+        self.peers.pick().is_some()
+    }
+
+    fn reports(&self) -> kvgate_proto::PeerReports {
+        self.peers.reports()
+    }
+}
+
+impl Dispatcher {
     pub fn new(peers: Arc<Peers>, window: usize, metrics: Metrics, signer: Signer) -> Arc<Self> {
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().expect("HTTP client");
-        Arc::new(RouterBackend { peers, http, window, metrics, grace: Duration::from_secs(2), signer })
+        Arc::new(Dispatcher { peers, http, window, metrics, grace: Duration::from_secs(2), signer })
     }
 
     /// Keeps the peers' capacity reports fresh.

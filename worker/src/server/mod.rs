@@ -22,11 +22,20 @@ use serde_json::json;
 use crate::engine::{Engine, Event, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
-use crate::roles::router::RouterBackend;
 use crate::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest};
 use error::ApiError;
 use generate::{Endpoint, Job};
+
+/// Generation by other processes (the router role's prefill/decode pairs), as the API sees it.
+pub trait Remote: Send + Sync {
+    fn submit(self: Arc<Self>, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams)
+    -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, Rejection>;
+    /// Whether a request could be served now (readiness).
+    fn can_serve(&self) -> bool;
+    /// The capacity reports of the workers behind it.
+    fn reports(&self) -> kvgate_proto::PeerReports;
+}
 
 /// Who generates the tokens behind the OpenAI API.
 #[derive(Clone)]
@@ -34,14 +43,14 @@ pub enum Backend {
     /// A model and pool in this process (colocated serving).
     Engine(Engine),
     /// Prefill and decode peers, through the handoff (the router role).
-    Router(Arc<RouterBackend>),
+    Remote(Arc<dyn Remote>),
 }
 
 impl Backend {
     pub fn submit(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, Rejection> {
         match self {
             Backend::Engine(e) => e.submit(prompt, max_tokens, sampling),
-            Backend::Router(r) => r.submit(prompt, max_tokens, sampling),
+            Backend::Remote(r) => r.clone().submit(prompt, max_tokens, sampling),
         }
     }
 
@@ -50,7 +59,7 @@ impl Backend {
     fn is_alive(&self) -> bool {
         match self {
             Backend::Engine(e) => e.is_alive(),
-            Backend::Router(_) => true,
+            Backend::Remote(_) => true,
         }
     }
 
@@ -59,7 +68,7 @@ impl Backend {
     fn can_serve(&self) -> bool {
         match self {
             Backend::Engine(e) => e.is_alive(),
-            Backend::Router(r) => r.peers.pick().is_some(),
+            Backend::Remote(r) => r.can_serve(),
         }
     }
 }
@@ -106,7 +115,8 @@ impl AppState {
 
 /// The OpenAI-compatible API plus the operational endpoints. Bodies may be as large as a
 /// prompt of the whole window needs (`limits::public_body`); larger ones get a JSON 413.
-pub fn router(state: AppState) -> Router {
+/// The HTTP app: the OpenAI API and the operational endpoints.
+pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
@@ -223,10 +233,12 @@ async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
     }))
 }
 
+/// A worker's own measured pool; a router's, those of its prefill and decode peers.
 async fn kv_pool(State(state): State<AppState>) -> Response {
-    match &state.report {
-        Some(r) => Json((**r).clone()).into_response(),
-        None => ApiError {
+    match (&state.report, &state.backend) {
+        (Some(r), _) => Json((**r).clone()).into_response(),
+        (None, Backend::Remote(remote)) => Json(remote.reports()).into_response(),
+        (None, Backend::Engine(_)) => ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
             code: "no_kv_pool".into(),

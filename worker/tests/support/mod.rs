@@ -151,12 +151,7 @@ impl Worker {
     /// The value of one sample line of `/metrics`, e.g. `kvgate_requests_total{code="200",role="local"}`.
     pub async fn metric(&self, series: &str) -> f64 {
         let (_, text) = self.get("/metrics").await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-            .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
-            .trim()
-            .parse()
-            .unwrap()
+        kvgate_testenv::metrics::sample(&text, series).unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
     }
 
     /// Raw SSE `data:` payloads of a streaming request.

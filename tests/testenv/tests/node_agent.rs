@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvgate_testenv::ControlPlane;
 use kvgate_testenv::process::Proc;
@@ -41,15 +41,8 @@ fn json(cp: &ControlPlane, args: &[&str]) -> Value {
     serde_json::from_str(&cp.kubectl_ok(&a)).unwrap()
 }
 
-fn eventually(cp: &ControlPlane, what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    panic!("{what} did not happen within {timeout:?}\n{}", cp.logs());
+fn eventually(cp: &ControlPlane, what: &str, timeout: Duration, check: impl FnMut() -> bool) {
+    kvgate_testenv::wait::eventually(what, timeout, Duration::from_millis(250), check, || cp.logs());
 }
 
 fn ready(pod: &Value) -> bool {
@@ -74,12 +67,7 @@ fn endpoints(cp: &ControlPlane, ns: &str, service: &str) -> Vec<(String, bool)> 
 }
 
 fn http_ok(ip: &str) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect_timeout(&format!("{ip}:8080").parse().unwrap(), Duration::from_secs(1)) else { return false };
-    let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.starts_with("HTTP/1.1 200")
+    kvgate_testenv::http::get(&format!("http://{ip}:8080/healthz")).is_some()
 }
 
 const WORKER: &str = r#"

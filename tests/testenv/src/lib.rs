@@ -1,10 +1,14 @@
 //! kvgate's test environment: a real control plane built from the official Kubernetes Go
 //! modules (`make controlplane`), started on loopback, with a kubeconfig for the tests' admin
-//! identity, and cleaned up however the test binary ends.
+//! identity, and cleaned up however the test binary ends; and the helpers every test suite
+//! shares (a blocking HTTP client, a `/metrics` reader, waiting with diagnostics).
 
 pub mod certs;
 pub mod controlplane;
+pub mod http;
+pub mod metrics;
 pub mod node;
 pub mod process;
+pub mod wait;
 
 pub use controlplane::{ControlPlane, bin_dir};
