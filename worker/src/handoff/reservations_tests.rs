@@ -188,3 +188,32 @@ fn page_set_token_count_and_checksum_rules_hold() {
     f.table.accept_page(&f.page(&issued, 0), true).unwrap();
     assert_eq!(f.table.accept_commit(&f.commit(&issued, 1), true).unwrap_err().reason.as_str(), "token_count");
 }
+
+#[test]
+fn replayed_frames_and_frames_of_an_earlier_generation_of_the_same_pages_are_refused() {
+    let f = fixture(Duration::from_secs(5));
+    // Replay: every frame of a committed transfer sent again.
+    let done = f.table.reserve(6, 2).unwrap();
+    let frames: Vec<PageFrame> = (0..2).map(|i| f.page(&done, i)).collect();
+    for p in &frames {
+        f.table.accept_page(p, true).unwrap();
+    }
+    f.table.accept_commit(&f.commit(&done, 1), true).unwrap();
+    assert_eq!(f.table.accept_page(&frames[0], true).unwrap_err().reason.as_str(), "unknown_handoff");
+    assert_eq!(f.table.accept_commit(&f.commit(&done, 1), true).unwrap_err().reason.as_str(), "unknown_handoff");
+    assert_eq!(f.mismatch("unknown_handoff"), 2);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    drop(rt.block_on(f.table.take_committed(done.id, None)).unwrap());
+
+    // An earlier generation: a late frame of a cancelled handoff, addressed to a page the next
+    // reservation now holds, must not land in it.
+    let old = f.table.reserve(6, 2).unwrap();
+    f.table.cancel(old.id, false).unwrap();
+    let new = f.table.reserve(6, 2).unwrap();
+    let stale = PageFrame { page: new.pages[0], ..f.page(&old, 0) };
+    assert_eq!(f.table.accept_page(&stale, true).unwrap_err().reason.as_str(), "unknown_handoff");
+    for i in 0..2 {
+        f.table.accept_page(&f.page(&new, i), true).unwrap();
+    }
+    f.table.accept_commit(&f.commit(&new, 1), true).unwrap();
+}

@@ -29,7 +29,8 @@ pub struct Rules {
     pub vocab: usize,
     pub model_fingerprint: u64,
     pub layout_fingerprint: u64,
-    /// Checksums and the digest are checked (off only in the benchmark that measures their cost).
+    /// Checksums, the digest and (in the table) frame MACs are checked; off only in the
+    /// benchmark that measures their cost.
     pub checksums: bool,
 }
 
