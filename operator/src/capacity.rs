@@ -29,7 +29,7 @@ fn cause(e: &reqwest::Error) -> String {
     inner.to_string()
 }
 
-pub async fn read(http: &reqwest::Client, ip: &str, port: i32) -> Result<CapacityReport, ReportError> {
+pub async fn read(http: &reqwest::Client, ip: &str, port: u16) -> Result<CapacityReport, ReportError> {
     let url = format!("http://{ip}:{port}{KV_POOL_PATH}");
     let resp = http.get(&url).send().await.map_err(|source| ReportError::Unreachable { url: url.clone(), source })?;
     if !resp.status().is_success() {

@@ -12,7 +12,7 @@ use kvgate_proto::CapacityReport;
 use super::{Context, Error};
 use crate::crd::InferenceDeployment;
 use crate::gate::{self, Role};
-use crate::render::{DECODE_PORT, PREFILL_PORT, labels, router};
+use crate::render::{labels, router};
 
 /// A Deployment this InferenceDeployment owns for one revision of its workers.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,7 +43,7 @@ pub struct World {
 }
 
 impl World {
-    /// Ready pods of one revision's Deployment of `role`.
+    /// Ready pods of the owned Deployment named `deployment_name` (0 when there is none).
     pub fn ready(&self, deployment_name: &str) -> i32 {
         self.deployments.iter().find(|d| d.name == deployment_name).map_or(0, |d| d.ready)
     }
@@ -109,6 +109,5 @@ async fn report(ctx: &Context, role: Role, pod: &Pod) -> Result<CapacityReport, 
         return Err(format!("the pod is {phase}, not Running"));
     }
     let ip = status.and_then(|s| s.pod_ip.as_deref()).ok_or_else(|| "the pod has no IP yet".to_string())?;
-    let port = if role == Role::Prefill { PREFILL_PORT } else { DECODE_PORT };
-    crate::capacity::read(&ctx.http, ip, port).await.map_err(|e| e.to_string())
+    crate::capacity::read(&ctx.http, ip, role.port()).await.map_err(|e| e.to_string())
 }

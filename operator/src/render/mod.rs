@@ -12,10 +12,9 @@ use kvgate_proto::contract;
 
 use crate::crd::InferenceDeployment;
 
-/// Ports every worker role listens on (on the pod IP); the worker's defaults (`proto::contract`).
+/// Ports the router and decode's KV listener use (on the pod IP); the worker roles' HTTP ports
+/// are `Role::port()`. All are the worker's defaults (`proto::contract`).
 pub const ROUTER_PORT: i32 = contract::ROUTER_PORT as i32;
-pub const PREFILL_PORT: i32 = contract::PREFILL_PORT as i32;
-pub const DECODE_PORT: i32 = contract::DECODE_PORT as i32;
 pub const KV_PORT: i32 = contract::KV_PORT as i32;
 
 /// Where the handoff secret is mounted in decode pods.

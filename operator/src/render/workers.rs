@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvgate_proto::contract::flag;
 
-use super::{DECODE_PORT, KV_PORT, MODEL_DIR, PREFILL_PORT, SECRET_DIR, labels, name, owned_meta, secret};
+use super::{KV_PORT, MODEL_DIR, SECRET_DIR, labels, name, owned_meta, secret};
 use crate::crd::InferenceDeployment;
 use crate::gate::{self, Role};
 
@@ -102,14 +102,10 @@ pub fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
     let r = d.spec.worker(role);
     let pool = &r.kv_pool;
     let (model, _) = model_flag(d);
-    let mut args = vec![role.as_str().to_string()];
-    match role {
-        Role::Prefill => args.push(flag::arg(flag::LISTEN, format!("$(POD_IP):{PREFILL_PORT}"))),
-        Role::Decode => {
-            args.push(flag::arg(flag::LISTEN, format!("$(POD_IP):{DECODE_PORT}")));
-            args.push(flag::arg(flag::KV_LISTEN, format!("$(POD_IP):{KV_PORT}")));
-            args.push(flag::arg(flag::HANDOFF_TIMEOUT_MS, d.spec.handoff.timeout_ms));
-        }
+    let mut args = vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("$(POD_IP):{}", role.port()))];
+    if role == Role::Decode {
+        args.push(flag::arg(flag::KV_LISTEN, format!("$(POD_IP):{KV_PORT}")));
+        args.push(flag::arg(flag::HANDOFF_TIMEOUT_MS, d.spec.handoff.timeout_ms));
     }
     args.push(handoff_secret(d).2);
     args.push(flag::arg(flag::MODEL, model));
@@ -139,11 +135,7 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
     let mut mounts: Vec<VolumeMount> =
         volumes.iter().map(|v| VolumeMount { name: v.name.clone(), mount_path: MODEL_DIR.into(), read_only: Some(true), ..Default::default() }).collect();
-    let port = match role {
-        Role::Prefill => PREFILL_PORT,
-        Role::Decode => DECODE_PORT,
-    };
-    let mut ports = vec![ContainerPort { name: Some("http".into()), container_port: port, ..Default::default() }];
+    let mut ports = vec![ContainerPort { name: Some("http".into()), container_port: role.port().into(), ..Default::default() }];
     if role == Role::Decode {
         ports.push(ContainerPort { name: Some("kv".into()), container_port: KV_PORT, ..Default::default() });
     }
@@ -196,15 +188,8 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
 /// The headless Service of one role (all revisions; only Ready pods are used by the router).
 pub fn service(d: &InferenceDeployment, role: Role) -> Service {
     let n = name(d);
-    let mut ports = vec![ServicePort {
-        name: Some("http".into()),
-        port: match role {
-            Role::Prefill => PREFILL_PORT,
-            Role::Decode => DECODE_PORT,
-        },
-        target_port: Some(IntOrString::String("http".into())),
-        ..Default::default()
-    }];
+    let mut ports =
+        vec![ServicePort { name: Some("http".into()), port: role.port().into(), target_port: Some(IntOrString::String("http".into())), ..Default::default() }];
     if role == Role::Decode {
         ports.push(ServicePort { name: Some("kv".into()), port: KV_PORT, target_port: Some(IntOrString::String("kv".into())), ..Default::default() });
     }
