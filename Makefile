@@ -49,14 +49,16 @@ fuzz:
 	KVGATE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p kvgate-proto --test fuzz_frames
 	KVGATE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p kvgate-worker --test fuzz_bodies
 
-## Build kube-apiserver, kube-controller-manager and etcd from the official Go modules into
-## target/controlplane/bin/ (cached: seconds when nothing changed).
+## Build kube-apiserver, kube-controller-manager, kubectl and etcd from the official Go modules
+## into target/controlplane/bin/ (first build about 30 minutes on 2 cores; seconds afterwards).
 controlplane:
 	bash tests/controlplane/build.sh
 
-## The helm client the chart tests use, built from its Go module into target/tools/bin/.
+## The helm client the chart tests use (target/tools/bin/) and the CNI reference plugins the node
+## agent wires pods with (target/cni/bin/), built from their Go modules.
 tools:
 	bash tests/tools/build.sh
+	bash tests/cni/build.sh
 
 ## Container images (needs a container engine: docker or podman).
 ENGINE ?= $(shell command -v docker || command -v podman)

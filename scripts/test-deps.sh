@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests use when they are missing (run by `make test`).
-#   ip (iproute2): the node agent gives each pod its own address on lo.
+#   ip, tc (iproute2): the test world's links (pods' network namespaces, injected network faults).
+#   nft (nftables): the test that shows the host's firewall ruleset unchanged.
 #   prometheus, promtool (prometheus): the alert-rule tests and the live-Prometheus test.
 #   python3: dashboards/generate.py --check.
 #   curl: worker/tests/readme.rs runs the README's commands as written.
 set -euo pipefail
 missing=()
-command -v ip >/dev/null || missing+=(iproute2)
+command -v ip >/dev/null && command -v tc >/dev/null || missing+=(iproute2)
+command -v nft >/dev/null || missing+=(nftables)
 command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 command -v python3 >/dev/null || missing+=(python3)
 command -v curl >/dev/null || missing+=(curl)

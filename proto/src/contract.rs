@@ -61,6 +61,7 @@ pub fn page_size_supported(n: u64) -> bool {
 pub mod flag {
     pub const LISTEN: &str = "listen";
     pub const KV_LISTEN: &str = "kv-listen";
+    pub const KV_ADVERTISE: &str = "kv-advertise";
     pub const HANDOFF_TIMEOUT_MS: &str = "handoff-timeout-ms";
     pub const HANDOFF_SECRET_FILE: &str = "handoff-secret-file";
     pub const MODEL: &str = "model";

@@ -110,7 +110,7 @@ pub struct DecodeArgs {
     pub kv_listen: SocketAddr,
     /// Address prefill peers should dial for the KV port, when it differs from --kv-listen
     /// (e.g. the pod IP when listening on 0.0.0.0).
-    #[arg(long, env = "KVGATE_KV_ADVERTISE")]
+    #[arg(long = flag::KV_ADVERTISE, env = "KVGATE_KV_ADVERTISE")]
     pub kv_advertise: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,

@@ -30,7 +30,7 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> 
     let (secret_volume, secret_mount, secret_flag) = handoff_secret(d);
     let args = vec![
         "router".to_string(),
-        flag::arg(flag::LISTEN, format!("$(POD_IP):{ROUTER_PORT}")),
+        flag::arg(flag::LISTEN, format!("0.0.0.0:{ROUTER_PORT}")),
         flag::arg(flag::PREFILL_SERVICE, service_name(d, Role::Prefill)),
         flag::arg(flag::DECODE_SERVICE, service_name(d, Role::Decode)),
         flag::arg(flag::MODEL, model),

@@ -97,14 +97,17 @@ pub fn handoff_secret(d: &InferenceDeployment) -> (Volume, VolumeMount, String) 
     (volume, mount, flag::arg(flag::HANDOFF_SECRET_FILE, format!("{SECRET_DIR}/{}", secret::KEY)))
 }
 
-/// The worker container's arguments (`$(POD_IP)` is expanded by the kubelet).
+/// The worker container's arguments. Pods listen on every address of their own network namespace,
+/// as on any cluster (so `kubectl port-forward`, which dials the pod's localhost, works); decode
+/// tells prefill its pod IP for the KV port (`$(POD_IP)` is expanded by the kubelet).
 pub fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
     let r = d.spec.worker(role);
     let pool = &r.kv_pool;
     let (model, _) = model_flag(d);
-    let mut args = vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("$(POD_IP):{}", role.port()))];
+    let mut args = vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("0.0.0.0:{}", role.port()))];
     if role == Role::Decode {
-        args.push(flag::arg(flag::KV_LISTEN, format!("$(POD_IP):{KV_PORT}")));
+        args.push(flag::arg(flag::KV_LISTEN, format!("0.0.0.0:{KV_PORT}")));
+        args.push(flag::arg(flag::KV_ADVERTISE, format!("$(POD_IP):{KV_PORT}")));
         args.push(flag::arg(flag::HANDOFF_TIMEOUT_MS, d.spec.handoff.timeout_ms));
     }
     args.push(handoff_secret(d).2);
@@ -238,7 +241,9 @@ mod tests {
         let args = c.args.clone().unwrap();
         for want in [
             "decode",
-            "--kv-listen=$(POD_IP):8083",
+            "--listen=0.0.0.0:8082",
+            "--kv-listen=0.0.0.0:8083",
+            "--kv-advertise=$(POD_IP):8083",
             "--handoff-secret-file=/var/run/kvgate/handoff/secret",
             "--context-window=1024",
             "--kv-memory-fraction=0.9",

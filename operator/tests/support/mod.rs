@@ -11,6 +11,9 @@ pub use kvgate_testenv::http::{get, request};
 use kvgate_testenv::process::{Proc, free_port, tail};
 use serde_json::Value;
 
+// Every test binary that uses this module runs in a network namespace of its own.
+kvgate_testenv::own_network_namespace!();
+
 pub const WORKER_IMAGE: &str = "ghcr.io/kvgate/kvgate-worker";
 pub const OPERATOR_IMAGE: &str = "ghcr.io/kvgate/kvgate-operator";
 

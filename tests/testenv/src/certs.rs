@@ -37,6 +37,8 @@ pub fn generate(dir: &Path) -> anyhow::Result<Certs> {
     let mut server = CertificateParams::new(vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
+        // Where pods reach the API server: the pod bridge's address in the world's namespace.
+        crate::node::network::GATEWAY.to_string(),
         "10.0.0.1".to_string(),
         "kubernetes".to_string(),
         "kubernetes.default".to_string(),

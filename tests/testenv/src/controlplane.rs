@@ -1,5 +1,7 @@
-//! etcd, kube-apiserver and kube-controller-manager on free loopback ports, one set per test
-//! binary, with a kubeconfig for an admin in `system:masters`.
+//! etcd, kube-apiserver and kube-controller-manager on free ports, one set per test binary, in
+//! the binary's own network namespace (`netns`), with a kubeconfig for an admin in
+//! `system:masters`. The API server listens on every address of that namespace: the tests dial
+//! 127.0.0.1, pods the bridge's address.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -9,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use crate::certs::{self, Certs};
+use crate::netns;
+use crate::node::network;
 use crate::process::{Proc, free_port, tail};
 
 /// Where `make controlplane` puts the binaries (override with `KVGATE_CONTROLPLANE_BIN`).
@@ -54,6 +58,8 @@ impl ControlPlane {
     }
 
     pub fn start() -> anyhow::Result<ControlPlane> {
+        netns::require()?;
+        netns::sweep();
         let started = Instant::now();
         let dir = std::env::temp_dir().join(format!("kvgate-cp-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir)?;
@@ -89,8 +95,8 @@ impl ControlPlane {
             &binary("kube-apiserver")?,
             &s(&[
                 &format!("--etcd-servers=http://127.0.0.1:{client}"),
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                "--bind-address=0.0.0.0",
+                &format!("--advertise-address={}", network::GATEWAY),
                 &format!("--secure-port={secure}"),
                 &format!("--tls-cert-file={}", path(&cp.certs.server_cert)),
                 &format!("--tls-private-key-file={}", path(&cp.certs.server_key)),
@@ -100,7 +106,8 @@ impl ControlPlane {
                 &format!("--service-account-signing-key-file={}", path(&cp.certs.sa_key)),
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--authorization-mode=RBAC",
-                // The kubernetes Service cannot point at a loopback address.
+                // Pods get the API server's address in their kubeconfig; no kube-proxy runs
+                // to make the kubernetes Service's ClusterIP reachable.
                 "--endpoint-reconciler-type=none",
                 "--v=1",
             ]),
@@ -157,7 +164,7 @@ impl ControlPlane {
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .args(args)
             .output()
-            .expect("kubectl not found on PATH (or set KUBECTL=/path/to/kubectl): install kubectl v1.32 or newer")
+            .expect("kubectl not found: build it with `make controlplane` (or set KUBECTL=/path/to/kubectl)")
     }
 
     /// Runs `kubectl` authenticated only by `token` (no admin certificate).
@@ -169,7 +176,7 @@ impl ControlPlane {
             .arg(format!("--token={token}"))
             .args(args)
             .output()
-            .expect("kubectl not found on PATH (or set KUBECTL=/path/to/kubectl): install kubectl v1.32 or newer")
+            .expect("kubectl not found: build it with `make controlplane` (or set KUBECTL=/path/to/kubectl)")
     }
 
     /// `kubectl` that must succeed; returns its stdout.
@@ -189,15 +196,22 @@ impl ControlPlane {
         name
     }
 
+    /// The API server as pods reach it: the pod bridge's address.
+    pub fn pod_server(&self) -> String {
+        self.server.replace("127.0.0.1", &network::GATEWAY.to_string())
+    }
+
     /// Starts a node agent (`kvgate-node-agent` at `agent`) that runs pods whose images are in
-    /// `images` (`name=path`), stopped when the returned process is dropped.
+    /// `images` (`name=path`), stopped when the returned process is dropped. Its pods' files (logs,
+    /// `network.json`) are under `node_dir(node)`.
     pub fn node_agent(&self, agent: &Path, node: &str, images: &[(&str, &Path)]) -> anyhow::Result<Proc> {
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
-            format!("--server={}", self.server),
+            format!("--server={}", self.pod_server()),
             format!("--ca-file={}", self.certs.ca.display()),
+            format!("--cni-bin={}", network::default_bin_dir().display()),
             format!("--node-name={node}"),
-            format!("--dir={}", self.dir.join(node).display()),
+            format!("--dir={}", self.node_dir(node).display()),
         ];
         for (name, path) in images {
             args.push("--image".into());
@@ -209,6 +223,11 @@ impl ControlPlane {
             Ok(self.kubectl(&["get", "node", node]).status.success())
         })?;
         Ok(p)
+    }
+
+    /// Where node `node`'s agent keeps its pods' files (one directory per pod UID).
+    pub fn node_dir(&self, node: &str) -> PathBuf {
+        self.dir.join(node)
     }
 
     /// A kube client for the admin identity.
@@ -233,8 +252,9 @@ impl Drop for ControlPlane {
     }
 }
 
-fn kubectl_path() -> String {
-    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+/// The `kubectl` built with the control plane (`make controlplane`), or `KUBECTL`.
+pub fn kubectl_path() -> PathBuf {
+    std::env::var_os("KUBECTL").map(PathBuf::from).unwrap_or_else(|| bin_dir().join("kubectl"))
 }
 
 fn rand_suffix() -> u32 {

@@ -7,8 +7,11 @@ pub mod certs;
 pub mod controlplane;
 pub mod http;
 pub mod metrics;
+pub mod netfault;
+pub mod netns;
 pub mod node;
 pub mod process;
+pub mod relay;
 pub mod wait;
 
 pub use controlplane::{ControlPlane, bin_dir};

@@ -105,6 +105,14 @@ impl Drop for Proc {
     }
 }
 
+/// Whether `pid` runs: exists and is not a zombie (an orphan's zombie lingers until its new
+/// parent reaps it, which in a container's init may be never).
+pub fn alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // `pid (comm) STATE ...`; comm may contain spaces and parentheses, so look after the last ')'.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state != "Z" && state != "X")
+}
+
 /// The last `lines` lines of a log file.
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();

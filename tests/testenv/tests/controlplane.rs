@@ -2,6 +2,8 @@
 
 use kvgate_testenv::ControlPlane;
 
+kvgate_testenv::own_network_namespace!();
+
 #[test]
 fn kubectl_lists_namespaces_through_the_kubeconfig() {
     let cp = ControlPlane::shared();

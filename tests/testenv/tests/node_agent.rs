@@ -1,5 +1,6 @@
-//! The node agent: Deployments become real local processes on their own addresses, listed in
-//! their Services' EndpointSlices; readiness gates keep pods NotReady and out of those endpoints;
+//! The node agent: Deployments become real local processes, each pod in its own network namespace
+//! on a CNI bridge, listed in their Services' EndpointSlices; limits are cgroup limits and a pod
+//! over its memory is OOMKilled; readiness gates keep pods NotReady and out of those endpoints;
 //! restarts and bad images are reported; RBAC applies to what a pod runs.
 
 use std::path::{Path, PathBuf};
@@ -9,6 +10,8 @@ use std::time::Duration;
 use kvgate_testenv::ControlPlane;
 use kvgate_testenv::process::Proc;
 use serde_json::Value;
+
+kvgate_testenv::own_network_namespace!();
 
 fn workspace_bin(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug").join(name);
@@ -22,11 +25,19 @@ fn cluster() -> &'static ControlPlane {
     let cp = ControlPlane::shared();
     AGENT.get_or_init(|| {
         let worker = workspace_bin("kvgate-worker");
-        let kubectl = PathBuf::from(std::env::var("KUBECTL").unwrap_or_else(|_| "/usr/bin/kubectl".into()));
-        cp.node_agent(Path::new(env!("CARGO_BIN_EXE_kvgate-node-agent")), "node-1", &[("kvgate/worker", &worker), ("kvgate/kubectl", &kubectl)])
-            .unwrap_or_else(|e| panic!("node agent: {e:#}"))
+        let kubectl = kvgate_testenv::controlplane::kubectl_path();
+        let python = which("python3");
+        let images = [("kvgate/worker", worker.as_path()), ("kvgate/kubectl", kubectl.as_path()), ("kvgate/python", python.as_path())];
+        cp.node_agent(Path::new(env!("CARGO_BIN_EXE_kvgate-node-agent")), "node-1", &images).unwrap_or_else(|e| panic!("node agent: {e:#}"))
     });
     cp
+}
+
+fn which(program: &str) -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} not found on PATH: install it (make test-deps)"))
 }
 
 fn apply(cp: &ControlPlane, ns: &str, yaml: &str) {
@@ -67,24 +78,21 @@ fn endpoints(cp: &ControlPlane, ns: &str, service: &str) -> Vec<(String, bool)> 
 }
 
 fn http_ok(ip: &str) -> bool {
-    kvgate_testenv::http::get(&format!("http://{ip}:8080/healthz")).is_some()
+    kvgate_testenv::http::get(&format!("http://{ip}:8082/healthz")).is_some()
 }
 
 const WORKER: &str = r#"
       containers:
       - name: worker
         image: kvgate/worker:test
-        args: ["local", "--colocated", "--listen=$(POD_IP):8080", "--context-window=64", "--kv-pool-tokens=256"]
-        env:
-        - name: POD_IP
-          valueFrom: { fieldRef: { fieldPath: status.podIP } }
-        ports: [{ name: http, containerPort: 8080 }]
+        args: ["local", "--colocated", "--listen=0.0.0.0:8082", "--context-window=64", "--kv-pool-tokens=256"]
+        ports: [{ name: http, containerPort: 8082 }]
         readinessProbe: { httpGet: { path: /readyz, port: http }, periodSeconds: 1 }
       terminationGracePeriodSeconds: 2
 "#;
 
 #[test]
-fn a_worker_deployment_runs_as_processes_on_their_own_addresses() {
+fn two_pods_of_a_deployment_listen_on_the_same_port_each_in_its_own_namespace() {
     let cp = cluster();
     let ns = cp.namespace("agent");
     apply(
@@ -102,11 +110,21 @@ fn a_worker_deployment_runs_as_processes_on_their_own_addresses() {
         ips = items.iter().filter(|p| ready(p)).filter_map(|p| p["status"]["podIP"].as_str().map(String::from)).collect();
         ips.len() == 2
     });
+    // Both bound 0.0.0.0:8082; each answers on its own pod IP from the CNI bridge's range.
     assert_ne!(ips[0], ips[1]);
     for ip in &ips {
         assert!(ip.starts_with("198.18."), "{ip}");
         assert!(http_ok(ip), "worker on {ip} does not answer");
     }
+    // The pod's own localhost is its own (what a real kubelet's port-forward dials).
+    let pod = &json(cp, &["-n", &ns, "get", "pods", "-l", "app=w"])["items"][0];
+    let link = json_file(&cp.node_dir("node-1").join(pod["metadata"]["uid"].as_str().unwrap()).join("network.json"));
+    let inside = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", link["netns"].as_str().unwrap()))
+        .args(["curl", "-s", "http://127.0.0.1:8082/healthz"])
+        .output()
+        .unwrap();
+    assert!(inside.status.success(), "nothing on the pod's 127.0.0.1:8082: {}", String::from_utf8_lossy(&inside.stderr));
     let mut want: Vec<(String, bool)> = ips.iter().map(|ip| (ip.clone(), true)).collect();
     want.sort();
     eventually(cp, "both pods in the Service's EndpointSlice", Duration::from_secs(30), || endpoints(cp, &ns, "w") == want);
@@ -118,7 +136,74 @@ fn a_worker_deployment_runs_as_processes_on_their_own_addresses() {
 }
 
 fn service(app: &str) -> String {
-    format!("apiVersion: v1\nkind: Service\nmetadata: {{ name: {app} }}\nspec:\n  selector: {{ app: {app} }}\n  ports: [{{ port: 8080, targetPort: http }}]\n")
+    format!("apiVersion: v1\nkind: Service\nmetadata: {{ name: {app} }}\nspec:\n  selector: {{ app: {app} }}\n  ports: [{{ port: 8082, targetPort: http }}]\n")
+}
+
+fn json_file(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+fn container_log(cp: &ControlPlane, ns: &str, pod: &str, container: &str) -> String {
+    let uid = json(cp, &["-n", ns, "get", "pod", pod])["metadata"]["uid"].as_str().unwrap().to_string();
+    std::fs::read_to_string(cp.node_dir("node-1").join(uid).join(format!("{container}.log"))).unwrap_or_default()
+}
+
+/// A pod running `python3 -c SCRIPT` with the given limits, never restarted.
+fn python_pod(name: &str, memory: &str, cpu: &str, script: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {name} }}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: kvgate/python:test\n    args: [\"-c\", {script:?}]\n    resources: {{ limits: {{ memory: {memory}, cpu: {cpu} }} }}\n"
+    )
+}
+
+#[test]
+fn limits_are_the_pods_cgroup_limits_and_a_pod_over_its_memory_is_oom_killed() {
+    let cp = cluster();
+    let ns = cp.namespace("limits");
+    // The process reads the limits of the cgroup it runs in.
+    let show = "import re\nown = dict(l.split(':', 2)[1:] for l in open('/proc/self/cgroup').read().splitlines())\n\
+                mem = next(p for c, p in own.items() if 'memory' in c.split(','))\n\
+                cpu = next(p for c, p in own.items() if 'cpu' in c.split(','))\n\
+                print('memory', open('/sys/fs/cgroup/memory' + mem + '/memory.limit_in_bytes').read().strip())\n\
+                print('cpu', open('/sys/fs/cgroup/cpu' + cpu + '/cpu.cfs_quota_us').read().strip())";
+    let hog = "b = bytearray(512 * 1024 * 1024)\nprint('allocated', len(b))";
+    apply(cp, &ns, &format!("{}---\n{}", python_pod("show", "100Mi", "500m", show), python_pod("hog", "64Mi", "1", hog)));
+    eventually(cp, "the limits pod to finish", Duration::from_secs(60), || json(cp, &["-n", &ns, "get", "pod", "show"])["status"]["phase"] == "Succeeded");
+    let log = container_log(cp, &ns, "show", "c");
+    assert!(log.contains("memory 104857600") && log.contains("cpu 50000"), "{log}");
+    eventually(cp, "the memory hog OOMKilled", Duration::from_secs(60), || {
+        let t = &json(cp, &["-n", &ns, "get", "pod", "hog"])["status"]["containerStatuses"][0]["state"]["terminated"];
+        t["reason"] == "OOMKilled" && t["exitCode"] == 137
+    });
+    assert_eq!(json(cp, &["-n", &ns, "get", "pod", "hog"])["status"]["phase"], "Failed");
+    assert!(!container_log(cp, &ns, "hog", "c").contains("allocated"));
+}
+
+#[test]
+fn a_memory_fraction_pool_is_sized_from_the_memory_the_pod_is_given() {
+    let cp = cluster();
+    let ns = cp.namespace("fraction");
+    let pod = |name: &str, memory: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {name} }}\nspec:\n  containers:\n  - name: worker\n    image: kvgate/worker:test\n    args: [\"local\", \"--colocated\", \"--listen=0.0.0.0:8082\", \"--context-window=64\", \"--kv-memory-fraction=0.5\"]\n    resources: {{ limits: {{ memory: {memory} }} }}\n"
+        )
+    };
+    apply(cp, &ns, &format!("{}---\n{}", pod("small", "256Mi"), pod("large", "512Mi")));
+    let capacity = |name: &str| -> Option<f64> {
+        let ip = json(cp, &["-n", &ns, "get", "pod", name])["status"]["podIP"].as_str()?.to_string();
+        let text = kvgate_testenv::http::get(&format!("http://{ip}:8082/metrics"))?;
+        kvgate_testenv::metrics::family_sum(&text, "kvgate_kv_pool_capacity_tokens").into()
+    };
+    let mut sizes = (0.0, 0.0);
+    eventually(cp, "both workers serving their pool size", Duration::from_secs(60), || {
+        sizes = (capacity("small").unwrap_or(0.0), capacity("large").unwrap_or(0.0));
+        sizes.0 > 0.0 && sizes.1 > 0.0
+    });
+    let (small, large) = sizes;
+    // Half of what each limit leaves after the model: the larger limit gives well over the
+    // smaller pool, and neither is sized from the host's memory.
+    assert!(large > small * 1.5, "pool under 512Mi: {large} tokens, under 256Mi: {small} tokens");
+    let bytes_per_token = 512.0; // tiny: 2 layers x K,V x 2 heads x 16 dims x f32
+    assert!(large * bytes_per_token <= 0.5 * 512.0 * 1048576.0, "pool of {large} tokens exceeds half of 512Mi");
 }
 
 #[test]

@@ -64,14 +64,33 @@ fn parse_meminfo_available(text: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Limit minus usage of this process's memory cgroup, if it has a limit.
+/// Limit minus usage of this process's memory cgroup, if it has a limit. The cgroup is the one
+/// `/proc/self/cgroup` names (in a container with its own cgroup namespace that is the root of
+/// the mount; a kubelet without one, like the test node agent, leaves the full path).
 fn cgroup_headroom() -> Option<u64> {
-    let read = |p: &str| fs::read_to_string(p).ok();
-    let (limit, usage) = match read("/sys/fs/cgroup/memory.max") {
-        Some(max) => (max, read("/sys/fs/cgroup/memory.current")?),
-        None => (read("/sys/fs/cgroup/memory/memory.limit_in_bytes")?, read("/sys/fs/cgroup/memory/memory.usage_in_bytes")?),
+    let read = |p: String| fs::read_to_string(p).ok();
+    let own = read("/proc/self/cgroup".into()).unwrap_or_default();
+    let (limit, usage) = match own_cgroup(&own, "") {
+        Some(dir) if fs::metadata(format!("/sys/fs/cgroup{dir}/memory.max")).is_ok() => {
+            (read(format!("/sys/fs/cgroup{dir}/memory.max"))?, read(format!("/sys/fs/cgroup{dir}/memory.current"))?)
+        }
+        _ => {
+            let dir = own_cgroup(&own, "memory").unwrap_or_default();
+            (read(format!("/sys/fs/cgroup/memory{dir}/memory.limit_in_bytes"))?, read(format!("/sys/fs/cgroup/memory{dir}/memory.usage_in_bytes"))?)
+        }
     };
     headroom(&limit, &usage)
+}
+
+/// This process's cgroup path for a v1 `controller` ("" for the v2 entry), from `/proc/self/cgroup`
+/// lines `ID:CONTROLLERS:PATH`; "/" comes back as "".
+fn own_cgroup(proc_self_cgroup: &str, controller: &str) -> Option<String> {
+    proc_self_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = if controller.is_empty() { controllers.is_empty() } else { controllers.split(',').any(|c| c == controller) };
+        hit.then(|| path.trim_end_matches('/').to_string())
+    })
 }
 
 fn headroom(limit: &str, usage: &str) -> Option<u64> {
@@ -107,6 +126,15 @@ mod tests {
         let page = layout().page_bytes() as u64;
         assert_eq!(PoolSize::Bytes(page * 5 + page / 2).pages(&layout(), unused), Ok(5));
         assert_eq!(PoolSize::Bytes(page - 1).pages(&layout(), unused), Err(SizingError::BelowOnePage { requested: page - 1, page_bytes: page }));
+    }
+
+    #[test]
+    fn finds_this_process_cgroup_per_controller() {
+        let text = "9:name=systemd:/\n4:memory:/kvgate-agent-7/pod-x\n2:cpu,cpuacct:/\n0::/\n";
+        assert_eq!(own_cgroup(text, "memory").as_deref(), Some("/kvgate-agent-7/pod-x"));
+        assert_eq!(own_cgroup(text, "cpu").as_deref(), Some(""));
+        assert_eq!(own_cgroup(text, "").as_deref(), Some(""));
+        assert_eq!(own_cgroup(text, "pids"), None);
     }
 
     #[test]

@@ -1,12 +1,36 @@
 //! `make dev-cluster`: the test control plane and a node agent in the foreground, for people.
-//! Writes `target/dev-cluster/kubeconfig` and stops everything on Ctrl-C.
+//! Everything runs in a network namespace of its own; the host reaches it only through relays on
+//! 127.0.0.1: the API server (the kubeconfig written to `target/dev-cluster/kubeconfig` points
+//! there) and, with `--forward NAMESPACE/SERVICE`, a Service's ready pods. Ctrl-C stops it all.
 
+use std::io;
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams};
 use kvgate_testenv::ControlPlane;
+use kvgate_testenv::relay::{Relay, Target};
+
+kvgate_testenv::own_network_namespace!();
+
+const USAGE: &str = "usage: kvgate-dev-cluster [--out DIR] [--forward NAMESPACE/SERVICE]...
+
+Starts etcd, kube-apiserver, kube-controller-manager and a node agent in a network namespace of
+their own, relays the API server to 127.0.0.1 (kubeconfig: DIR/kubeconfig, written once all is up)
+and each --forward Service to a free port on 127.0.0.1 (written to DIR/forward/NAMESPACE.SERVICE).
+DIR is target/dev-cluster unless --out says otherwise.";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let value = |flag: &str| args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].clone()).collect::<Vec<_>>();
+    let forwards = value("--forward");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let worker = root.join("target/debug/kvgate-worker");
     let operator = root.join("target/debug/kvgate-operator");
@@ -20,11 +44,26 @@ async fn main() -> anyhow::Result<()> {
     // The images the chart and the operator name run as these local binaries.
     let images = [("ghcr.io/kvgate/kvgate-worker", worker.as_path()), ("ghcr.io/kvgate/kvgate-operator", operator.as_path())];
     let node = cp.node_agent(&agent, "dev-node", &images)?;
-    let out = root.join("target/dev-cluster");
-    std::fs::create_dir_all(&out)?;
+
+    let out = value("--out").pop().map(std::path::PathBuf::from).unwrap_or_else(|| root.join("target/dev-cluster"));
+    std::fs::create_dir_all(out.join("forward"))?;
+    let api: SocketAddr = cp.server.trim_start_matches("https://").parse()?;
+    let api_relay = Relay::start(0, Arc::new(move || Ok(api)))?;
+    let client = cp.client().await?;
+    for spec in &forwards {
+        let (ns, svc) = spec.split_once('/').ok_or_else(|| anyhow::anyhow!("--forward {spec}: expected NAMESPACE/SERVICE"))?;
+        let relay = Relay::start(0, service_target(client.clone(), ns, svc))?;
+        std::fs::write(out.join("forward").join(format!("{ns}.{svc}")), relay.addr.port().to_string())?;
+        println!("  service {spec}: http://{}", relay.addr);
+    }
+    // Written last: its presence tells scripts that everything above is up.
     let kubeconfig = out.join("kubeconfig");
-    std::fs::copy(&cp.kubeconfig, &kubeconfig)?;
-    println!("kvgate dev cluster is up: API server {}, node dev-node (images ghcr.io/kvgate/kvgate-worker and -operator run from target/debug)", cp.server);
+    let text = std::fs::read_to_string(&cp.kubeconfig)?.replace(&cp.server, &format!("https://{}", api_relay.addr));
+    std::fs::write(&kubeconfig, text)?;
+    println!(
+        "kvgate dev cluster is up: API server https://{}, node dev-node (images ghcr.io/kvgate/kvgate-worker and -operator run from target/debug)",
+        api_relay.addr
+    );
     println!("  export KUBECONFIG={}", kubeconfig.canonicalize()?.display());
     println!("  kubectl get nodes");
     println!("Component logs are in {}. Press Ctrl-C to stop.", cp.dir.display());
@@ -33,8 +72,29 @@ async fn main() -> anyhow::Result<()> {
         r = tokio::signal::ctrl_c() => r?,
         _ = term.recv() => {}
     }
+    let _ = std::fs::remove_file(&kubeconfig);
+    let _ = std::fs::remove_dir_all(out.join("forward"));
     drop(node);
     drop(cp);
     println!("stopped");
     Ok(())
+}
+
+/// Each connection goes to a ready endpoint of the Service, as kube-proxy would send it.
+fn service_target(client: kube::Client, ns: &str, svc: &str) -> Target {
+    let slices: Api<EndpointSlice> = Api::namespaced(client, ns);
+    let selector = format!("kubernetes.io/service-name={svc}");
+    let handle = tokio::runtime::Handle::current();
+    let what = format!("service {ns}/{svc}");
+    Arc::new(move || {
+        let list = handle.block_on(slices.list(&ListParams::default().labels(&selector))).map_err(io::Error::other)?;
+        list.items
+            .iter()
+            .find_map(|s| {
+                let port = s.ports.as_ref()?.first()?.port?;
+                let ready = s.endpoints.iter().flatten().find(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))?;
+                Some(SocketAddr::new(ready.addresses.first()?.parse().ok()?, port as u16))
+            })
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, format!("{what} has no ready endpoint")))
+    })
 }

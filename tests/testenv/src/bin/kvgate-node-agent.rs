@@ -16,7 +16,10 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).init();
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH [--node-name NAME] [--dir DIR] [--image NAME=PATH]...");
+        println!(
+            "usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=PATH]...\n\n\
+             --server is the API server as pods reach it; --cni-bin holds the CNI plugins bridge, host-local and loopback (default target/cni/bin, from `make tools`)."
+        );
         return Ok(());
     }
     let need = |flag: &str| arg(&args, flag).ok_or_else(|| anyhow::anyhow!("{flag} is required (see --help)"));
@@ -28,11 +31,13 @@ async fn main() -> anyhow::Result<()> {
     let node_name = arg(&args, "--node-name").unwrap_or_else(|| "kvgate-node".into());
     let dir = PathBuf::from(arg(&args, "--dir").unwrap_or_else(|| std::env::temp_dir().join(format!("kvgate-node-{node_name}")).display().to_string()));
     std::fs::create_dir_all(&dir)?;
-    let cfg = AgentConfig { node_name, images: ImageTable::parse(&images)?, dir, server: need("--server")?, ca_file: PathBuf::from(need("--ca-file")?) };
+    let cni_bin = arg(&args, "--cni-bin").map(PathBuf::from).unwrap_or_else(kvgate_testenv::node::network::default_bin_dir);
+    let cfg =
+        AgentConfig { node_name, images: ImageTable::parse(&images)?, dir, server: need("--server")?, ca_file: PathBuf::from(need("--ca-file")?), cni_bin };
     println!("kvgate-node-agent: node {} ready", cfg.node_name);
     let agent = NodeAgent::new(client, cfg)?;
-    // On SIGTERM or Ctrl-C the agent is dropped, which removes its pod addresses; the pods'
-    // processes share its process group and get the same signal.
+    // On SIGTERM or Ctrl-C the agent is dropped, which tears every pod down (processes,
+    // network namespace and address, cgroup); the pods' processes share its process group.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = agent.run() => r,

@@ -1,5 +1,6 @@
 //! Registers a Node, keeps its Lease and Ready condition fresh, binds pending pods to itself,
-//! runs them as local processes (one address each, see `addresses`) and reports their status.
+//! runs them as local processes (each in its own network namespace, see `network`, and cgroup,
+//! see `cgroups`) and reports their status.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -13,8 +14,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::addresses::PodAddresses;
+use super::cgroups::{self, Cgroups};
 use super::images::ImageTable;
+use super::network::{self, PodNetwork};
 use super::pod::PodRt;
 
 #[derive(Debug, Clone)]
@@ -23,27 +25,34 @@ pub struct AgentConfig {
     pub images: ImageTable,
     /// Where pods' logs and kubeconfigs live.
     pub dir: PathBuf,
-    /// API server URL and CA file written into pods' kubeconfigs.
+    /// API server URL and CA file written into pods' kubeconfigs (an address pods reach).
     pub server: String,
     pub ca_file: PathBuf,
+    /// The CNI plugins (bridge, host-local, loopback).
+    pub cni_bin: PathBuf,
 }
 
 pub struct NodeAgent {
     client: kube::Client,
     cfg: AgentConfig,
     pods: HashMap<String, PodRt>,
-    addresses: PodAddresses,
+    network: PodNetwork,
+    /// The parent of the pods' cgroups, or why limits cannot be enforced on this machine.
+    cgroups: Result<Cgroups, String>,
 }
 
 const MANAGER: &str = "kvgate-node-agent";
 
 impl NodeAgent {
-    /// Fails when pod addresses cannot be managed here (no `ip`, no CAP_NET_ADMIN).
+    /// Fails when pods cannot be networked here (no CNI plugins). Without a writable memory
+    /// controller it says so once and refuses only pods that set limits.
     pub fn new(client: kube::Client, cfg: AgentConfig) -> anyhow::Result<Self> {
-        let mut addresses = PodAddresses::new()?;
-        let probe = addresses.take()?;
-        addresses.release(probe);
-        Ok(NodeAgent { client, cfg, pods: HashMap::new(), addresses })
+        let network = PodNetwork::new(cfg.cni_bin.clone(), &cfg.dir)?;
+        let cgroups = Cgroups::new().map_err(|e| format!("{e:#}"));
+        if let Err(e) = &cgroups {
+            tracing::warn!(error = e, "pod resource limits cannot be enforced on this machine; pods that set limits will not start");
+        }
+        Ok(NodeAgent { client, cfg, pods: HashMap::new(), network, cgroups })
     }
 
     async fn register(&self) -> anyhow::Result<()> {
@@ -69,7 +78,7 @@ impl NodeAgent {
         let status = json!({ "status": {
             "capacity": { "cpu": "16", "memory": "64Gi", "pods": "110" },
             "allocatable": { "cpu": "16", "memory": "64Gi", "pods": "110" },
-            "addresses": [{ "type": "InternalIP", "address": "127.0.0.1" }, { "type": "Hostname", "address": self.cfg.node_name }],
+            "addresses": [{ "type": "InternalIP", "address": network::GATEWAY.to_string() }, { "type": "Hostname", "address": self.cfg.node_name }],
             "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kvgate node agent is posting ready status",
                              "lastHeartbeatTime": now, "lastTransitionTime": now }],
             "nodeInfo": { "kubeletVersion": "v1.37.2-kvgate", "containerRuntimeVersion": "kvgate-local://1", "operatingSystem": "linux",
@@ -149,9 +158,8 @@ impl NodeAgent {
         // Pods removed behind our back: stop their processes.
         let gone: Vec<String> = self.pods.keys().filter(|u| !seen.contains(*u)).cloned().collect();
         for uid in gone {
-            if let Some(mut rt) = self.pods.remove(&uid) {
-                rt.stop(Duration::from_secs(1));
-                self.addresses.release(rt.ip);
+            if let Some(rt) = self.pods.remove(&uid) {
+                rt.tear_down(Duration::from_secs(1), &self.network);
             }
         }
         Ok(())
@@ -170,12 +178,19 @@ impl NodeAgent {
         }
     }
 
-    /// A new pod: its address, directory, and a kubeconfig with its service account's token.
+    /// A new pod: its network namespace, cgroup, directory, and a kubeconfig with its service
+    /// account's token.
     async fn admit(&mut self, pod: &Pod) -> anyhow::Result<PodRt> {
-        let ip = self.addresses.take()?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.dir.join(&uid);
         let _ = std::fs::create_dir_all(&dir);
+        let cgroup = match (cgroups::pod_limits(pod), &self.cgroups) {
+            (Err(e), _) => Err(e),
+            (Ok(limits), Ok(cg)) => Some(cg.pod(&uid, limits).map_err(|e| format!("{e:#}"))).transpose(),
+            (Ok(limits), Err(why)) if limits != cgroups::Limits::default() => Err(format!("resources.limits cannot be enforced: {why}")),
+            (Ok(_), Err(_)) => Ok(None),
+        };
+        let sandbox = self.network.add(&uid)?;
         let token = match self.token(pod).await {
             Ok(t) => t,
             Err(e) => {
@@ -197,7 +212,7 @@ impl NodeAgent {
             None => None,
         };
         let volumes = super::volumes::prepare(&self.client, pod, &dir, token.as_deref()).await;
-        Ok(PodRt::new(pod, ip, dir, kubeconfig, token, volumes))
+        Ok(PodRt::new(pod, sandbox, cgroup, dir, kubeconfig, token, volumes))
     }
 
     async fn token(&self, pod: &Pod) -> anyhow::Result<Option<String>> {
@@ -215,9 +230,8 @@ impl NodeAgent {
     async fn terminate(&mut self, pod: &Pod) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).max(0) as u64;
-        if let Some(mut rt) = self.pods.remove(&uid) {
-            tokio::task::block_in_place(|| rt.stop(Duration::from_secs(grace)));
-            self.addresses.release(rt.ip);
+        if let Some(rt) = self.pods.remove(&uid) {
+            tokio::task::block_in_place(|| rt.tear_down(Duration::from_secs(grace), &self.network));
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
         let name = pod.metadata.name.clone().unwrap_or_default();
@@ -228,6 +242,15 @@ impl NodeAgent {
         };
         if let Err(e) = api.delete(&name, &dp).await {
             tracing::debug!(pod = name, error = %e, "final delete failed");
+        }
+    }
+}
+
+impl Drop for NodeAgent {
+    /// On SIGTERM: every pod's processes, address, namespace and cgroup go with the agent.
+    fn drop(&mut self) {
+        for (_, rt) in self.pods.drain() {
+            rt.tear_down(Duration::from_secs(1), &self.network);
         }
     }
 }

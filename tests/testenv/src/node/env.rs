@@ -16,7 +16,7 @@ pub fn field(pod: &Pod, path: &str, pod_ip: &str) -> Option<String> {
         "spec.nodeName" => spec?.node_name.clone()?,
         "spec.serviceAccountName" => spec?.service_account_name.clone().unwrap_or_else(|| "default".into()),
         "status.podIP" => pod_ip.to_string(),
-        "status.hostIP" => "127.0.0.1".to_string(),
+        "status.hostIP" => super::network::GATEWAY.to_string(),
         _ => return None,
     })
 }

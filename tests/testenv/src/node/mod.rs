@@ -1,9 +1,10 @@
 //! The node agent: plays the kubelet's part for a control plane without a container runtime.
 
-pub mod addresses;
 pub mod agent;
+pub mod cgroups;
 pub mod env;
 pub mod images;
+pub mod network;
 pub mod pod;
 pub mod probes;
 pub mod volumes;

@@ -1,9 +1,11 @@
-//! One pod on the node agent: its containers as local processes on the pod's own address,
-//! their probes and restarts, and the status the kubelet would report.
+//! One pod on the node agent: its containers as local processes in the pod's network namespace
+//! and cgroup, their probes and restarts, and the status the kubelet would report.
 
 use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
+use super::cgroups::{self, PodCgroup};
 use super::images::ImageTable;
+use super::network::{self, Sandbox};
 use super::{env, probes, volumes};
 
 #[derive(Debug, Clone)]
@@ -37,6 +41,8 @@ struct ContainerRt {
     state: State,
     ready: bool,
     started_at: Option<Instant>,
+    /// The pod cgroup's OOM kill count when this run started: a SIGKILL with more is OOMKilled.
+    oom_kills_at_start: u64,
     backoff_until: Option<Instant>,
     readiness: Probing,
     liveness: Probing,
@@ -46,6 +52,9 @@ struct ContainerRt {
 pub struct PodRt {
     pub uid: String,
     pub ip: Ipv4Addr,
+    sandbox: Sandbox,
+    /// The pod's cgroup, or why its limits cannot be enforced here (then nothing starts).
+    cgroup: Result<Option<PodCgroup>, String>,
     dir: PathBuf,
     containers: Vec<ContainerRt>,
     kubeconfig: Option<PathBuf>,
@@ -64,7 +73,8 @@ fn now() -> Time {
 impl PodRt {
     pub fn new(
         pod: &Pod,
-        ip: Ipv4Addr,
+        sandbox: Sandbox,
+        cgroup: Result<Option<PodCgroup>, String>,
         dir: PathBuf,
         kubeconfig: Option<PathBuf>,
         token: Option<String>,
@@ -81,12 +91,26 @@ impl PodRt {
                 state: State::Waiting { reason: "ContainerCreating".into(), message: String::new() },
                 ready: false,
                 started_at: None,
+                oom_kills_at_start: 0,
                 backoff_until: None,
                 readiness: Probing::default(),
                 liveness: Probing::default(),
             })
             .collect();
-        PodRt { uid: pod.metadata.uid.clone().unwrap_or_default(), ip, dir, containers, kubeconfig, token, volumes, started: now(), last_status: None }
+        let _ = std::fs::write(dir.join("network.json"), json!({ "ip": sandbox.ip, "hostLink": sandbox.host_link, "netns": sandbox.netns }).to_string());
+        PodRt {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            ip: sandbox.ip,
+            sandbox,
+            cgroup,
+            dir,
+            containers,
+            kubeconfig,
+            token,
+            volumes,
+            started: now(),
+            last_status: None,
+        }
     }
 
     /// Volumes not ready yet (e.g. a Secret not created yet) are retried, as the kubelet does.
@@ -101,6 +125,20 @@ impl PodRt {
     fn start(&mut self, i: usize, pod: &Pod, images: &ImageTable) {
         let ip = self.ip.to_string();
         let c = &mut self.containers[i];
+        let cgroup = match &self.cgroup {
+            Ok(cg) => cg.as_ref(),
+            Err(message) => {
+                c.state = State::Waiting { reason: "CreateContainerError".into(), message: message.clone() };
+                return;
+            }
+        };
+        let netns = match std::fs::File::open(&self.sandbox.netns) {
+            Ok(f) => f,
+            Err(e) => {
+                c.state = State::Waiting { reason: "CreateContainerError".into(), message: format!("pod sandbox {}: {e}", self.sandbox.netns.display()) };
+                return;
+            }
+        };
         let program = match images.resolve(c.spec.image.as_deref().unwrap_or("")) {
             Ok(p) => p,
             Err(message) => {
@@ -150,15 +188,32 @@ impl PodRt {
         if let Some(k) = &self.kubeconfig {
             cmd.env("KUBECONFIG", k);
         }
-        // SAFETY: `enter` makes only syscalls (unshare, mount) in the forked child.
-        unsafe {
-            cmd.pre_exec(move || volumes::enter(&binds));
+        // Marks the process as part of this test world (see `netns::sweep`).
+        if let Some(world) = std::env::var_os(crate::netns::WORLD) {
+            cmd.env(crate::netns::WORLD, world);
         }
-        match cmd.spawn() {
+        let procs: Vec<CString> = cgroup.map(PodCgroup::procs).unwrap_or_default();
+        let netns_fd = netns.as_raw_fd();
+        // SAFETY: only syscalls in the forked child (setns; open/write of cgroup.procs; unshare
+        // and mount for volumes), on values prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                cgroups::enter(&procs)?;
+                volumes::enter(&binds)
+            });
+        }
+        let oom_kills = cgroup.map_or(0, PodCgroup::oom_kills);
+        let spawned = cmd.spawn();
+        drop(netns);
+        match spawned {
             Ok(child) => {
                 c.child = Some(child);
                 c.state = State::Running { started: now() };
                 c.started_at = Some(Instant::now());
+                c.oom_kills_at_start = oom_kills;
                 c.ready = false;
                 c.readiness = Probing::default();
                 c.liveness = Probing::default();
@@ -170,17 +225,24 @@ impl PodRt {
     /// Starts what should run, notices exits, restarts per policy, and runs due probes.
     pub async fn tick(&mut self, pod: &Pod, images: &ImageTable) {
         let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_else(|| "Always".into());
+        let oom_kills = self.cgroup.as_ref().ok().and_then(Option::as_ref).map_or(0, PodCgroup::oom_kills);
         for i in 0..self.containers.len() {
             let c = &mut self.containers[i];
             if let Some(child) = c.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                let exit_code = status.code().unwrap_or(137);
+                // A signal is reported as 128 + its number, as container runtimes do.
+                let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(libc::SIGKILL));
                 let started = match &c.state {
                     State::Running { started } => started.clone(),
                     _ => now(),
                 };
-                let reason = if exit_code == 0 { "Completed" } else { "Error" };
+                let oom_killed = status.signal() == Some(libc::SIGKILL) && oom_kills > c.oom_kills_at_start;
+                let reason = match exit_code {
+                    0 => "Completed",
+                    _ if oom_killed => "OOMKilled",
+                    _ => "Error",
+                };
                 c.state = State::Terminated { exit_code, reason: reason.into(), started, finished: now() };
                 c.child = None;
                 c.ready = false;
@@ -305,8 +367,8 @@ impl PodRt {
             "phase": phase,
             "podIP": self.ip.to_string(),
             "podIPs": [{ "ip": self.ip.to_string() }],
-            "hostIP": "127.0.0.1",
-            "hostIPs": [{ "ip": "127.0.0.1" }],
+            "hostIP": network::GATEWAY.to_string(),
+            "hostIPs": [{ "ip": network::GATEWAY.to_string() }],
             "startTime": self.started,
             "conditions": [
                 cond("PodScheduled", true, None),
@@ -339,6 +401,15 @@ impl PodRt {
                 unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
                 let _ = child.wait();
             }
+        }
+    }
+
+    /// Stops the containers, releases the pod's address and namespace, removes its cgroup.
+    pub fn tear_down(mut self, grace: Duration, network: &network::PodNetwork) {
+        self.stop(grace);
+        network.del(self.sandbox);
+        if let Ok(Some(cg)) = &self.cgroup {
+            cg.remove();
         }
     }
 

@@ -1,0 +1,158 @@
+//! Pod networking through the CNI reference plugins, called as a kubelet's runtime calls them.
+//!
+//! Each pod gets a network namespace held open by a sandbox process (`sleep infinity` unshared
+//! into a new namespace, the part a pause container plays), then `loopback` brings its `lo` up and
+//! `bridge` (with `host-local` IPAM) plugs a veth into the `kvgate0` bridge of the node's namespace
+//! and gives it an address from 198.18.0.0/15 (RFC 2544 benchmarking space, never routed). The
+//! bridge holds the gateway 198.18.0.1, where pods reach the API server. Containers `setns` into
+//! the sandbox's namespace before exec. DEL releases the address when the pod goes.
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+/// The pod CIDR and the bridge's address in it.
+pub const POD_CIDR: &str = "198.18.0.0/15";
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+pub const BRIDGE: &str = "kvgate0";
+
+/// Where `make tools` builds the plugins (override with `KVGATE_CNI_BIN`).
+pub fn default_bin_dir() -> PathBuf {
+    std::env::var_os("KVGATE_CNI_BIN").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/cni/bin"))
+}
+
+#[derive(Debug)]
+pub struct PodNetwork {
+    bin: PathBuf,
+    bridge: Value,
+    loopback: Value,
+}
+
+/// A pod's network namespace and its address.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub ip: Ipv4Addr,
+    /// The host end of the pod's veth, in the node's namespace.
+    pub host_link: String,
+    /// `/proc/<sandbox pid>/ns/net`, the `CNI_NETNS` of the pod.
+    pub netns: PathBuf,
+    id: String,
+    holder: Child,
+}
+
+impl PodNetwork {
+    /// Checks that the plugins are there; IPAM state lives under `dir`.
+    pub fn new(bin: PathBuf, dir: &Path) -> anyhow::Result<Self> {
+        for plugin in ["bridge", "host-local", "loopback"] {
+            if !bin.join(plugin).is_file() {
+                bail!("CNI plugin {} not found: build the reference plugins with `make tools` (tests/cni/build.sh)", bin.join(plugin).display());
+            }
+        }
+        let bridge = json!({
+            "cniVersion": "1.0.0", "name": "kvgate", "type": "bridge", "bridge": BRIDGE,
+            "isGateway": true, "ipMasq": false, "hairpinMode": true,
+            "ipam": { "type": "host-local", "dataDir": dir.join("ipam"), "ranges": [[{ "subnet": POD_CIDR, "gateway": GATEWAY }]] },
+        });
+        let loopback = json!({ "cniVersion": "1.0.0", "name": "kvgate-lo", "type": "loopback" });
+        Ok(PodNetwork { bin, bridge, loopback })
+    }
+
+    /// A new namespace for pod `id`, wired to the bridge.
+    pub fn add(&self, id: &str) -> anyhow::Result<Sandbox> {
+        let mut holder = Command::new("sleep");
+        holder.arg("infinity").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        // SAFETY: unshare is a single syscall in the forked child.
+        unsafe {
+            holder.pre_exec(|| if libc::unshare(libc::CLONE_NEWNET) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
+        }
+        let holder = holder.spawn().context("starting the pod's sandbox process (sleep, from coreutils)")?;
+        let netns = PathBuf::from(format!("/proc/{}/ns/net", holder.id()));
+        let mut sandbox = Sandbox { ip: Ipv4Addr::UNSPECIFIED, host_link: String::new(), netns, id: id.to_string(), holder };
+        let wired = self.call("ADD", &self.loopback, &sandbox, "lo").and_then(|_| self.call("ADD", &self.bridge, &sandbox, "eth0"));
+        match wired.and_then(|result| parse_result(&result)) {
+            Ok((ip, host_link)) => {
+                sandbox.ip = ip;
+                sandbox.host_link = host_link;
+                Ok(sandbox)
+            }
+            Err(e) => {
+                self.del(sandbox);
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases the pod's address and ends its namespace.
+    pub fn del(&self, mut sandbox: Sandbox) {
+        if let Err(e) = self.call("DEL", &self.bridge, &sandbox, "eth0") {
+            tracing::warn!(pod = sandbox.id, error = %e, "CNI DEL failed");
+        }
+        let _ = sandbox.holder.kill();
+        let _ = sandbox.holder.wait();
+    }
+
+    /// One plugin call: the CNI spec's environment, the network config on stdin, the result on stdout.
+    fn call(&self, command: &str, config: &Value, sandbox: &Sandbox, ifname: &str) -> anyhow::Result<Value> {
+        let plugin = config["type"].as_str().unwrap_or_default();
+        let mut child = Command::new(self.bin.join(plugin))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", &sandbox.id)
+            .env("CNI_NETNS", &sandbox.netns)
+            .env("CNI_IFNAME", ifname)
+            .env("CNI_PATH", &self.bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running CNI plugin {plugin}"))?;
+        child.stdin.take().expect("piped").write_all(config.to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        let result: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if !out.status.success() {
+            // CNI errors are `{"code": N, "msg": ..., "details": ...}` on stdout.
+            bail!("CNI {command} {plugin} for {}: {} {} {}", sandbox.id, result["msg"], result["details"], String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(result)
+    }
+}
+
+/// The pod's address and the veth's host end from a bridge ADD result.
+fn parse_result(result: &Value) -> anyhow::Result<(Ipv4Addr, String)> {
+    let cidr = result["ips"][0]["address"].as_str().with_context(|| format!("no address in the CNI result {result}"))?;
+    let ip = cidr.split('/').next().unwrap_or_default().parse().with_context(|| format!("CNI address {cidr}"))?;
+    let host_link = result["interfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["sandbox"].is_null() && i["name"] != BRIDGE)
+        .and_then(|i| i["name"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    Ok((ip, host_link))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_address_and_host_veth_of_a_bridge_result() {
+        let result = json!({
+            "cniVersion": "1.0.0",
+            "interfaces": [
+                { "name": "kvgate0", "mac": "aa:bb:cc:dd:ee:ff" },
+                { "name": "veth1234abcd", "mac": "aa:bb:cc:dd:ee:01" },
+                { "name": "eth0", "mac": "aa:bb:cc:dd:ee:02", "sandbox": "/proc/42/ns/net" },
+            ],
+            "ips": [{ "interface": 2, "address": "198.18.0.5/15", "gateway": "198.18.0.1" }],
+        });
+        assert_eq!(parse_result(&result).unwrap(), ("198.18.0.5".parse().unwrap(), "veth1234abcd".to_string()));
+    }
+}
