@@ -116,18 +116,26 @@ pub fn in_host<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> any
 /// Kills what a world whose binary no longer runs left behind (a SIGKILLed test binary's etcd,
 /// node agent, pods), so its namespace goes away with them.
 pub fn sweep() {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return };
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
-        let owner = environ
-            .split(|b| *b == 0)
-            .find_map(|kv| kv.strip_prefix(format!("{WORLD}=").as_bytes()))
-            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i32>().ok());
-        if let Some(owner) = owner.filter(|&o| o != pid && !crate::process::alive(o)) {
+    for (pid, owner) in members() {
+        if owner != pid && !crate::process::alive(owner) {
             tracing::info!(pid, owner, "stopping a process left by a test world whose binary exited");
             // SAFETY: the process belongs to a dead world of ours (it carries its marker).
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
+}
+
+/// `(pid, owner)` of every process that carries a world's marker (`WORLD=owner`).
+pub fn members() -> Vec<(i32, i32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let prefix = format!("{WORLD}=");
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let owner = environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(prefix.as_bytes()))?;
+            Some((pid, std::str::from_utf8(owner).ok()?.parse().ok()?))
+        })
+        .collect()
 }

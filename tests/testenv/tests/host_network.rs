@@ -57,20 +57,15 @@ fn without_lifetimes(text: &str) -> String {
         .join("\n")
 }
 
-/// Processes of the world whose binary had pid `owner`.
+/// Processes of the world whose binary had pid `owner`, with their command lines.
 fn world_processes(owner: u32) -> Vec<(u32, String)> {
-    let marker = format!("{WORLD}={owner}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let environ = std::fs::read(e.path().join("environ")).ok()?;
-            environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()).then_some(())?;
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+    netns::members()
+        .into_iter()
+        .filter(|&(pid, o)| o as u32 == owner && pid as u32 != owner)
+        .filter_map(|(pid, _)| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            Some((pid as u32, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
         })
-        .filter(|(pid, _)| *pid != owner)
         .collect()
 }
 

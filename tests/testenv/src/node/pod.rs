@@ -225,7 +225,6 @@ impl PodRt {
     /// Starts what should run, notices exits, restarts per policy, and runs due probes.
     pub async fn tick(&mut self, pod: &Pod, images: &ImageTable) {
         let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_else(|| "Always".into());
-        let oom_kills = self.cgroup.as_ref().ok().and_then(Option::as_ref).map_or(0, PodCgroup::oom_kills);
         for i in 0..self.containers.len() {
             let c = &mut self.containers[i];
             if let Some(child) = c.child.as_mut()
@@ -237,7 +236,8 @@ impl PodRt {
                     State::Running { started } => started.clone(),
                     _ => now(),
                 };
-                let oom_killed = status.signal() == Some(libc::SIGKILL) && oom_kills > c.oom_kills_at_start;
+                let oom_killed = status.signal() == Some(libc::SIGKILL)
+                    && self.cgroup.as_ref().ok().and_then(Option::as_ref).is_some_and(|cg| cg.oom_kills() > c.oom_kills_at_start);
                 let reason = match exit_code {
                     0 => "Completed",
                     _ if oom_killed => "OOMKilled",
