@@ -36,6 +36,8 @@ step "a completion through tiny's router (relayed to 127.0.0.1)"
 port=$(cat target/dev-cluster/forward/demo.tiny)
 echo "curl http://127.0.0.1:$port/v1/completions -d '{\"prompt\":\"Hello\",\"max_tokens\":8,\"temperature\":0}'"
 curl -s --retry 20 --retry-all-errors --retry-delay 1 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hello","max_tokens":8,"temperature":0}'; echo
+step "kubectl -n demo logs deploy/tiny-prefill --tail=3 (through the API server and the node agent's kubelet port)"
+kubectl -n demo logs deploy/tiny-prefill --tail=3
 step "why incident is refused"
 kubectl -n demo get infd incident -o jsonpath='{.status.conditions[?(@.type=="RolloutRefused")].message}'; echo
 kubectl -n demo get events --field-selector reason=RolloutRefused
@@ -45,6 +47,7 @@ The demo cluster stays up. In another shell:
   export KUBECONFIG=$KUBECONFIG
   target/controlplane/bin/kubectl get infd -A -w
   target/controlplane/bin/kubectl -n demo describe infd incident
+  target/controlplane/bin/kubectl -n demo logs -f deploy/tiny-router
   curl http://127.0.0.1:$port/v1/completions -d '{"prompt":"Hello","max_tokens":8}'
 Press Ctrl-C to stop everything.
 MSG

@@ -1,5 +1,6 @@
 //! Certificates for one control plane: a CA, the apiserver's serving certificate, the admin
-//! client certificate (group `system:masters`), and the service-account signing key.
+//! client certificate (group `system:masters`), the node agents' kubelet serving certificate and
+//! the apiserver's client certificate for it, and the service-account signing key.
 
 use std::path::{Path, PathBuf};
 
@@ -13,9 +14,18 @@ pub struct Certs {
     pub server_key: PathBuf,
     pub admin_cert: PathBuf,
     pub admin_key: PathBuf,
+    /// The node agents' kubelet API (`containerLogs`): served for the node address pods and
+    /// the API server dial, and the API server's client identity there.
+    pub kubelet_cert: PathBuf,
+    pub kubelet_key: PathBuf,
+    pub kubelet_client_cert: PathBuf,
+    pub kubelet_client_key: PathBuf,
     pub sa_key: PathBuf,
     pub sa_pub: PathBuf,
 }
+
+/// The API server's identity towards node agents (kubeadm's name for it).
+pub const KUBELET_CLIENT: &str = "kube-apiserver-kubelet-client";
 
 fn write(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
     let p = dir.join(name);
@@ -53,6 +63,16 @@ pub fn generate(dir: &Path) -> anyhow::Result<Certs> {
     admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
     let admin_cert = admin.signed_by(&admin_key, &issuer)?;
 
+    let kubelet_key = KeyPair::generate()?;
+    let mut kubelet = CertificateParams::new(vec![crate::node::network::GATEWAY.to_string()])?;
+    kubelet.distinguished_name.push(DnType::CommonName, "kvgate-node-agent");
+    let kubelet_cert = kubelet.signed_by(&kubelet_key, &issuer)?;
+
+    let kubelet_client_key = KeyPair::generate()?;
+    let mut kubelet_client = CertificateParams::new(Vec::<String>::new())?;
+    kubelet_client.distinguished_name.push(DnType::CommonName, KUBELET_CLIENT);
+    let kubelet_client_cert = kubelet_client.signed_by(&kubelet_client_key, &issuer)?;
+
     let sa_key = KeyPair::generate()?;
     Ok(Certs {
         ca: write(dir, "ca.crt", &ca_pem)?,
@@ -61,6 +81,10 @@ pub fn generate(dir: &Path) -> anyhow::Result<Certs> {
         server_key: write(dir, "apiserver.key", &server_key.serialize_pem())?,
         admin_cert: write(dir, "admin.crt", &admin_cert.pem())?,
         admin_key: write(dir, "admin.key", &admin_key.serialize_pem())?,
+        kubelet_cert: write(dir, "kubelet.crt", &kubelet_cert.pem())?,
+        kubelet_key: write(dir, "kubelet.key", &kubelet_key.serialize_pem())?,
+        kubelet_client_cert: write(dir, "apiserver-kubelet-client.crt", &kubelet_client_cert.pem())?,
+        kubelet_client_key: write(dir, "apiserver-kubelet-client.key", &kubelet_client_key.serialize_pem())?,
         sa_key: write(dir, "sa.key", &sa_key.serialize_pem())?,
         sa_pub: write(dir, "sa.pub", &sa_key.public_key_pem())?,
     })

@@ -106,6 +106,12 @@ impl ControlPlane {
                 &format!("--service-account-signing-key-file={}", path(&cp.certs.sa_key)),
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--authorization-mode=RBAC",
+                // Node agents' kubelet API (kubectl logs): dialled at the Node's InternalIP,
+                // its certificate checked against the cluster CA.
+                "--kubelet-preferred-address-types=InternalIP",
+                &format!("--kubelet-certificate-authority={}", path(&cp.certs.ca)),
+                &format!("--kubelet-client-certificate={}", path(&cp.certs.kubelet_client_cert)),
+                &format!("--kubelet-client-key={}", path(&cp.certs.kubelet_client_key)),
                 // Pods get the API server's address in their kubeconfig; no kube-proxy runs
                 // to make the kubernetes Service's ClusterIP reachable.
                 "--endpoint-reconciler-type=none",
@@ -209,6 +215,8 @@ impl ControlPlane {
             format!("--kubeconfig={}", self.kubeconfig.display()),
             format!("--server={}", self.pod_server()),
             format!("--ca-file={}", self.certs.ca.display()),
+            format!("--kubelet-cert={}", self.certs.kubelet_cert.display()),
+            format!("--kubelet-key={}", self.certs.kubelet_key.display()),
             format!("--cni-bin={}", network::default_bin_dir().display()),
             format!("--node-name={node}"),
             format!("--dir={}", self.node_dir(node).display()),

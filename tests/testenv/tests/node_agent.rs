@@ -143,9 +143,9 @@ fn json_file(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
+/// `kubectl logs` (through the API server and the node agent's kubelet API).
 fn container_log(cp: &ControlPlane, ns: &str, pod: &str, container: &str) -> String {
-    let uid = json(cp, &["-n", ns, "get", "pod", pod])["metadata"]["uid"].as_str().unwrap().to_string();
-    std::fs::read_to_string(cp.node_dir("node-1").join(uid).join(format!("{container}.log"))).unwrap_or_default()
+    cp.kubectl_ok(&["-n", ns, "logs", pod, "-c", container])
 }
 
 /// A pod running `python3 -c SCRIPT` with the given limits, never restarted.
@@ -279,4 +279,91 @@ fn a_process_runs_with_its_service_accounts_permissions() {
     let uid = pod["metadata"]["uid"].as_str().unwrap();
     let log = std::fs::read_to_string(cp.dir.join("node-1").join(uid).join("c.log")).unwrap();
     assert!(log.contains("Forbidden") && log.contains(&format!("system:serviceaccount:{ns}:limited")), "{log}");
+}
+
+/// The pod's processes: those whose working directory is the pod's directory on the node.
+fn pod_processes(cp: &ControlPlane, ns: &str, pod: &str) -> Vec<i32> {
+    let uid = json(cp, &["-n", ns, "get", "pod", pod])["metadata"]["uid"].as_str().unwrap().to_string();
+    let dir = cp.node_dir("node-1").join(uid);
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir))
+        .collect()
+}
+
+#[test]
+fn kubectl_logs_shows_follows_and_keeps_the_previous_run_of_a_worker() {
+    let cp = cluster();
+    let ns = cp.namespace("logs");
+    apply(cp, &ns, &format!("apiVersion: v1\nkind: Pod\nmetadata: {{ name: w, labels: {{ app: w }} }}\nspec:{WORKER}"));
+    eventually(cp, "the worker ready", Duration::from_secs(60), || ready(&json(cp, &["-n", &ns, "get", "pod", "w"])));
+    let listening = "kvgate-worker local listening on http://0.0.0.0:8082";
+    assert!(container_log(cp, &ns, "w", "worker").contains(listening));
+
+    // The kubelet API answers only the API server's client certificate.
+    let port = json(cp, &["get", "node", "node-1"])["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64().unwrap();
+    let curl = |cert: &Path, key: &Path| {
+        std::process::Command::new("curl")
+            .args(["-sS", "--fail-with-body", "--cacert", cp.certs.ca.to_str().unwrap(), "--cert", cert.to_str().unwrap(), "--key", key.to_str().unwrap()])
+            .arg(format!("https://198.18.0.1:{port}/containerLogs/{ns}/w/worker"))
+            .output()
+            .unwrap()
+    };
+    let direct = curl(&cp.certs.kubelet_client_cert, &cp.certs.kubelet_client_key);
+    assert!(String::from_utf8_lossy(&direct.stdout).contains(listening), "{direct:?}");
+    let admin = curl(&cp.certs.admin_cert, &cp.certs.admin_key);
+    assert!(!admin.status.success() && !String::from_utf8_lossy(&admin.stdout).contains(listening), "the admin's certificate read logs: {admin:?}");
+
+    // Before any restart there is no previous run: the kubelet's error, through the API server.
+    let out = cp.kubectl(&["-n", &ns, "logs", "w", "--previous"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("previous terminated container \"worker\" in pod \"w\" not found"), "{err}");
+    // Options that need timestamps are refused by name, not ignored.
+    let out = cp.kubectl(&["-n", &ns, "logs", "w", "--timestamps"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("timestamps is not supported"));
+
+    // `kubectl logs -f` streams until the container exits: SIGTERM makes the worker log its
+    // shutdown and exit 0, and the stream ends with that line.
+    let mut follow = std::process::Command::new(kvgate_testenv::controlplane::kubectl_path())
+        .args(["--kubeconfig", cp.kubeconfig.to_str().unwrap(), "-n", &ns, "logs", "-f", "w"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(follow.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
+    assert!(first.contains(listening), "{first}");
+    let pids = pod_processes(cp, &ns, "w");
+    assert_eq!(pids.len(), 1, "one worker process in the pod's directory: {pids:?}");
+    // SAFETY: signalling the pod's own worker process.
+    unsafe { libc::kill(pids[0], libc::SIGTERM) };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
+        let _ = tx.send(rest);
+    });
+    let rest = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
+        let _ = follow.kill();
+        panic!("kubectl logs -f still streaming 30 s after the container exited\n{}", cp.logs())
+    });
+    assert!(follow.wait().unwrap().success());
+    assert!(rest.contains("shutting down"), "the followed stream ended without the exit's line: {rest}");
+
+    // The restarted container logs afresh; its previous run keeps the shutdown.
+    eventually(cp, "the worker restarted and ready", Duration::from_secs(60), || {
+        let pod = json(cp, &["-n", &ns, "get", "pod", "w"]);
+        pod["status"]["containerStatuses"][0]["restartCount"] == 1 && ready(&pod)
+    });
+    let current = container_log(cp, &ns, "w", "worker");
+    assert!(current.contains(listening) && !current.contains("shutting down"), "{current}");
+    let previous = cp.kubectl_ok(&["-n", &ns, "logs", "w", "--previous"]);
+    assert!(previous.contains(listening) && previous.contains("shutting down"), "{previous}");
+    let last = cp.kubectl_ok(&["-n", &ns, "logs", "w", "--previous", "--tail=1"]);
+    assert_eq!(last.lines().count(), 1, "{last}");
+    assert!(last.contains("shutting down"), "{last}");
+    let limited = cp.kubectl_ok(&["-n", &ns, "logs", "w", "--limit-bytes=10"]);
+    assert_eq!(limited, listening[..10], "--limit-bytes");
 }

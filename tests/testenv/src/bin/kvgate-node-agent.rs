@@ -1,4 +1,4 @@
-//! `kvgate-node-agent --kubeconfig K --server URL --ca-file CA --image NAME=PATH ...`
+//! `kvgate-node-agent --kubeconfig K --server URL --ca-file CA --kubelet-cert C --kubelet-key K --image NAME=PATH ...`
 //! Plays the kubelet's part: see `kvgate_testenv::node`.
 
 use std::path::PathBuf;
@@ -17,8 +17,10 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=PATH]...\n\n\
-             --server is the API server as pods reach it; --cni-bin holds the CNI plugins bridge, host-local and loopback (default target/cni/bin, from `make tools`)."
+            "usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH --kubelet-cert PATH --kubelet-key PATH [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=PATH]...\n\n\
+             --server is the API server as pods reach it; --cni-bin holds the CNI plugins bridge, host-local and loopback (default target/cni/bin, from `make tools`).\n\
+             --kubelet-cert/--kubelet-key serve the kubelet API (containerLogs, for `kubectl logs`) on a port advertised in the Node's status;\n\
+             only the API server's client certificate (CN kube-apiserver-kubelet-client, signed by --ca-file) is accepted there."
         );
         return Ok(());
     }
@@ -32,8 +34,16 @@ async fn main() -> anyhow::Result<()> {
     let dir = PathBuf::from(arg(&args, "--dir").unwrap_or_else(|| std::env::temp_dir().join(format!("kvgate-node-{node_name}")).display().to_string()));
     std::fs::create_dir_all(&dir)?;
     let cni_bin = arg(&args, "--cni-bin").map(PathBuf::from).unwrap_or_else(kvgate_testenv::node::network::default_bin_dir);
-    let cfg =
-        AgentConfig { node_name, images: ImageTable::parse(&images)?, dir, server: need("--server")?, ca_file: PathBuf::from(need("--ca-file")?), cni_bin };
+    let cfg = AgentConfig {
+        node_name,
+        images: ImageTable::parse(&images)?,
+        dir,
+        server: need("--server")?,
+        ca_file: PathBuf::from(need("--ca-file")?),
+        cni_bin,
+        kubelet_cert: PathBuf::from(need("--kubelet-cert")?),
+        kubelet_key: PathBuf::from(need("--kubelet-key")?),
+    };
     println!("kvgate-node-agent: node {} ready", cfg.node_name);
     let agent = NodeAgent::new(client, cfg)?;
     // On SIGTERM or Ctrl-C the agent is dropped, which tears every pod down (processes,

@@ -1,6 +1,7 @@
 //! Registers a Node, keeps its Lease and Ready condition fresh, binds pending pods to itself,
 //! runs them as local processes (each in its own network namespace, see `network`, and cgroup,
-//! see `cgroups`) and reports their status.
+//! see `cgroups`), reports their status, and serves their logs on the kubelet's port
+//! (`kubelet_api`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -16,6 +17,8 @@ use serde_json::json;
 
 use super::cgroups::{self, Cgroups};
 use super::images::ImageTable;
+use super::kubelet_api::{self, KubeletTls};
+use super::logs::LogIndex;
 use super::network::{self, PodNetwork};
 use super::pod::PodRt;
 
@@ -30,6 +33,9 @@ pub struct AgentConfig {
     pub ca_file: PathBuf,
     /// The CNI plugins (bridge, host-local, loopback).
     pub cni_bin: PathBuf,
+    /// The kubelet API's serving certificate and key (PEM); clients must be signed by `ca_file`.
+    pub kubelet_cert: PathBuf,
+    pub kubelet_key: PathBuf,
 }
 
 pub struct NodeAgent {
@@ -39,6 +45,9 @@ pub struct NodeAgent {
     network: PodNetwork,
     /// The parent of the pods' cgroups, or why limits cannot be enforced on this machine.
     cgroups: Result<Cgroups, String>,
+    logs: LogIndex,
+    /// Where the kubelet API listens (advertised in the Node's `daemonEndpoints`).
+    kubelet_port: u16,
 }
 
 const MANAGER: &str = "kvgate-node-agent";
@@ -52,7 +61,7 @@ impl NodeAgent {
         if let Err(e) = &cgroups {
             tracing::warn!(error = e, "pod resource limits cannot be enforced on this machine; pods that set limits will not start");
         }
-        Ok(NodeAgent { client, cfg, pods: HashMap::new(), network, cgroups })
+        Ok(NodeAgent { client, cfg, pods: HashMap::new(), network, cgroups, logs: LogIndex::default(), kubelet_port: 0 })
     }
 
     async fn register(&self) -> anyhow::Result<()> {
@@ -79,6 +88,7 @@ impl NodeAgent {
             "capacity": { "cpu": "16", "memory": "64Gi", "pods": "110" },
             "allocatable": { "cpu": "16", "memory": "64Gi", "pods": "110" },
             "addresses": [{ "type": "InternalIP", "address": network::GATEWAY.to_string() }, { "type": "Hostname", "address": self.cfg.node_name }],
+            "daemonEndpoints": { "kubeletEndpoint": { "Port": self.kubelet_port } },
             "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kvgate node agent is posting ready status",
                              "lastHeartbeatTime": now, "lastTransitionTime": now }],
             "nodeInfo": { "kubeletVersion": "v1.37.2-kvgate", "containerRuntimeVersion": "kvgate-local://1", "operatingSystem": "linux",
@@ -98,6 +108,10 @@ impl NodeAgent {
 
     /// Runs until the process is stopped.
     pub async fn run(mut self) -> anyhow::Result<()> {
+        // Every address of this (the test world's) namespace: the API server dials the node's
+        // InternalIP, the pod bridge's gateway, which exists once the first pod is wired.
+        let tls = KubeletTls { cert: &self.cfg.kubelet_cert, key: &self.cfg.kubelet_key, client_ca: &self.cfg.ca_file };
+        self.kubelet_port = kubelet_api::serve(([0, 0, 0, 0], 0).into(), tls, self.logs.clone()).await?.port();
         self.register().await?;
         let mut last_beat = Instant::now();
         loop {
@@ -145,6 +159,8 @@ impl NodeAgent {
                 rt.set_volumes(super::volumes::prepare(&self.client, &pod, rt.dir(), rt.token.as_deref()).await);
             }
             rt.tick(&pod, &self.cfg.images).await;
+            let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or_default());
+            self.logs.update(ns, name, &uid, rt.dir(), rt.running());
             let status = rt.status(&pod);
             if rt.last_status.as_ref() != Some(&status) {
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
@@ -158,6 +174,7 @@ impl NodeAgent {
         // Pods removed behind our back: stop their processes.
         let gone: Vec<String> = self.pods.keys().filter(|u| !seen.contains(*u)).cloned().collect();
         for uid in gone {
+            self.logs.remove(&uid);
             if let Some(rt) = self.pods.remove(&uid) {
                 rt.tear_down(Duration::from_secs(1), &self.network);
             }
@@ -230,6 +247,7 @@ impl NodeAgent {
     async fn terminate(&mut self, pod: &Pod) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).max(0) as u64;
+        self.logs.remove(&uid);
         if let Some(rt) = self.pods.remove(&uid) {
             tokio::task::block_in_place(|| rt.tear_down(Duration::from_secs(grace), &self.network));
         }

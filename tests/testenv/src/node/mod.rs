@@ -4,6 +4,8 @@ pub mod agent;
 pub mod cgroups;
 pub mod env;
 pub mod images;
+pub mod kubelet_api;
+pub mod logs;
 pub mod network;
 pub mod pod;
 pub mod probes;

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use super::cgroups::{self, PodCgroup};
 use super::images::ImageTable;
 use super::network::{self, Sandbox};
-use super::{env, probes, volumes};
+use super::{env, logs, probes, volumes};
 
 #[derive(Debug, Clone)]
 enum State {
@@ -165,7 +165,13 @@ impl PodRt {
         let mut argv: Vec<String> = c.spec.command.iter().flatten().skip(1).cloned().collect();
         argv.extend(c.spec.args.iter().flatten().cloned());
         let argv: Vec<String> = argv.iter().map(|a| env::expand(a, &vars)).collect();
-        let log = self.dir.join(format!("{}.log", c.spec.name));
+        // A restart keeps the last run's output for `kubectl logs --previous`, as the kubelet does.
+        if matches!(c.state, State::Terminated { .. })
+            && let Err(e) = logs::rotate(&self.dir, &c.spec.name)
+        {
+            tracing::warn!(container = c.spec.name, error = %e, "cannot keep the previous run's log");
+        }
+        let log = logs::current(&self.dir, &c.spec.name);
         let file = match std::fs::OpenOptions::new().create(true).append(true).open(&log) {
             Ok(f) => f,
             Err(e) => {
@@ -417,12 +423,9 @@ impl PodRt {
         &self.dir
     }
 
-    /// Logs of every container, for test failures.
-    pub fn logs(&self) -> BTreeMap<String, String> {
-        self.containers
-            .iter()
-            .map(|c| (c.spec.name.clone(), std::fs::read_to_string(self.dir.join(format!("{}.log", c.spec.name))).unwrap_or_default()))
-            .collect()
+    /// Container name -> whether it runs now (for the log endpoint's `follow`).
+    pub fn running(&self) -> BTreeMap<String, bool> {
+        self.containers.iter().map(|c| (c.spec.name.clone(), c.child.is_some())).collect()
     }
 }
 
