@@ -49,10 +49,14 @@ impl Reservation {
 }
 
 /// Router -> prefill: compute this prompt's KV and send it into the reservation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrefillRequest {
     pub prompt: Vec<u32>,
     pub reservation: Reservation,
+    /// How the first token is chosen (prefill samples it, as a colocated engine would); absent
+    /// means greedy.
+    #[serde(default)]
+    pub sampling: Option<Sampling>,
 }
 
 /// Prefill -> router: decode's verdict on the transfer, as prefill heard it.

@@ -174,6 +174,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         backend: Backend::Remote(backend),
         tokenizer: Arc::new(tokenizer),
         model_name: name,
+        vocab: None,
         window,
         metrics,
         report: None,

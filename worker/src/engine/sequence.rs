@@ -23,9 +23,11 @@ impl Sequence {
         Sequence { sampler: crate::model::Sampler::new(req.sampling), tokens: req.prompt.clone(), req, lease, cached: 0, last_token_at: None }
     }
 
-    /// A sequence whose prompt KV arrived by handoff: the prompt is cached, the first token known.
+    /// A sequence whose prompt KV arrived by handoff: the prompt is cached, the first token known
+    /// (prefill sampled it from the same seed, so the generator moves past that draw).
     pub fn continued(req: GenerateRequest, lease: Lease, first_token: u32) -> Self {
         let mut s = Sequence::new(req, lease);
+        s.sampler.skip(1);
         s.cached = s.tokens.len();
         s.tokens.push(first_token);
         s

@@ -1,6 +1,7 @@
 //! The paged KV pool: storage plus bookkeeping behind one lock, and leases that give pages back
 //! (scrubbed) when dropped.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -236,19 +237,20 @@ impl PoolGuard<'_> {
         &mut self,
         lease: &Lease,
         layer: usize,
-        ctx_len: usize,
+        ctx: Range<usize>,
         shape: AttnShape,
         q: &[f32],
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<(), KvError> {
-        if ctx_len > lease.capacity() {
-            return Err(KvError::PastLease { pos: ctx_len, capacity: lease.capacity() });
+        if ctx.end > lease.capacity() {
+            return Err(KvError::PastLease { pos: ctx.end, capacity: lease.capacity() });
         }
+        debug_assert!(!ctx.is_empty(), "attention over no positions");
         match self.layout.dtype {
-            KvDtype::F32 => self.attend_typed::<f32>(lease, layer, ctx_len, shape, q, out, scratch),
-            KvDtype::F16 => self.attend_typed::<f16>(lease, layer, ctx_len, shape, q, out, scratch),
-            KvDtype::BF16 => self.attend_typed::<bf16>(lease, layer, ctx_len, shape, q, out, scratch),
+            KvDtype::F32 => self.attend_typed::<f32>(lease, layer, ctx, shape, q, out, scratch),
+            KvDtype::F16 => self.attend_typed::<f16>(lease, layer, ctx, shape, q, out, scratch),
+            KvDtype::BF16 => self.attend_typed::<bf16>(lease, layer, ctx, shape, q, out, scratch),
         }
     }
 
@@ -257,36 +259,45 @@ impl PoolGuard<'_> {
         &mut self,
         lease: &Lease,
         layer: usize,
-        ctx_len: usize,
+        ctx: Range<usize>,
         shape: AttnShape,
         q: &[f32],
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<(), KvError> {
         let l = self.layout;
-        let block_elems = l.page_size * l.token_elems();
+        let row = l.token_elems();
+        #[cfg(feature = "cuda")]
+        let block_elems = l.page_size * row;
         let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
+        // The slots of page `i` inside `ctx`: a sliding window starts mid-page.
+        let span = |i: usize| {
+            let first = ctx.start.saturating_sub(i * l.page_size).min(l.page_size);
+            let end = (ctx.end - i * l.page_size).min(l.page_size);
+            (first * row, end * row, end - first)
+        };
+        let pages = ctx.start / l.page_size..l.pages_for(ctx.end);
         match &self.inner.store {
             PageStore::Host(host) => {
-                let blocks = lease.pages.iter().enumerate().take(l.pages_for(ctx_len)).map(|(i, p)| {
-                    let page: &[E] = bytemuck::cast_slice(host.page(p.id));
-                    let n = (ctx_len - i * l.page_size).min(l.page_size);
-                    (&page[k_off..k_off + block_elems], &page[v_off..v_off + block_elems], n)
+                let blocks = pages.map(|i| {
+                    let page: &[E] = bytemuck::cast_slice(host.page(lease.pages[i].id));
+                    let (a, b, n) = span(i);
+                    (&page[k_off + a..k_off + b], &page[v_off + a..v_off + b], n)
                 });
                 attention::attend(shape, q, blocks, out, scratch);
             }
             #[cfg(feature = "cuda")]
             PageStore::Cuda(_) => {
                 // Device pages are copied to host first: gather the sequence's blocks once.
-                let mut gathered: Vec<E> = Vec::with_capacity(l.pages_for(ctx_len) * 2 * block_elems);
-                for p in lease.pages.iter().take(l.pages_for(ctx_len)) {
-                    let page: &[E] = bytemuck::cast_slice(self.inner.store.page(p.id, &mut self.scratch)?);
+                let mut gathered: Vec<E> = Vec::with_capacity(pages.len() * 2 * block_elems);
+                for i in pages.clone() {
+                    let page: &[E] = bytemuck::cast_slice(self.inner.store.page(lease.pages[i].id, &mut self.scratch)?);
                     gathered.extend_from_slice(&page[k_off..k_off + block_elems]);
                     gathered.extend_from_slice(&page[v_off..v_off + block_elems]);
                 }
-                let blocks = gathered.chunks(2 * block_elems).enumerate().map(|(i, kv)| {
-                    let n = (ctx_len - i * l.page_size).min(l.page_size);
-                    (&kv[..block_elems], &kv[block_elems..], n)
+                let blocks = gathered.chunks(2 * block_elems).zip(pages).map(|(kv, i)| {
+                    let (a, b, n) = span(i);
+                    (&kv[a..b], &kv[block_elems + a..block_elems + b], n)
                 });
                 attention::attend(shape, q, blocks, out, scratch);
             }
@@ -369,10 +380,14 @@ mod tests {
             g.write_token(&b, pos, 0, &[1.0; 4], &[5.0; 4]).unwrap();
         }
         let mut out = [0.0; 4];
-        g.attend(&a, 0, 2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        g.attend(&a, 0, 0..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out, [1.0; 4]);
-        g.attend(&b, 0, 2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        g.attend(&b, 0, 0..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out, [5.0; 4]);
         assert!(g.verify(&a).is_ok() && g.verify(&b).is_ok());
+        // A window that starts past position 0 reads only its positions.
+        g.write_token(&a, 1, 0, &[1.0; 4], &[3.0; 4]).unwrap();
+        g.attend(&a, 0, 1..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        assert_eq!(out, [3.0; 4]);
     }
 }

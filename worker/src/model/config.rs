@@ -1,11 +1,12 @@
-//! The model's `config.json`, mirrored field for field (Llama, Mistral and Qwen2 families).
+//! The model's configuration, resolved: every field that changes the computation has its value
+//! here. `config_reader` fills it from a `config.json` in either layout `transformers` writes.
 
 use serde::{Deserialize, Serialize};
 
 use super::ModelError;
 
 /// Architectures whose weights follow the Llama layout this worker implements.
-const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
+pub(crate) const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -30,9 +31,18 @@ pub struct ModelConfig {
     pub rope_scaling: Option<RopeScaling>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    /// Llama's switch for q/k/v biases; Qwen2 always has them.
+    /// Llama's switch for q/k/v/o biases; Qwen2 always has q/k/v biases.
     #[serde(default)]
     pub attention_bias: bool,
+    /// Llama's switch for gate/up/down biases.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mlp_bias: bool,
+    /// Attention sees at most this many positions (itself included) on the layers `layer_types`
+    /// marks `sliding_attention`, or on every layer when `layer_types` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub max_position_embeddings: Option<usize>,
     #[serde(default)]
@@ -49,8 +59,9 @@ pub enum TokenIds {
     Many(Vec<u32>),
 }
 
-/// Llama 3's long-context frequency scaling.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// RoPE frequency scaling: `linear` (positions divided by `factor`) or Llama 3's long-context
+/// scaling.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RopeScaling {
     #[serde(alias = "type")]
     pub rope_type: String,
@@ -72,8 +83,9 @@ fn default_theta() -> f64 {
 }
 
 impl ModelConfig {
+    /// Reads a `config.json` (v4 or v5 layout) completely, refusing what is not implemented.
     pub fn from_json(text: &str) -> Result<Self, ModelError> {
-        let cfg: ModelConfig = serde_json::from_str(text).map_err(|e| ModelError::Config(e.to_string()))?;
+        let cfg = super::config_reader::read(text)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -90,7 +102,20 @@ impl ModelConfig {
         self.attention_bias || self.is_qwen2()
     }
 
-    fn is_qwen2(&self) -> bool {
+    /// Only Llama's `attention_bias` gives `o_proj` a bias (the reader refuses it elsewhere).
+    pub fn o_bias(&self) -> bool {
+        self.attention_bias
+    }
+
+    /// How many positions (itself included) a token of `layer` attends to; `None` = all.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        match &self.layer_types {
+            Some(types) => self.sliding_window.filter(|_| types.get(layer).is_some_and(|t| t == "sliding_attention")),
+            None => self.sliding_window,
+        }
+    }
+
+    pub(crate) fn is_qwen2(&self) -> bool {
         self.architectures.iter().any(|a| a == "Qwen2ForCausalLM") || self.model_type.as_deref() == Some("qwen2")
     }
 
@@ -105,12 +130,6 @@ impl ModelConfig {
     pub fn validate(&self) -> Result<(), ModelError> {
         if let Some(arch) = self.architectures.iter().find(|a| !SUPPORTED.contains(&a.as_str())) {
             return Err(ModelError::UnsupportedArchitecture { found: arch.clone(), supported: SUPPORTED.join(", ") });
-        }
-        if let Some(scaling) = &self.rope_scaling
-            && scaling.rope_type != "llama3"
-            && scaling.rope_type != "default"
-        {
-            return Err(ModelError::Config(format!("rope_scaling.rope_type `{}` is not supported (llama3 or default)", scaling.rope_type)));
         }
         let heads = self.num_attention_heads;
         if heads == 0 || self.num_kv_heads() == 0 || !heads.is_multiple_of(self.num_kv_heads()) {

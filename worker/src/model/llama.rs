@@ -62,12 +62,12 @@ impl Block {
                 q: linear(h, q_out, bias, a.pp("q_proj"))?,
                 k: linear(h, kv_out, bias, a.pp("k_proj"))?,
                 v: linear(h, kv_out, bias, a.pp("v_proj"))?,
-                o: linear(q_out, h, false, a.pp("o_proj"))?,
+                o: linear(q_out, h, cfg.o_bias(), a.pp("o_proj"))?,
             },
             post_norm: candle_nn::rms_norm(h, cfg.rms_norm_eps, vb.pp("post_attention_layernorm"))?,
-            gate: linear(h, cfg.intermediate_size, false, m.pp("gate_proj"))?,
-            up: linear(h, cfg.intermediate_size, false, m.pp("up_proj"))?,
-            down: linear(cfg.intermediate_size, h, false, m.pp("down_proj"))?,
+            gate: linear(h, cfg.intermediate_size, cfg.mlp_bias, m.pp("gate_proj"))?,
+            up: linear(h, cfg.intermediate_size, cfg.mlp_bias, m.pp("up_proj"))?,
+            down: linear(cfg.intermediate_size, h, cfg.mlp_bias, m.pp("down_proj"))?,
         })
     }
 
@@ -124,6 +124,7 @@ impl Llama {
         let mut x = self.embed.forward(&Tensor::from_vec(ids, n, &self.device)?)?;
         let mut out = vec![0.0f32; n * q_width];
         for (layer, block) in self.blocks.iter().enumerate() {
+            let window = self.cfg.window(layer);
             let h = block.input_norm.forward(&x)?;
             let q = self.rotate(&block.attn.q.forward(&h)?, shape.num_heads, &cos, &sin)?;
             let k = self.rotate(&block.attn.k.forward(&h)?, shape.num_kv_heads, &cos, &sin)?;
@@ -137,9 +138,9 @@ impl Llama {
                     kv.write_token(s.lease, s.start + i, layer, &k[r * kv_width..][..kv_width], &v[r * kv_width..][..kv_width]).map_err(err)?;
                 }
                 for i in 0..s.tokens.len() {
-                    let r = row + i;
-                    kv.attend(s.lease, layer, s.start + i + 1, shape, &q[r * q_width..][..q_width], &mut out[r * q_width..][..q_width], scratch)
-                        .map_err(err)?;
+                    let (r, end) = (row + i, s.start + i + 1);
+                    let ctx = window.map_or(0, |w| end.saturating_sub(w))..end;
+                    kv.attend(s.lease, layer, ctx, shape, &q[r * q_width..][..q_width], &mut out[r * q_width..][..q_width], scratch).map_err(err)?;
                 }
                 row += s.tokens.len();
             }

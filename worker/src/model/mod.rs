@@ -4,6 +4,7 @@ pub mod checkpoint;
 #[cfg(test)]
 mod checkpoint_tests;
 pub mod config;
+mod config_reader;
 pub mod llama;
 mod reference;
 pub mod rope;

@@ -14,11 +14,16 @@ impl Llama {
         let (h_n, kv_n, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
         let positions: Vec<u32> = (0..n as u32).collect();
         let (cos, sin) = self.rope.tables(&positions, dev)?;
-        let mask: Vec<f32> = (0..n).flat_map(|i| (0..n).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
-        let mask = Tensor::from_vec(mask, (n, n), dev)?;
+        // Causal, and on sliding layers only the last `window` positions (itself included).
+        let mask = |window: Option<usize>| {
+            let visible = move |i: usize, j: usize| j <= i && window.is_none_or(|w| i - j < w);
+            let m: Vec<f32> = (0..n).flat_map(|i| (0..n).map(move |j| if visible(i, j) { 0.0 } else { f32::NEG_INFINITY })).collect();
+            Tensor::from_vec(m, (n, n), dev)
+        };
 
         let mut x = self.embed.forward(&Tensor::new(tokens, dev)?)?;
-        for block in &self.blocks {
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let mask = mask(self.cfg.window(layer))?;
             let h = block.input_norm.forward(&x)?;
             let heads = |t: Tensor, count: usize| t.reshape((n, count, d))?.transpose(0, 1)?.contiguous();
             let q = heads(self.rotate(&block.attn.q.forward(&h)?, h_n, &cos, &sin)?, h_n)?;

@@ -16,7 +16,12 @@ impl Rope {
     pub fn new(cfg: &ModelConfig) -> Self {
         let d = cfg.head_dim();
         let mut inv_freq: Vec<f64> = (0..d / 2).map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64)).collect();
-        if let Some(s) = cfg.rope_scaling.as_ref().filter(|s| s.rope_type == "llama3") {
+        let scaling = cfg.rope_scaling.as_ref();
+        if let Some(s) = scaling.filter(|s| s.rope_type == "linear") {
+            let factor = s.factor.unwrap_or(1.0);
+            inv_freq.iter_mut().for_each(|f| *f /= factor);
+        }
+        if let Some(s) = scaling.filter(|s| s.rope_type == "llama3") {
             let factor = s.factor.unwrap_or(1.0);
             let low = s.low_freq_factor.unwrap_or(1.0);
             let high = s.high_freq_factor.unwrap_or(4.0);

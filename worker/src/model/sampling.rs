@@ -32,6 +32,15 @@ impl Sampler {
         Sampler { params, rng }
     }
 
+    /// Moves the generator past `n` samples drawn elsewhere (prefill drew the first token).
+    pub fn skip(&mut self, n: usize) {
+        if self.params.temperature > 0.0 {
+            for _ in 0..n {
+                let _: f32 = self.rng.random();
+            }
+        }
+    }
+
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature <= 0.0 {
             return argmax(logits);

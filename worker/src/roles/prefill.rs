@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use kvgate_proto::roles::{PrefillRequest, PrefillResponse};
+use kvgate_proto::roles::{PrefillRequest, PrefillResponse, Sampling};
 
 use crate::engine::{Engine, Event, Mode, Prefilled, Rejection};
 use crate::handoff::sender::{SendError, SendOutcome, Transfer, check_reservation};
@@ -106,9 +106,9 @@ enum Failed {
     Died,
 }
 
-async fn compute(role: &PrefillRole, prompt: Vec<u32>) -> Result<Prefilled, Failed> {
+async fn compute(role: &PrefillRole, prompt: Vec<u32>, sampling: Option<Sampling>) -> Result<Prefilled, Failed> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let sampling = SamplingParams { temperature: 0.0, top_p: 1.0, seed: None };
+    let sampling = sampling.map_or_else(SamplingParams::default, |s| SamplingParams { temperature: s.temperature, top_p: s.top_p, seed: s.seed });
     let mut events = role.engine.enqueue(prompt, 1, sampling, Mode::PrefillOnly { reply: tx });
     // The reply is sent before the request's event channel closes, so polling it first never
     // mistakes a finished prefill for a failed one.
@@ -125,7 +125,7 @@ async fn compute(role: &PrefillRole, prompt: Vec<u32>) -> Result<Prefilled, Fail
 
 async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> Result<PrefillResponse, Failed> {
     let started = Instant::now();
-    let prefilled = compute(role, req.prompt.clone()).await?;
+    let prefilled = compute(role, req.prompt.clone(), req.sampling).await?;
     let transfer = Transfer {
         pool: &role.engine.pool,
         lease: &prefilled.lease,

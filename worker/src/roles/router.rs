@@ -123,7 +123,8 @@ impl Dispatcher {
         self.metrics.prompt_tokens.inc_by(prompt.len() as u64);
 
         // 2. Prefill fills it, or rejects the prompt before computing anything.
-        let request = PrefillRequest { prompt: prompt.clone(), reservation };
+        let sampling = Sampling { temperature: sampling.temperature, top_p: sampling.top_p, seed: sampling.seed };
+        let request = PrefillRequest { prompt: prompt.clone(), reservation, sampling: Some(sampling) };
         let prefilled = self.signer.post(&self.http, &prefill.base, super::PREFILL_PATH, &request).send().await;
         let commit_wait = match prefilled {
             Ok(r) if r.status().is_client_error() => {
@@ -154,12 +155,7 @@ impl Dispatcher {
         };
 
         // 3. Decode generates only from a verified handoff.
-        let generate = GenerateRequest {
-            prompt,
-            max_tokens: max_tokens as u32,
-            sampling: Sampling { temperature: sampling.temperature, top_p: sampling.top_p, seed: sampling.seed },
-            commit_wait_ms: commit_wait.map(|d| d.as_millis() as u64),
-        };
+        let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms: commit_wait.map(|d| d.as_millis() as u64) };
         let resp = self.call_decode(&decode.base, &super::generate_path(&id), &generate).await?;
         self.relay(tx, resp, arrived).await
     }

@@ -9,11 +9,21 @@ use crate::model::SamplingParams;
 /// Most tokens one request may ask to generate.
 pub const MAX_TOKENS_LIMIT: u32 = 1 << 20;
 
+/// `prompt`: a string or token ids, alone or as a batch of one.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
+    Tokens(Vec<u32>),
     Batch(Vec<String>),
+    TokenBatch(Vec<Vec<u32>>),
+}
+
+/// What one request's prompt is, once the batch of one is unwrapped.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
 }
 
 #[derive(Debug, Deserialize)]
@@ -108,12 +118,20 @@ pub fn check_max_tokens(field: &str, value: u32) -> Result<usize, ApiError> {
 }
 
 impl CompletionRequest {
-    pub fn prompt_text(&self) -> Result<&str, ApiError> {
-        match &self.prompt {
-            Prompt::Text(t) => Ok(t),
-            Prompt::Batch(v) if v.len() == 1 => Ok(&v[0]),
-            Prompt::Batch(v) => Err(ApiError::invalid("prompt", format!("`prompt` must be one string (batches are not supported), got {}", v.len()))),
+    pub fn prompt_input(&self) -> Result<PromptInput, ApiError> {
+        let batch = |n: usize| ApiError::invalid("prompt", format!("`prompt` must be one prompt (batches are not supported), got {n}"));
+        let input = match &self.prompt {
+            Prompt::Text(t) => PromptInput::Text(t.clone()),
+            Prompt::Tokens(ids) => PromptInput::Tokens(ids.clone()),
+            Prompt::Batch(v) if v.len() == 1 => PromptInput::Text(v[0].clone()),
+            Prompt::TokenBatch(v) if v.len() == 1 => PromptInput::Tokens(v[0].clone()),
+            Prompt::Batch(v) => return Err(batch(v.len())),
+            Prompt::TokenBatch(v) => return Err(batch(v.len())),
+        };
+        if input == PromptInput::Tokens(vec![]) {
+            return Err(ApiError::invalid("prompt", "`prompt` holds no token ids"));
         }
+        Ok(input)
     }
 }
 

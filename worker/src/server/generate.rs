@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::AppState;
+use super::api::PromptInput;
 use super::error::ApiError;
 use crate::engine::{Event, FinishReason};
 use crate::model::SamplingParams;
@@ -27,7 +28,7 @@ pub enum Endpoint {
 #[derive(Debug)]
 pub struct Job {
     pub endpoint: Endpoint,
-    pub prompt: String,
+    pub prompt: PromptInput,
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     pub stream: bool,
@@ -35,7 +36,15 @@ pub struct Job {
 
 pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     let tokenizer = &state.tokenizer;
-    let tokens = tokenizer.encode(&job.prompt).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+    let tokens = match job.prompt {
+        PromptInput::Text(text) => tokenizer.encode(&text).map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+        PromptInput::Tokens(ids) => {
+            if let (Some(vocab), Some(at)) = (state.vocab, ids.iter().position(|t| state.vocab.is_some_and(|v| *t as usize >= v))) {
+                return Err(ApiError::invalid("prompt", format!("`prompt[{at}]` = {} is outside the vocabulary of {vocab} tokens", ids[at])));
+            }
+            ids
+        }
+    };
     let max_tokens = job.max_tokens.unwrap_or_else(|| default_max_tokens(job.endpoint, state.window, tokens.len()));
     let mut rx = state.backend.submit(tokens, max_tokens, job.sampling).map_err(|r| state.rejected(r))?;
     let first = match rx.recv().await {

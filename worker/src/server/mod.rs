@@ -23,7 +23,7 @@ use crate::engine::{Engine, Event, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
 use crate::tokenizer::Tokenizer;
-use api::{ChatRequest, CompletionRequest};
+use api::{ChatRequest, CompletionRequest, PromptInput};
 use error::ApiError;
 use generate::{Endpoint, Job};
 
@@ -78,6 +78,9 @@ pub struct AppState {
     pub backend: Backend,
     pub tokenizer: Arc<Tokenizer>,
     pub model_name: String,
+    /// The model's vocabulary, where this process holds the model (a router leaves the check of
+    /// token-id prompts to prefill).
+    pub vocab: Option<usize>,
     pub window: usize,
     /// This role's metrics (requests are counted here).
     pub metrics: Metrics,
@@ -93,6 +96,7 @@ impl AppState {
         AppState {
             tokenizer: engine.tokenizer(),
             model_name: engine.model.name.clone(),
+            vocab: Some(engine.model.vocab_size()),
             window: engine.limits().window,
             metrics: engine.metrics.clone(),
             backend: Backend::Engine(engine),
@@ -195,7 +199,7 @@ async fn completions(State(state): State<AppState>, body: Result<Bytes, BytesRej
         check_model(&state, &req.model)?;
         let job = Job {
             endpoint: Endpoint::Completions,
-            prompt: req.prompt_text()?.to_string(),
+            prompt: req.prompt_input()?,
             max_tokens: req.max_tokens.map(|v| api::check_max_tokens("max_tokens", v)).transpose()?,
             sampling: req.common.sampling()?,
             stream: req.common.stream,
@@ -216,7 +220,8 @@ async fn chat(State(state): State<AppState>, body: Result<Bytes, BytesRejection>
             (None, Some(v)) => Some(api::check_max_tokens("max_tokens", v)?),
             (None, None) => None,
         };
-        let job = Job { endpoint: Endpoint::Chat, prompt: req.render()?, max_tokens, sampling: req.common.sampling()?, stream: req.common.stream };
+        let job =
+            Job { endpoint: Endpoint::Chat, prompt: PromptInput::Text(req.render()?), max_tokens, sampling: req.common.sampling()?, stream: req.common.stream };
         generate::run(&state, job).await
     }
     .await;
