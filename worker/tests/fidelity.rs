@@ -68,8 +68,8 @@ async fn every_reference_checkpoint_gives_the_reference_tokens_in_every_mode() {
     assert!(failures.is_empty(), "{} divergences:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// A copy of a fixture with `config.json` edited by `change`.
-fn variant(name: &str, change: impl FnOnce(&mut Value)) -> PathBuf {
+/// A copy of a fixture with `config.json`'s field at `path` set to `value`.
+fn variant(name: &str, path: &[&str], value: Value) -> PathBuf {
     let src = fixtures().into_iter().find(|d| d.ends_with("llama-f32-v5")).unwrap();
     let dst = std::env::temp_dir().join(format!("kvgate-fidelity-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dst);
@@ -78,25 +78,21 @@ fn variant(name: &str, change: impl FnOnce(&mut Value)) -> PathBuf {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
     }
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    change(&mut config);
+    *path.iter().fold(&mut config, |v, key| &mut v[*key]) = value;
     std::fs::write(dst.join("config.json"), config.to_string()).unwrap();
     dst
 }
 
 #[test]
 fn a_checkpoint_with_a_field_kvgate_does_not_implement_is_refused_at_load_naming_it() {
-    let refusals: [(&str, Box<dyn FnOnce(&mut Value)>, &str); 4] = [
-        (
-            "yarn",
-            Box::new(|c: &mut Value| c["rope_parameters"] = json!({ "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0 })),
-            "rope_parameters.rope_type",
-        ),
-        ("act", Box::new(|c: &mut Value| c["hidden_act"] = json!("gelu")), "hidden_act"),
-        ("partial", Box::new(|c: &mut Value| c["rope_parameters"]["partial_rotary_factor"] = json!(0.5)), "partial_rotary_factor"),
-        ("unknown", Box::new(|c: &mut Value| c["logit_softcapping"] = json!(30.0)), "logit_softcapping"),
+    let refusals: [(&str, &[&str], Value, &str); 4] = [
+        ("yarn", &["rope_parameters"], json!({ "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0 }), "rope_parameters.rope_type"),
+        ("act", &["hidden_act"], json!("gelu"), "hidden_act"),
+        ("partial", &["rope_parameters", "partial_rotary_factor"], json!(0.5), "partial_rotary_factor"),
+        ("unknown", &["logit_softcapping"], json!(30.0), "logit_softcapping"),
     ];
-    for (name, change, field) in refusals {
-        let dir = variant(name, change);
+    for (name, path, value, field) in refusals {
+        let dir = variant(name, path, value);
         let out = Command::new(Worker::bin()).args(["local", "--listen=127.0.0.1:0", "--model", dir.to_str().unwrap()]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name}: the worker started");
