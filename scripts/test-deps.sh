@@ -5,17 +5,22 @@
 #   prometheus, promtool (prometheus): the alert-rule tests and the live-Prometheus test.
 #   python3: dashboards/generate.py --check.
 #   curl: worker/tests/readme.rs runs the README's commands as written.
+#   python3-venv: scripts/py-deps.sh's virtual environment (the official openai client and
+#   lm-evaluation-harness, which worker/tests/clients.rs runs against the worker).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 missing=()
 command -v ip >/dev/null && command -v tc >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
 command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 command -v python3 >/dev/null || missing+=(python3)
 command -v curl >/dev/null || missing+=(curl)
-[ ${#missing[@]} -eq 0 ] && exit 0
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+[ ${#missing[@]} -eq 0 ] && exec bash scripts/py-deps.sh
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "missing Debian packages: ${missing[*]}; install them with: apt-get install ${missing[*]}" >&2
   exit 1
 fi
 echo "installing ${missing[*]}"
 apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+exec bash scripts/py-deps.sh

@@ -1,4 +1,4 @@
-//! The KV handoff wire format, version 2 (see `docs/handoff-protocol.md`).
+//! The KV handoff wire format, version 3 (see `docs/handoff-protocol.md`).
 //!
 //! Every frame is `header | body`. The header is 12 bytes, little-endian:
 //! `magic "KVGF" | version u16 | kind u8 | flags u8 | body_len u32`. `body_len` is checked
@@ -10,11 +10,12 @@ use std::fmt;
 
 use crate::auth::FrameKey;
 pub use crate::auth::{MAC_LEN, Mac};
+use crate::logprobs::{MAX_TOP_LOGPROBS, TokenLogprobs};
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"KVGF";
 /// Protocol version this build speaks.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest body accepted (a page of a large model fits with room to spare).
@@ -58,7 +59,7 @@ pub struct PageFrame {
 }
 
 /// The end of a transfer: what the sender claims it sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CommitFrame {
     pub handoff: HandoffId,
     pub total_tokens: u32,
@@ -69,6 +70,8 @@ pub struct CommitFrame {
     pub first_token: u32,
     pub model_fingerprint: u64,
     pub layout_fingerprint: u64,
+    /// The first token's log-probabilities, when the client asked for them.
+    pub first_logprobs: Option<TokenLogprobs>,
     /// Keyed BLAKE3 with the handoff's frame key over the header and every field above, so
     /// `first_token` and the digest are as unforgeable as the pages.
     pub mac: Mac,
@@ -82,7 +85,7 @@ pub struct AckFrame {
     pub message: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
     Page(PageFrame),
     Commit(CommitFrame),
@@ -179,6 +182,18 @@ impl Frame {
                 out.extend_from_slice(&c.first_token.to_le_bytes());
                 out.extend_from_slice(&c.model_fingerprint.to_le_bytes());
                 out.extend_from_slice(&c.layout_fingerprint.to_le_bytes());
+                match &c.first_logprobs {
+                    None => out.push(0),
+                    Some(l) => {
+                        out.push(1);
+                        out.extend_from_slice(&l.logprob.to_le_bytes());
+                        out.push(l.top.len() as u8);
+                        for (id, logprob) in &l.top {
+                            out.extend_from_slice(&id.to_le_bytes());
+                            out.extend_from_slice(&logprob.to_le_bytes());
+                        }
+                    }
+                }
                 out.extend_from_slice(&c.mac.0);
             }
             Frame::Ack(a) => {
@@ -267,6 +282,19 @@ impl Frame {
                 first_token: r.u32()?,
                 model_fingerprint: r.u64()?,
                 layout_fingerprint: r.u64()?,
+                first_logprobs: match r.bytes(1)?[0] {
+                    0 => None,
+                    1 => {
+                        let logprob = f32::from_bits(r.u32()?);
+                        let n = r.bytes(1)?[0] as usize;
+                        if n > MAX_TOP_LOGPROBS {
+                            return Err(FrameError::Malformed("a commit carries at most 20 top log-probabilities"));
+                        }
+                        let top = (0..n).map(|_| Ok((r.u32()?, f32::from_bits(r.u32()?)))).collect::<Result<_, FrameError>>()?;
+                        Some(TokenLogprobs { logprob, top })
+                    }
+                    _ => return Err(FrameError::Malformed("first-logprobs flag must be 0 or 1")),
+                },
                 mac: r.mac()?,
             }),
             KIND_ACK => {
@@ -348,6 +376,7 @@ mod tests {
                 first_token: 65,
                 model_fingerprint: 6,
                 layout_fingerprint: 7,
+                first_logprobs: Some(TokenLogprobs { logprob: -0.25, top: vec![(65, -0.25), (3, -1.5)] }),
                 mac: Mac([1; MAC_LEN]),
             }),
             Frame::Ack(AckFrame { ok: false, reason: "token_count".into(), message: "received 16 of 681280".into() }),
@@ -447,6 +476,7 @@ mod fuzz {
             first_token: 0,
             model_fingerprint: 0,
             layout_fingerprint: 0,
+            first_logprobs: None,
             mac: Mac([0; MAC_LEN]),
         })
         .encode();

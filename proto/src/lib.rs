@@ -7,6 +7,7 @@ pub mod auth;
 mod capacity;
 pub mod contract;
 pub mod handoff;
+pub mod logprobs;
 pub mod refusal;
 pub mod roles;
 

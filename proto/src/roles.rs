@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::ReservationFields;
 use crate::handoff::HandoffId;
+use crate::logprobs::TokenLogprobs;
 
 /// Router -> decode: reserve pages for a whole sequence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,11 +61,15 @@ pub struct PrefillRequest {
 }
 
 /// Prefill -> router: decode's verdict on the transfer, as prefill heard it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrefillResponse {
     pub ok: bool,
     pub reason: String,
     pub message: String,
+    /// Each prompt token's log-probability (none for the first), when the request asked for
+    /// them (`echo` with `logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
 }
 
 /// Router -> decode: cancel a reservation (prefill rejected the prompt, or failed).
@@ -81,6 +86,12 @@ pub struct Sampling {
     pub temperature: f32,
     pub top_p: f32,
     pub seed: Option<u64>,
+    /// Each generated token's log-probability, with this many alternatives.
+    #[serde(default)]
+    pub logprobs: Option<u8>,
+    /// The log-probability of every prompt token (computed by prefill).
+    #[serde(default)]
+    pub prompt_logprobs: bool,
 }
 
 /// Router -> decode: generate from a committed handoff.
@@ -96,12 +107,25 @@ pub struct GenerateRequest {
 }
 
 /// One line of decode's newline-delimited JSON token stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StreamLine {
     Token(u32),
-    Done { finish: String, prompt_tokens: u32, completion_tokens: u32 },
-    Error { status: u16, code: String, message: String },
+    /// A token with its log-probabilities (when the client asked for them).
+    Scored {
+        token: u32,
+        logprobs: TokenLogprobs,
+    },
+    Done {
+        finish: String,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+    },
+    Error {
+        status: u16,
+        code: String,
+        message: String,
+    },
 }
 
 #[cfg(test)]

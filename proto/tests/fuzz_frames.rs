@@ -24,6 +24,7 @@ fn commit(first_token: u32, total_tokens: u32) -> Frame {
         first_token,
         model_fingerprint: 1,
         layout_fingerprint: 2,
+        first_logprobs: None,
         mac: Mac([0; MAC_LEN]),
     })
 }

@@ -39,7 +39,7 @@ fn main() {
     let prompt: Vec<u32> = (0..1024u32).map(|i| i % 256).collect();
     let lease = pool.lease(prompt.len()).unwrap();
     let t = best_of(Duration::from_secs(3), || {
-        let step = SeqStep { tokens: &prompt, start: 0, lease: &lease };
+        let step = SeqStep { tokens: &prompt, start: 0, lease: &lease, every_row: false };
         black_box(model.llama.forward(&[step], &mut pool.access(), &mut scratch).unwrap());
     });
     row("tiny prefill, 1024-token prompt", format!("{:.0} tokens/s", 1024.0 / t.as_secs_f64()), "one sequence, CPU, f32 KV");
@@ -50,12 +50,12 @@ fn main() {
         let ctx: Vec<u32> = (0..512u32).map(|i| (i * 7) % 256).collect();
         let leases: Vec<_> = (0..batch).map(|_| pool.lease(600).unwrap()).collect();
         for l in &leases {
-            let step = SeqStep { tokens: &ctx, start: 0, lease: l };
+            let step = SeqStep { tokens: &ctx, start: 0, lease: l, every_row: false };
             model.llama.forward(&[step], &mut pool.access(), &mut scratch).unwrap();
         }
         let next = [65u32];
         let t = best_of(Duration::from_secs(2), || {
-            let steps: Vec<SeqStep> = leases.iter().map(|l| SeqStep { tokens: &next, start: 512, lease: l }).collect();
+            let steps: Vec<SeqStep> = leases.iter().map(|l| SeqStep { tokens: &next, start: 512, lease: l, every_row: false }).collect();
             black_box(model.llama.forward(&steps, &mut pool.access(), &mut scratch).unwrap());
         });
         row(&format!("tiny decode, batch {batch}, context 512"), format!("{:.0} tokens/s", batch as f64 / t.as_secs_f64()), "one batched forward per step");

@@ -98,6 +98,7 @@ async fn handoff(checks: bool) -> Duration {
             reservation: &reservation,
             secret: &secret,
             first_token: 0,
+            first_logprobs: None,
             model_fingerprint: "1",
             layout_fingerprint: "2",
             fault: None,

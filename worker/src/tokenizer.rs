@@ -34,9 +34,22 @@ impl Tokenizer {
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_with(text, true)
+    }
+
+    /// `special`: add what the tokenizer adds around a text (the byte tokenizer's BOS).
+    pub fn encode_with(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizerError> {
         match self {
-            Tokenizer::Bytes => Ok(std::iter::once(BOS).chain(text.bytes().map(u32::from)).collect()),
-            Tokenizer::Hf(t) => Ok(t.encode(text, true).map_err(|e| TokenizerError(e.to_string()))?.get_ids().to_vec()),
+            Tokenizer::Bytes => Ok(special.then_some(BOS).into_iter().chain(text.bytes().map(u32::from)).collect()),
+            Tokenizer::Hf(t) => Ok(t.encode(text, special).map_err(|e| TokenizerError(e.to_string()))?.get_ids().to_vec()),
+        }
+    }
+
+    /// The vocabulary entry of `id` (a checkpoint's tokenizer; the byte tokenizer has none).
+    pub fn token(&self, id: u32) -> Option<String> {
+        match self {
+            Tokenizer::Bytes => None,
+            Tokenizer::Hf(t) => t.id_to_token(id),
         }
     }
 

@@ -68,6 +68,51 @@ async fn every_reference_checkpoint_gives_the_reference_tokens_in_every_mode() {
     assert!(failures.is_empty(), "{} divergences:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// Log-probabilities match the reference within this (f32 arithmetic in another order; measured
+/// differences stay under 1e-5).
+const LOGPROB_TOLERANCE: f64 = 1e-4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn echo_with_logprobs_gives_the_references_log_probabilities_colocated_and_split() {
+    let mut failures = Vec::new();
+    for dir in fixtures() {
+        let expected: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+        for (mode, flags) in [MODES[1], MODES[3]] {
+            let mut args = vec!["--model", dir.to_str().unwrap(), "--context-window=64", "--kv-pool-tokens=256"];
+            args.extend_from_slice(flags);
+            let worker = Worker::local(&args);
+            for case in expected["cases"].as_array().unwrap() {
+                let generated = case["generated"].as_array().unwrap().len();
+                let body = json!({ "prompt": case["prompt"], "max_tokens": generated, "temperature": 0, "logprobs": 1, "echo": true });
+                let (status, resp) = worker.post("/v1/completions", &body).await;
+                assert_eq!(status, 200, "{resp}");
+                let got = resp["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().clone();
+                let want = case["logprobs"].as_array().unwrap();
+                assert_eq!(got.len(), want.len(), "{} ({mode}): one log-probability per prompt and generated token", dir.display());
+                assert!(got[0].is_null() && want[0].is_null(), "the first prompt token has none");
+                for (i, (g, w)) in got.iter().zip(want).enumerate().skip(1) {
+                    let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
+                    if (g - w).abs() > LOGPROB_TOLERANCE {
+                        failures.push(format!(
+                            "{} ({mode}) prompt {} position {i}: {g} vs transformers {w}",
+                            dir.file_name().unwrap().to_string_lossy(),
+                            case["prompt"]
+                        ));
+                    }
+                }
+                // Greedy: each generated token is the top-1 alternative at its position.
+                let tops = resp["choices"][0]["logprobs"]["top_logprobs"].as_array().unwrap();
+                let n = got.len();
+                for i in n - generated..n {
+                    let best = tops[i].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+                    assert_eq!(best, got[i].as_f64().unwrap(), "greedy token {i} is not the top alternative");
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} log-probabilities off by more than {LOGPROB_TOLERANCE}:\n{}", failures.len(), failures.join("\n"));
+}
+
 /// A copy of a fixture with `config.json`'s field at `path` set to `value`.
 fn variant(name: &str, path: &[&str], value: Value) -> PathBuf {
     let src = fixtures().into_iter().find(|d| d.ends_with("llama-f32-v5")).unwrap();

@@ -77,7 +77,14 @@ async fn bad_requests_name_the_field() {
         ("/v1/completions", json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
         ("/v1/completions", json!({"prompt": "x", "temperature": 9}), "temperature"),
         ("/v1/completions", json!({"prompt": "x", "top_p": 0}), "top_p"),
-        ("/v1/completions", json!({"prompt": "x", "n": 3}), "n"),
+        ("/v1/completions", json!({"prompt": "x", "n": 17}), "n"),
+        ("/v1/completions", json!({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}), "stop"),
+        ("/v1/completions", json!({"prompt": "x", "logprobs": 21}), "logprobs"),
+        ("/v1/completions", json!({"prompt": [1, 999]}), "prompt[1]"),
+        ("/v1/completions", json!({"prompt": "x", "presence_penalty": 0.5}), "presence_penalty"),
+        ("/v1/completions", json!({"prompt": "x", "suffix": "y"}), "suffix"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), "top_logprobs"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}), "tools"),
         ("/v1/completions", json!({"max_tokens": 3}), "prompt"),
         ("/v1/completions", json!({"prompt": ["a", "b"]}), "prompt"),
         ("/v1/chat/completions", json!({"messages": []}), "messages"),
@@ -99,7 +106,7 @@ async fn bad_requests_name_the_field() {
     assert_eq!(status, 404);
     assert_eq!(err["error"]["code"], "model_not_found");
     assert!(err["error"]["message"].as_str().unwrap().contains("gpt-9"));
-    assert_eq!(w.metric(r#"kvgate_requests_total{code="400",role="local"}"#).await, 10.0);
+    assert_eq!(w.metric(r#"kvgate_requests_total{code="400",role="local"}"#).await, 17.0);
 }
 
 #[tokio::test]
@@ -228,4 +235,18 @@ async fn capacity_report_models_health_and_metrics() {
     w.complete("count me", 3).await;
     assert!(w.metric(r#"kvgate_generation_tokens_total{role="local"}"#).await >= 1.0);
     assert_eq!(w.metric(r#"kvgate_prompt_tokens_total{role="local"}"#).await, 9.0);
+}
+
+#[tokio::test]
+async fn tokenize_and_detokenize_round_trip_with_and_without_special_tokens() {
+    let w = Worker::colocated(&[]);
+    let (status, with) = w.post("/tokenize", &json!({"prompt": "hi"})).await;
+    assert_eq!(status, 200, "{with}");
+    assert_eq!(with["tokens"], json!([256, 104, 105]), "the byte tokenizer's BOS, then the bytes");
+    let (_, without) = w.post("/tokenize", &json!({"prompt": "hi", "add_special_tokens": false})).await;
+    assert_eq!(without["tokens"], json!([104, 105]));
+    let (_, text) = w.post("/detokenize", &json!({"tokens": [104, 105]})).await;
+    assert_eq!(text["prompt"], "hi");
+    let (status, err) = w.post("/detokenize", &json!({"tokens": [1 << 20]})).await;
+    assert_eq!((status, err["error"]["param"].as_str()), (400, Some("tokens")), "{err}");
 }

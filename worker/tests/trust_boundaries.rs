@@ -509,14 +509,15 @@ async fn one_bad_sequence_fails_alone_and_its_batch_goes_on() {
     let pool = KvPool::host(model.kv_layout(16, KvDtype::F32), 64).unwrap();
     let config = SchedulerConfig { max_batch_tokens: 4096, admission_timeout: Duration::from_secs(30) };
     let engine = Engine::start(model.clone(), pool.clone(), 1024, Metrics::new(&prometheus::Registry::new(), "test"), config);
-    let greedy = SamplingParams { temperature: 0.0, top_p: 1.0, seed: None };
+    let greedy = SamplingParams::default();
     let prompts: Vec<Vec<u32>> = victims().iter().map(|v| model.tokenizer.encode(v).unwrap()).collect();
     // Drains one request's events: its tokens, or the failure's message.
     async fn outcome(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Result<Vec<u32>, String> {
         let mut tokens = Vec::new();
         while let Some(e) = rx.recv().await {
             match e {
-                Event::Token(t) => tokens.push(t),
+                Event::Token(t, _) => tokens.push(t),
+                Event::PromptLogprobs(_) => {}
                 Event::Done { .. } => return Ok(tokens),
                 Event::Failed(f) => return Err(f.message),
                 Event::Rejected(r) => return Err(r.to_string()),
@@ -534,8 +535,8 @@ async fn one_bad_sequence_fails_alone_and_its_batch_goes_on() {
     let enough = pool.lease(64).unwrap();
     let prompt16: Vec<u32> = (0..16).collect();
     let mut rxs: Vec<_> = prompts.iter().map(|p| engine.enqueue(p.clone(), 16, greedy, Mode::Full)).collect();
-    let past_lease = engine.enqueue(prompt16.clone(), 8, greedy, Mode::Continue { lease: short, first_token: 65 });
-    let bad_token = engine.enqueue(prompt16, 8, greedy, Mode::Continue { lease: enough, first_token: 100_000 });
+    let past_lease = engine.enqueue(prompt16.clone(), 8, greedy, Mode::Continue { lease: short, first_token: 65, first_logprobs: None });
+    let bad_token = engine.enqueue(prompt16, 8, greedy, Mode::Continue { lease: enough, first_token: 100_000, first_logprobs: None });
     let together = join_all(rxs.drain(..).map(outcome)).await;
     let together: Vec<Vec<u32>> = together.into_iter().map(Result::unwrap).collect();
     assert_eq!(together, alone, "a bad sequence changed its batch's output");

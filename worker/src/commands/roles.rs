@@ -16,12 +16,14 @@ use crate::handoff::reservations::{Limits, TableConfig};
 use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
 use crate::metrics::{self, Metrics};
 use crate::model::ModelSource;
+use crate::model::checkpoint::Checkpoint;
 use crate::roles::decode::{self, DecodeRole};
 use crate::roles::discovery;
 use crate::roles::internal_auth::{self, Signer, Verifier};
 use crate::roles::peers::Peers;
 use crate::roles::prefill::{self, PrefillRole};
 use crate::roles::router::Dispatcher;
+use crate::server::tokenize::SpecialTokens;
 use crate::server::{self, AppState, Backend, limits};
 use crate::setup;
 use crate::tokenizer::Tokenizer;
@@ -148,11 +150,16 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret
 }
 
 pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: Secret) -> anyhow::Result<Started> {
-    let (name, tokenizer) = match &args.model {
-        ModelSource::Tiny => ("tiny".to_string(), Tokenizer::Bytes),
+    let (name, tokenizer, special) = match &args.model {
+        ModelSource::Tiny => ("tiny".to_string(), Tokenizer::Bytes, SpecialTokens::default()),
         ModelSource::Dir(dir) => {
             let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-            (name, Tokenizer::from_file(&dir.join("tokenizer.json"))?)
+            // The router computes nothing, but reads the config as the workers do: a checkpoint
+            // they refuse, it refuses too.
+            let ckpt = Checkpoint::open(dir)?;
+            let tokenizer = Tokenizer::from_file(&ckpt.tokenizer)?;
+            let special = SpecialTokens::of(&tokenizer, ckpt.config.bos_token_id, &ckpt.config.eos_ids());
+            (name, tokenizer, special)
         }
     };
     let metrics = Metrics::new(registry, "router");
@@ -175,6 +182,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         tokenizer: Arc::new(tokenizer),
         model_name: name,
         vocab: None,
+        special,
         window,
         metrics,
         report: None,

@@ -5,6 +5,8 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use super::admission::Rejection;
+use kvgate_proto::logprobs::TokenLogprobs;
+
 use crate::kv::Lease;
 use crate::model::SamplingParams;
 
@@ -17,7 +19,7 @@ pub enum Mode {
     /// both back instead of decoding (the prefill role of a handoff).
     PrefillOnly { reply: oneshot::Sender<Prefilled> },
     /// The prompt's KV already sits in `lease` (a verified handoff): continue after `first_token`.
-    Continue { lease: Lease, first_token: u32 },
+    Continue { lease: Lease, first_token: u32, first_logprobs: Option<TokenLogprobs> },
 }
 
 /// The result of a prefill-only request.
@@ -25,6 +27,9 @@ pub enum Mode {
 pub struct Prefilled {
     pub lease: Lease,
     pub first_token: u32,
+    pub first_logprobs: Option<TokenLogprobs>,
+    /// One per prompt token (none for the first), when asked for.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
 }
 
 /// A tokenized, admitted request on its way to the scheduler.
@@ -55,10 +60,12 @@ impl FinishReason {
     }
 }
 
-/// What the engine reports for a request, in order: tokens, then exactly one `Done` or `Failed`.
+/// What the engine reports for a request, in order: the prompt's log-probabilities (when asked
+/// for), tokens (with theirs, when asked for), then exactly one `Done` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Token(u32),
+    PromptLogprobs(Vec<Option<TokenLogprobs>>),
+    Token(u32, Option<TokenLogprobs>),
     Done { finish: FinishReason, prompt_tokens: usize, completion_tokens: usize },
     Rejected(Rejection),
     Failed(Failure),

@@ -12,7 +12,12 @@ use super::request::{Event, Failure, FinishReason, GenerateRequest, Mode};
 use super::sequence::Sequence;
 use crate::kv::{AllocError, KvPool, Scratch};
 use crate::metrics::Metrics;
+use crate::model::logprobs::token_logprobs;
 use crate::model::{Model, SeqStep};
+
+/// Most prompt tokens per step for a sequence whose every row of logits is kept (`echo` with
+/// `logprobs`): bounds the logits held at once to this many rows of the vocabulary.
+const EVERY_ROW_CHUNK: usize = 64;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -77,10 +82,10 @@ impl Scheduler {
             // A continued request brings its own pages; the others lease theirs now.
             if let Mode::Continue { .. } = req.mode {
                 let mut req = self.waiting.pop_front().unwrap();
-                let Mode::Continue { lease, first_token } = std::mem::replace(&mut req.mode, Mode::Full) else { unreachable!() };
+                let Mode::Continue { lease, first_token, first_logprobs } = std::mem::replace(&mut req.mode, Mode::Full) else { unreachable!() };
                 self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
                 let s = Sequence::continued(req, lease, first_token);
-                s.send(Event::Token(first_token));
+                s.send(Event::Token(first_token, first_logprobs));
                 self.metrics.generation_tokens.inc();
                 // The first token may already end it (end of sequence, or max_tokens 1),
                 // exactly as it would have colocated.
@@ -140,7 +145,9 @@ impl Scheduler {
             if budget == 0 {
                 break;
             }
-            let n = self.running[i].pending().min(budget);
+            // A prompt whose log-probabilities are wanted keeps every row: smaller chunks.
+            let cap = if self.running[i].wants_every_row() { EVERY_ROW_CHUNK } else { usize::MAX };
+            let n = self.running[i].pending().min(budget).min(cap);
             match self.running[i].check_step(n, self.model.vocab_size()) {
                 Ok(()) => {
                     budget -= n;
@@ -172,7 +179,7 @@ impl Scheduler {
     /// only the one that really fails does (its earlier K/V writes are idempotent: the same
     /// tokens at the same positions). One row of logits (or an error) per planned sequence;
     /// a prefill chunk that samples nothing gets an empty row.
-    fn forward_isolating(&mut self, plan: &[(usize, usize)]) -> Vec<Result<Vec<f32>, String>> {
+    fn forward_isolating(&mut self, plan: &[(usize, usize)]) -> Vec<Result<Vec<Vec<f32>>, String>> {
         match self.forward(plan) {
             Ok(rows) => rows.into_iter().map(Ok).collect(),
             Err(e) if plan.len() == 1 => vec![Err(e)],
@@ -180,19 +187,23 @@ impl Scheduler {
         }
     }
 
-    fn forward(&mut self, plan: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, String> {
+    /// Each planned sequence's rows of logits: its last token's, or every token's when its
+    /// prompt log-probabilities are wanted.
+    fn forward(&mut self, plan: &[(usize, usize)]) -> Result<Vec<Vec<Vec<f32>>>, String> {
         let steps: Vec<SeqStep> = plan
             .iter()
             .map(|&(i, n)| {
                 let s = &self.running[i];
-                SeqStep { tokens: &s.tokens[s.cached..s.cached + n], start: s.cached, lease: &s.lease }
+                SeqStep { tokens: &s.tokens[s.cached..s.cached + n], start: s.cached, lease: &s.lease, every_row: s.wants_every_row() }
             })
             .collect();
+        let counts: Vec<usize> = steps.iter().map(|s| if s.every_row { s.tokens.len() } else { 1 }).collect();
         let logits = {
             let mut guard = self.pool.access();
             self.model.llama.forward(&steps, &mut guard, &mut self.scratch).map_err(|e| e.to_string())?
         };
-        (0..plan.len()).map(|row| logits.get(row).and_then(|r| r.to_vec1::<f32>()).map_err(|e| format!("reading logits: {e}"))).collect()
+        let mut rows = (0..).map(|r| logits.get(r).and_then(|r| r.to_vec1::<f32>()).map_err(|e| format!("reading logits: {e}")));
+        counts.into_iter().map(|c| rows.by_ref().take(c).collect()).collect()
     }
 
     /// Frees a finished sequence's pages (scrubbed), *then* tells the client: by the time an
@@ -207,18 +218,34 @@ impl Scheduler {
 
     /// Advances each sequence past the tokens it ran, and samples the next token of those that
     /// ran their last pending one.
-    fn sample(&mut self, stepped: &[(usize, usize, Vec<f32>)]) {
+    fn sample(&mut self, stepped: &[(usize, usize, Vec<Vec<f32>>)]) {
         let now = Instant::now();
-        for (i, n, row_logits) in stepped {
+        for (i, n, rows) in stepped {
             let s = &mut self.running[*i];
+            let top = s.req.sampling.logprobs.map(usize::from);
+            if rows.len() > 1 || (rows.len() == *n && s.wants_every_row()) {
+                // Row j predicts the token after position cached + j.
+                let (start, prompt) = (s.cached, &s.req.prompt);
+                let scored =
+                    rows.iter().enumerate().filter_map(|(j, row)| prompt.get(start + j + 1).map(|next| Some(token_logprobs(row, *next, top.unwrap_or(0)))));
+                s.prompt_logprobs.get_or_insert_with(Vec::new).extend(scored.collect::<Vec<_>>());
+            }
             s.cached += n;
             if s.pending() > 0 {
                 continue; // prompt chunk: nothing to sample yet
             }
+            let row_logits = rows.last().expect("a step yields at least one row");
             let token = s.sampler.sample(row_logits);
             s.tokens.push(token);
+            let logprobs = top.map(|k| token_logprobs(row_logits, token, k));
             if s.is_prefill_only() {
+                s.first_logprobs = logprobs;
                 continue; // the first token travels with the handoff, not to a client
+            }
+            if s.generated() == 1
+                && let Some(prompt) = s.prompt_logprobs.take()
+            {
+                s.send(Event::PromptLogprobs(prompt));
             }
             match s.last_token_at {
                 None => self.metrics.ttft.observe((now - s.req.arrived).as_secs_f64()),
@@ -226,7 +253,7 @@ impl Scheduler {
             }
             s.last_token_at = Some(now);
             self.metrics.generation_tokens.inc();
-            s.send(Event::Token(token));
+            s.send(Event::Token(token, logprobs));
         }
     }
 

@@ -3,6 +3,8 @@
 use std::time::Instant;
 
 use super::request::{Event, FinishReason, GenerateRequest, Mode, Prefilled};
+use kvgate_proto::logprobs::TokenLogprobs;
+
 use crate::kv::Lease;
 use crate::model::Sampler;
 
@@ -16,11 +18,25 @@ pub struct Sequence {
     /// Tokens whose K/V are already in the pool.
     pub cached: usize,
     pub last_token_at: Option<Instant>,
+    /// The prompt tokens' log-probabilities so far, when the request asked for them.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// The first token's, kept for a prefill-only sequence's handoff.
+    pub first_logprobs: Option<TokenLogprobs>,
 }
 
 impl Sequence {
     pub fn new(req: GenerateRequest, lease: Lease) -> Self {
-        Sequence { sampler: crate::model::Sampler::new(req.sampling), tokens: req.prompt.clone(), req, lease, cached: 0, last_token_at: None }
+        let prompt_logprobs = req.sampling.prompt_logprobs.then(|| vec![None]);
+        Sequence {
+            sampler: crate::model::Sampler::new(req.sampling),
+            tokens: req.prompt.clone(),
+            req,
+            lease,
+            cached: 0,
+            last_token_at: None,
+            prompt_logprobs,
+            first_logprobs: None,
+        }
     }
 
     /// A sequence whose prompt KV arrived by handoff: the prompt is cached, the first token known
@@ -33,15 +49,21 @@ impl Sequence {
         s
     }
 
+    /// Whether this step's rows must all be kept: the prompt's log-probabilities are wanted and
+    /// the prompt is not done.
+    pub fn wants_every_row(&self) -> bool {
+        self.prompt_logprobs.is_some() && self.cached < self.prompt_len()
+    }
+
     pub fn is_prefill_only(&self) -> bool {
         matches!(self.req.mode, Mode::PrefillOnly { .. })
     }
 
     /// Gives a prefill-only sequence's pages and first token to whoever asked for them.
     pub fn hand_back(self) {
-        let Sequence { req, lease, tokens, .. } = self;
+        let Sequence { req, lease, tokens, prompt_logprobs, first_logprobs, .. } = self;
         if let Mode::PrefillOnly { reply } = req.mode {
-            let _ = reply.send(Prefilled { lease, first_token: *tokens.last().unwrap() });
+            let _ = reply.send(Prefilled { lease, first_token: *tokens.last().unwrap(), first_logprobs, prompt_logprobs });
         }
     }
 

@@ -9,6 +9,7 @@
 //! abuse or noise, and never fire the integrity alert. A reservation nobody ever sent a frame for
 //! only counts as expired.
 
+use kvgate_proto::logprobs::TokenLogprobs;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,6 +62,7 @@ impl From<Refused> for Verdict {
 pub struct Committed {
     pub lease: Lease,
     pub first_token: u32,
+    pub first_logprobs: Option<TokenLogprobs>,
     pub reserved_tokens: u32,
     /// Most tokens generate may ask for: what the reservation has room for.
     pub max_tokens: u32,
@@ -395,6 +397,7 @@ impl Reservations {
         let committed = Committed {
             lease: open.lease,
             first_token: c.first_token,
+            first_logprobs: c.first_logprobs.clone(),
             reserved_tokens: open.transfer.reserved_tokens,
             max_tokens: open.max_tokens,
             deadline: open.deadline,

@@ -50,6 +50,7 @@ impl Fixture {
             first_token,
             model_fingerprint: 0xa,
             layout_fingerprint: 0xb,
+            first_logprobs: None,
             mac: Mac([0; MAC_LEN]),
         }
     }

@@ -4,6 +4,7 @@
 
 use kvgate_proto::auth::Mac;
 use kvgate_proto::handoff::{AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame, parse_header};
+use kvgate_proto::logprobs::TokenLogprobs;
 use kvgate_proto::roles::Reservation;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
@@ -48,6 +49,8 @@ pub struct Transfer<'a> {
     pub reservation: &'a Reservation,
     pub secret: &'a Secret,
     pub first_token: u32,
+    /// Its log-probabilities, when the client asked for them (they travel in the commit).
+    pub first_logprobs: Option<TokenLogprobs>,
     pub model_fingerprint: &'a str,
     pub layout_fingerprint: &'a str,
     /// Honoured only in a build with the `testing` feature.
@@ -151,6 +154,7 @@ impl Transfer<'_> {
             page_count: n as u32,
             digest: digest(checksums.iter().copied()),
             first_token: self.first_token,
+            first_logprobs: self.first_logprobs.clone(),
             model_fingerprint: model_fp,
             layout_fingerprint: fingerprint_u64(self.layout_fingerprint),
             mac: Mac([0; MAC_LEN]),

@@ -29,6 +29,7 @@ fn commit(t: &Transfer) -> CommitFrame {
         first_token: 5,
         model_fingerprint: 0xa,
         layout_fingerprint: 0xb,
+        first_logprobs: None,
         mac: Mac([0; MAC_LEN]),
     }
 }

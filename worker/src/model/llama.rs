@@ -14,6 +14,8 @@ pub struct SeqStep<'a> {
     pub tokens: &'a [u32],
     pub start: usize,
     pub lease: &'a Lease,
+    /// Logits for every token of the step (prompt log-probabilities), not only the last.
+    pub every_row: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -108,7 +110,8 @@ impl Llama {
 
     /// Runs one batched step: every sequence's new tokens go through the model together, their
     /// K/V are written into each sequence's own pages, and attention reads back through each
-    /// sequence's page table. Returns the logits of each sequence's last token, `[seqs, vocab]`.
+    /// sequence's page table. Returns logits `[rows, vocab]`: one row per sequence (its last
+    /// token), or one per token for a step with `every_row`, in step order.
     pub fn forward(&self, steps: &[SeqStep], kv: &mut PoolGuard, scratch: &mut Scratch) -> Result<Tensor> {
         let err = |e: crate::kv::KvError| candle_core::Error::Msg(format!("KV pool: {e}"));
         for s in steps {
@@ -151,9 +154,11 @@ impl Llama {
         let last: Vec<u32> = steps
             .iter()
             .scan(0u32, |end, s| {
+                let start = *end;
                 *end += s.tokens.len() as u32;
-                Some(*end - 1)
+                Some(if s.every_row { (start..*end).collect() } else { vec![*end - 1] })
             })
+            .flatten()
             .collect();
         let last = x.index_select(&Tensor::new(last.as_slice(), &self.device)?, 0)?;
         self.lm_head.forward(&self.norm.forward(&last)?)?.to_dtype(DType::F32)

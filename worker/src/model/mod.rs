@@ -6,6 +6,7 @@ mod checkpoint_tests;
 pub mod config;
 mod config_reader;
 pub mod llama;
+pub mod logprobs;
 mod reference;
 pub mod rope;
 pub mod sampling;

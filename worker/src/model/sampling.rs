@@ -1,5 +1,6 @@
 //! Picking the next token: greedy, or temperature + top-p with a seeded generator.
 
+use kvgate_proto::roles::Sampling;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -9,11 +10,27 @@ pub struct SamplingParams {
     pub temperature: f32,
     pub top_p: f32,
     pub seed: Option<u64>,
+    /// Report each generated token's log-probability and this many alternatives.
+    pub logprobs: Option<u8>,
+    /// Report the log-probability of every prompt token (`echo` with `logprobs`).
+    pub prompt_logprobs: bool,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_p: 1.0, seed: None }
+        SamplingParams { temperature: 0.0, top_p: 1.0, seed: None, logprobs: None, prompt_logprobs: false }
+    }
+}
+
+impl From<Sampling> for SamplingParams {
+    fn from(s: Sampling) -> Self {
+        SamplingParams { temperature: s.temperature, top_p: s.top_p, seed: s.seed, logprobs: s.logprobs, prompt_logprobs: s.prompt_logprobs }
+    }
+}
+
+impl From<SamplingParams> for Sampling {
+    fn from(s: SamplingParams) -> Self {
+        Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed, logprobs: s.logprobs, prompt_logprobs: s.prompt_logprobs }
     }
 }
 
@@ -98,7 +115,7 @@ mod tests {
 
     #[test]
     fn a_seed_makes_sampling_repeatable() {
-        let p = SamplingParams { temperature: 1.0, top_p: 1.0, seed: Some(7) };
+        let p = SamplingParams { temperature: 1.0, top_p: 1.0, seed: Some(7), ..Default::default() };
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
         let a: Vec<u32> = {
             let mut s = Sampler::new(p);
@@ -116,7 +133,7 @@ mod tests {
     fn top_p_keeps_only_the_nucleus() {
         // One token holds 90% of the mass: top_p 0.5 must always pick it.
         let logits = [10.0, 7.8, 0.0, 0.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.5, seed: Some(1) });
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.5, seed: Some(1), ..Default::default() });
         assert!((0..200).all(|_| s.sample(&logits) == 0));
     }
 }

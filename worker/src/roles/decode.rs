@@ -140,12 +140,15 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
                 format!("`max_tokens` must be between 1 and the {} reserved, got {}", committed.max_tokens, req.max_tokens),
             ));
         }
-        let sampling = SamplingParams { temperature: req.sampling.temperature, top_p: req.sampling.top_p, seed: req.sampling.seed };
-        let mode = Mode::Continue { lease: committed.lease, first_token: committed.first_token };
+        let sampling = SamplingParams::from(req.sampling);
+        let mode = Mode::Continue { lease: committed.lease, first_token: committed.first_token, first_logprobs: committed.first_logprobs };
         let rx = role.engine.enqueue(req.prompt, req.max_tokens as usize, sampling, mode);
         let lines = UnboundedReceiverStream::new(rx).map(|event| {
             let line = match event {
-                Event::Token(t) => StreamLine::Token(t),
+                Event::Token(token, None) => StreamLine::Token(token),
+                Event::Token(token, Some(logprobs)) => StreamLine::Scored { token, logprobs },
+                // Prompt log-probabilities come from prefill, through the router.
+                Event::PromptLogprobs(_) => return Ok(String::new()),
                 Event::Done { finish, prompt_tokens, completion_tokens } => {
                     StreamLine::Done { finish: finish.as_str().into(), prompt_tokens: prompt_tokens as u32, completion_tokens: completion_tokens as u32 }
                 }

@@ -108,7 +108,7 @@ enum Failed {
 
 async fn compute(role: &PrefillRole, prompt: Vec<u32>, sampling: Option<Sampling>) -> Result<Prefilled, Failed> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let sampling = sampling.map_or_else(SamplingParams::default, |s| SamplingParams { temperature: s.temperature, top_p: s.top_p, seed: s.seed });
+    let sampling = sampling.map_or_else(SamplingParams::default, SamplingParams::from);
     let mut events = role.engine.enqueue(prompt, 1, sampling, Mode::PrefillOnly { reply: tx });
     // The reply is sent before the request's event channel closes, so polling it first never
     // mistakes a finished prefill for a failed one.
@@ -132,6 +132,7 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
         reservation: &req.reservation,
         secret: &role.secret,
         first_token: prefilled.first_token,
+        first_logprobs: prefilled.first_logprobs.clone(),
         model_fingerprint: &role.engine.model.fingerprint,
         layout_fingerprint: &role.engine.pool.layout().fingerprint(),
         fault,
@@ -143,7 +144,7 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
     match outcome? {
         SendOutcome::Acked(ack) => {
             role.metrics.total.with_label_values(&[if ack.ok { "committed" } else { "failed" }]).inc();
-            Ok(PrefillResponse { ok: ack.ok, reason: ack.reason, message: ack.message })
+            Ok(PrefillResponse { ok: ack.ok, reason: ack.reason, message: ack.message, prompt_logprobs: prefilled.prompt_logprobs.clone() })
         }
         SendOutcome::Died => {
             if role.exit_on_death {

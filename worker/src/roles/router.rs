@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use kvgate_proto::logprobs::TokenLogprobs;
 use kvgate_proto::refusal::Refusal;
 use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, PrefillResponse, Reservation, ReserveRequest, Sampling, StreamLine};
 use serde_json::Value;
@@ -123,9 +124,10 @@ impl Dispatcher {
         self.metrics.prompt_tokens.inc_by(prompt.len() as u64);
 
         // 2. Prefill fills it, or rejects the prompt before computing anything.
-        let sampling = Sampling { temperature: sampling.temperature, top_p: sampling.top_p, seed: sampling.seed };
+        let sampling = Sampling::from(sampling);
         let request = PrefillRequest { prompt: prompt.clone(), reservation, sampling: Some(sampling) };
         let prefilled = self.signer.post(&self.http, &prefill.base, super::PREFILL_PATH, &request).send().await;
+        let mut prompt_logprobs = None;
         let commit_wait = match prefilled {
             Ok(r) if r.status().is_client_error() => {
                 // Prefill refused before sending anything, so decode's pages go back now. Only
@@ -138,7 +140,7 @@ impl Dispatcher {
                 return Err(failure);
             }
             Ok(r) if r.status().is_success() => {
-                let _ = r.json::<PrefillResponse>().await;
+                prompt_logprobs = r.json::<PrefillResponse>().await.ok().and_then(|p| p.prompt_logprobs);
                 None
             }
             // Prefill failed or died: decode decides what happened to the transfer.
@@ -157,7 +159,7 @@ impl Dispatcher {
         // 3. Decode generates only from a verified handoff.
         let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms: commit_wait.map(|d| d.as_millis() as u64) };
         let resp = self.call_decode(&decode.base, &super::generate_path(&id), &generate).await?;
-        self.relay(tx, resp, arrived).await
+        self.relay(tx, resp, arrived, prompt_logprobs).await
     }
 
     /// POSTs `body` to decode; any answer but success becomes the failure decode described.
@@ -171,7 +173,15 @@ impl Dispatcher {
     }
 
     /// Forwards decode's NDJSON token stream as engine events.
-    async fn relay(&self, tx: &UnboundedSender<Event>, resp: reqwest::Response, arrived: Instant) -> Result<(), Event> {
+    /// Relays decode's stream; prefill's prompt log-probabilities (when asked for) go just
+    /// before the first token, as a colocated engine sends them.
+    async fn relay(
+        &self,
+        tx: &UnboundedSender<Event>,
+        resp: reqwest::Response,
+        arrived: Instant,
+        mut prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    ) -> Result<(), Event> {
         let mut body = resp.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         let mut last: Option<Instant> = None;
@@ -182,7 +192,7 @@ impl Dispatcher {
                 let line: Vec<u8> = buf.drain(..=nl).collect();
                 let parsed: StreamLine = serde_json::from_slice(&line).map_err(|e| fail(502, "peer_error", format!("bad line from decode: {e}")))?;
                 let event = match parsed {
-                    StreamLine::Token(t) => {
+                    StreamLine::Token(_) | StreamLine::Scored { .. } => {
                         let now = Instant::now();
                         match last {
                             None => self.metrics.ttft.observe((now - arrived).as_secs_f64()),
@@ -190,7 +200,14 @@ impl Dispatcher {
                         }
                         last = Some(now);
                         self.metrics.generation_tokens.inc();
-                        Event::Token(t)
+                        if let Some(prompt) = prompt_logprobs.take() {
+                            let _ = tx.send(Event::PromptLogprobs(prompt));
+                        }
+                        match parsed {
+                            StreamLine::Scored { token, logprobs } => Event::Token(token, Some(logprobs)),
+                            StreamLine::Token(token) => Event::Token(token, None),
+                            _ => unreachable!("matched above"),
+                        }
                     }
                     StreamLine::Done { finish, prompt_tokens, completion_tokens } => {
                         self.metrics.duration.observe(arrived.elapsed().as_secs_f64());

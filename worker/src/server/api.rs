@@ -8,6 +8,10 @@ use crate::model::SamplingParams;
 
 /// Most tokens one request may ask to generate.
 pub const MAX_TOKENS_LIMIT: u32 = 1 << 20;
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: u32 = 16;
+/// Most stop strings (OpenAI's limit).
+pub const MAX_STOPS: usize = 4;
 
 /// `prompt`: a string or token ids, alone or as a batch of one.
 #[derive(Debug, Deserialize)]
@@ -31,6 +35,11 @@ pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
     pub max_tokens: Option<u32>,
+    /// Log-probabilities of each token and this many alternatives.
+    pub logprobs: Option<u32>,
+    /// Answer with the prompt in front of the completion (and its tokens' log-probabilities).
+    #[serde(default)]
+    pub echo: bool,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -41,6 +50,9 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub max_tokens: Option<u32>,
     pub max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -74,7 +86,23 @@ pub struct Common {
     pub seed: Option<u64>,
     #[serde(default)]
     pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
     pub n: Option<u32>,
+    pub stop: Option<Stop>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `stop`: one string or up to four.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// Parses a JSON body; a failure names the field path (`max_tokens`, `messages[1].content`).
@@ -103,10 +131,59 @@ impl Common {
         if !(top_p > 0.0 && top_p <= 1.0) {
             return Err(ApiError::invalid("top_p", format!("`top_p` must be in (0, 1], got {top_p}")));
         }
-        if let Some(n) = self.n.filter(|n| *n != 1) {
-            return Err(ApiError::invalid("n", format!("`n` must be 1 (one choice per request), got {n}")));
+        Ok(SamplingParams { temperature, top_p, seed: self.seed, ..Default::default() })
+    }
+}
+
+impl Common {
+    /// `n`: how many choices, each generated on its own (from `seed + i` when seeded).
+    pub fn choices(&self) -> Result<usize, ApiError> {
+        match self.n.unwrap_or(1) {
+            n @ 1..=MAX_CHOICES => Ok(n as usize),
+            n => Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_CHOICES}, got {n}"))),
         }
-        Ok(SamplingParams { temperature, top_p, seed: self.seed })
+    }
+
+    /// The stop strings, checked: at most four, none empty.
+    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
+        let stops = match &self.stop {
+            None => vec![],
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stops.len() > MAX_STOPS {
+            return Err(ApiError::invalid("stop", format!("`stop` holds at most {MAX_STOPS} strings, got {}", stops.len())));
+        }
+        if stops.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "`stop` strings must not be empty"));
+        }
+        Ok(stops)
+    }
+
+    /// Whether the last chunk of a stream carries `usage` (OpenAI's `stream_options`; kvgate
+    /// sends it unless told not to).
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_none_or(|o| o.include_usage)
+    }
+}
+
+/// How many alternatives per position a request may ask for.
+pub fn check_top_logprobs(field: &str, value: u32) -> Result<u8, ApiError> {
+    let limit = kvgate_proto::logprobs::MAX_TOP_LOGPROBS as u32;
+    if value > limit {
+        return Err(ApiError::invalid(field, format!("`{field}` must be between 0 and {limit}, got {value}")));
+    }
+    Ok(value as u8)
+}
+
+impl ChatRequest {
+    /// `logprobs` + `top_logprobs` as the engine takes them.
+    pub fn logprobs(&self) -> Result<Option<u8>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (false, Some(_)) => Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+            (false, None) => Ok(None),
+            (true, top) => Ok(Some(check_top_logprobs("top_logprobs", top.unwrap_or(0))?)),
+        }
     }
 }
 
@@ -198,8 +275,10 @@ mod tests {
         assert_eq!(c.sampling().unwrap_err().param.as_deref(), Some("temperature"));
         let c = Common { top_p: Some(0.0), ..Default::default() };
         assert_eq!(c.sampling().unwrap_err().param.as_deref(), Some("top_p"));
-        let c = Common { n: Some(2), ..Default::default() };
-        assert_eq!(c.sampling().unwrap_err().param.as_deref(), Some("n"));
+        let c = Common { n: Some(MAX_CHOICES + 1), ..Default::default() };
+        assert_eq!(c.choices().unwrap_err().param.as_deref(), Some("n"));
+        let c = Common { stop: Some(Stop::Many(vec!["a".into(); 5])), ..Default::default() };
+        assert_eq!(c.stops().unwrap_err().param.as_deref(), Some("stop"));
         assert_eq!(check_max_tokens("max_tokens", 0).unwrap_err().param.as_deref(), Some("max_tokens"));
     }
 

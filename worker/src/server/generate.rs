@@ -1,22 +1,27 @@
-//! The shared core of `/v1/completions` and `/v1/chat/completions`: submit, wait for the first
-//! event (so a rejection still gets its own status code), then answer whole or as SSE.
+//! The shared core of `/v1/completions` and `/v1/chat/completions`: submit every choice, wait
+//! for each one's first event (so a rejection still gets its own status code), then answer
+//! whole or as SSE. Stop strings, `echo` and log-probabilities are applied here, per choice.
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
-use serde_json::{Value, json};
+use kvgate_proto::logprobs::TokenLogprobs;
+use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::AppState;
 use super::api::PromptInput;
+use super::choice::{Choice, Scored};
 use super::error::ApiError;
 use crate::engine::{Event, FinishReason};
 use crate::model::SamplingParams;
-use crate::tokenizer::StreamDecoder;
+use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -24,7 +29,7 @@ pub enum Endpoint {
     Chat,
 }
 
-/// What one generation needs once the body is parsed.
+/// What one request needs once the body is parsed.
 #[derive(Debug)]
 pub struct Job {
     pub endpoint: Endpoint,
@@ -32,43 +37,93 @@ pub struct Job {
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     pub stream: bool,
+    pub include_usage: bool,
+    /// `n`: each choice is generated on its own (from `seed + i` when seeded).
+    pub choices: usize,
+    pub stop: Vec<String>,
+    /// Completions only: the prompt goes in front of each choice's text.
+    pub echo: bool,
 }
+
+/// One choice being generated: its first event (already received) and the rest.
+type Pending = (Event, UnboundedReceiver<Event>);
 
 pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     let tokenizer = &state.tokenizer;
-    let tokens = match job.prompt {
-        PromptInput::Text(text) => tokenizer.encode(&text).map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+    let (tokens, prompt_text) = match &job.prompt {
+        PromptInput::Text(text) => (tokenizer.encode(text).map_err(|e| ApiError::invalid("prompt", e.to_string()))?, text.clone()),
         PromptInput::Tokens(ids) => {
-            if let (Some(vocab), Some(at)) = (state.vocab, ids.iter().position(|t| state.vocab.is_some_and(|v| *t as usize >= v))) {
+            if let Some(vocab) = state.vocab
+                && let Some(at) = ids.iter().position(|t| *t as usize >= vocab)
+            {
                 return Err(ApiError::invalid("prompt", format!("`prompt[{at}]` = {} is outside the vocabulary of {vocab} tokens", ids[at])));
             }
-            ids
+            (ids.clone(), if job.echo { tokenizer.decode(ids).map_err(internal)? } else { String::new() })
         }
     };
+    let prompt_tokens = tokens.len();
     let max_tokens = job.max_tokens.unwrap_or_else(|| default_max_tokens(job.endpoint, state.window, tokens.len()));
-    let mut rx = state.backend.submit(tokens, max_tokens, job.sampling).map_err(|r| state.rejected(r))?;
-    let first = match rx.recv().await {
-        Some(Event::Rejected(r)) => return Err(state.rejected(r)),
-        Some(Event::Failed(f)) => return Err(state.failed(f)),
-        Some(e) => e,
-        None => return Err(ApiError::internal("engine dropped the request")),
-    };
-    let meta = Meta { id: new_id(job.endpoint), created: now(), model: state.model_name.clone(), endpoint: job.endpoint };
-    if job.stream {
-        state.count(200);
-        let stream = sse_stream(state.clone(), meta, first, rx);
-        return Ok(Sse::new(stream).into_response());
+    let mut pending: Vec<Pending> = Vec::with_capacity(job.choices);
+    for i in 0..job.choices {
+        let sampling = SamplingParams { seed: job.sampling.seed.map(|s| s.wrapping_add(i as u64)), ..job.sampling };
+        let mut rx = state.backend.submit(tokens.clone(), max_tokens, sampling).map_err(|r| state.rejected(r))?;
+        let first = match rx.recv().await {
+            Some(Event::Rejected(r)) => return Err(state.rejected(r)),
+            Some(Event::Failed(f)) => return Err(state.failed(f)),
+            Some(e) => e,
+            None => return Err(ApiError::internal("engine dropped the request")),
+        };
+        pending.push((first, rx));
     }
-    let mut decoder = StreamDecoder::default();
-    let mut text = String::new();
+    let meta = Arc::new(Meta {
+        id: new_id(job.endpoint),
+        created: now(),
+        model: state.model_name.clone(),
+        endpoint: job.endpoint,
+        echo: job.echo.then_some(Echo { text: prompt_text, tokens }),
+        prompt_tokens,
+        logprobs: job.sampling.logprobs.is_some(),
+        include_usage: job.include_usage,
+        choices: job.choices,
+        streamed: AtomicUsize::new(0),
+    });
+    state.count(200);
+    if job.stream {
+        let streams = pending.into_iter().enumerate().map(|(i, p)| choice_stream(state.clone(), meta.clone(), job.stop.clone(), i, p).boxed());
+        let chunks = futures::stream::select_all(streams);
+        let tail = usage_tail(meta.clone());
+        return Ok(Sse::new(chunks.chain(tail)).into_response());
+    }
+    let mut choices = Vec::with_capacity(pending.len());
+    for (first, rx) in pending {
+        choices.push(collect(state, job.stop.clone(), first, rx).await?);
+    }
+    Ok(Json(meta.whole(tokenizer, &choices)).into_response())
+}
+
+/// A choice and the prompt's log-probabilities that came with it.
+struct Outcome {
+    choice: Choice,
+    prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+}
+
+/// Reads one choice to its end: the engine's `Done`, or a stop string (the receiver is dropped,
+/// which ends the generation).
+async fn collect(state: &AppState, stops: Vec<String>, first: Event, mut rx: UnboundedReceiver<Event>) -> Result<Outcome, ApiError> {
+    let tok = &state.tokenizer;
+    let mut out = Outcome { choice: Choice::new(stops), prompt_logprobs: None };
     let mut event = Some(first);
     loop {
         match event {
-            Some(Event::Token(id)) => text.push_str(&decoder.push(tokenizer, id).map_err(internal)?),
-            Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
-                text.push_str(&decoder.finish(tokenizer).map_err(internal)?);
-                state.count(200);
-                return Ok(Json(meta.whole(&text, finish, prompt_tokens, completion_tokens)).into_response());
+            Some(Event::PromptLogprobs(p)) => out.prompt_logprobs = Some(p),
+            Some(Event::Token(id, logprobs)) => {
+                if out.choice.push(tok, id, logprobs).map_err(internal)? {
+                    return Ok(out);
+                }
+            }
+            Some(Event::Done { finish, .. }) => {
+                out.choice.end(tok, finish).map_err(internal)?;
+                return Ok(out);
             }
             Some(Event::Failed(f)) => return Err(state.failed(f)),
             Some(Event::Rejected(r)) => return Err(state.rejected(r)),
@@ -90,48 +145,128 @@ fn default_max_tokens(endpoint: Endpoint, window: usize, prompt: usize) -> usize
     }
 }
 
+/// The prompt, as `echo` puts it in front of each choice.
+struct Echo {
+    text: String,
+    tokens: Vec<u32>,
+}
+
 struct Meta {
     id: String,
     created: u64,
     model: String,
     endpoint: Endpoint,
+    echo: Option<Echo>,
+    prompt_tokens: usize,
+    logprobs: bool,
+    include_usage: bool,
+    choices: usize,
+    /// Completion tokens of the choices a stream has finished (for its closing usage).
+    streamed: AtomicUsize,
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
     json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion })
 }
 
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id]).unwrap_or_default()
+}
+
 impl Meta {
-    fn whole(&self, text: &str, finish: FinishReason, prompt: usize, completion: usize) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Completions => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str() }),
-            Endpoint::Chat => json!({
-                "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": null,
-                "finish_reason": finish.as_str()
-            }),
-        };
+    fn whole(&self, tok: &Tokenizer, outcomes: &[Outcome]) -> Value {
+        let choices: Vec<Value> = outcomes
+            .iter()
+            .enumerate()
+            .map(|(index, o)| {
+                let c = &o.choice;
+                let finish = c.finish.map(FinishReason::as_str);
+                match self.endpoint {
+                    Endpoint::Completions => {
+                        let prefix = self.echo.as_ref().map_or("", |e| e.text.as_str());
+                        let prompt = self.echo.as_ref().map(|e| (e, o.prompt_logprobs.as_deref()));
+                        let logprobs = self.completion_logprobs(tok, prompt, &c.tokens);
+                        json!({ "index": index, "text": format!("{prefix}{}", c.text), "logprobs": logprobs, "finish_reason": finish })
+                    }
+                    Endpoint::Chat => json!({
+                        "index": index, "message": { "role": "assistant", "content": c.text },
+                        "logprobs": self.chat_logprobs(tok, &c.tokens), "finish_reason": finish
+                    }),
+                }
+            })
+            .collect();
+        let completion: usize = outcomes.iter().map(|o| o.choice.generated).sum();
         json!({
             "id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
-            "choices": [choice], "usage": usage(prompt, completion)
+            "choices": choices, "usage": usage(self.prompt_tokens, completion)
         })
     }
 
-    fn chunk(&self, text: &str, finish: Option<FinishReason>, usage_value: Option<Value>, first: bool) -> Value {
+    /// OpenAI's completions `logprobs`: parallel lists over the echoed prompt (when `echo`) and
+    /// the generated tokens; `text_offset` counts bytes of the answer's text.
+    fn completion_logprobs(&self, tok: &Tokenizer, prompt: Option<(&Echo, Option<&[Option<TokenLogprobs>]>)>, tokens: &[Scored]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let (mut texts, mut scores, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+        let mut push = |text: String, lp: Option<&TokenLogprobs>, offset: usize| {
+            texts.push(text);
+            scores.push(lp.map_or(Value::Null, |l| json!(l.logprob)));
+            tops.push(lp.map_or(Value::Null, |l| Value::Object(l.top.iter().map(|(id, p)| (token_text(tok, *id), json!(p))).collect::<Map<_, _>>())));
+            offsets.push(offset);
+        };
+        if let Some((echo, lps)) = prompt {
+            let mut offset = 0;
+            for (j, id) in echo.tokens.iter().enumerate() {
+                let text = token_text(tok, *id);
+                let lp = lps.and_then(|p| p.get(j)).and_then(Option::as_ref);
+                let len = text.len();
+                push(text, lp, offset);
+                offset += len;
+            }
+        }
+        // Offsets are into the answer's whole text, which `echo` starts with the prompt.
+        let base = self.echo.as_ref().map_or(0, |e| e.text.len());
+        for t in tokens {
+            push(token_text(tok, t.id), t.logprobs.as_ref(), base + t.offset);
+        }
+        json!({ "tokens": texts, "token_logprobs": scores, "top_logprobs": tops, "text_offset": offsets })
+    }
+
+    /// OpenAI's chat `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+    fn chat_logprobs(&self, tok: &Tokenizer, tokens: &[Scored]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let entry = |id: u32, logprob: f32| {
+            let text = token_text(tok, id);
+            json!({ "token": text, "logprob": logprob, "bytes": text.as_bytes() })
+        };
+        let content: Vec<Value> = tokens
+            .iter()
+            .filter_map(|t| t.logprobs.as_ref().map(|l| (t.id, l)))
+            .map(|(id, l)| {
+                let mut e = entry(id, l.logprob);
+                e["top_logprobs"] = l.top.iter().map(|(id, p)| entry(*id, *p)).collect();
+                e
+            })
+            .collect();
+        json!({ "content": content })
+    }
+
+    fn chunk(&self, tok: &Tokenizer, index: usize, text: &str, tokens: &[Scored], finish: Option<FinishReason>, first: bool) -> Value {
         let finish = finish.map(FinishReason::as_str);
         let choice = match self.endpoint {
-            Endpoint::Completions => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }),
+            Endpoint::Completions => {
+                let logprobs = self.completion_logprobs(tok, None, tokens);
+                json!({ "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish })
+            }
             Endpoint::Chat => {
                 let delta = if first { json!({ "role": "assistant", "content": text }) } else { json!({ "content": text }) };
-                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+                json!({ "index": index, "delta": delta, "logprobs": self.chat_logprobs(tok, tokens), "finish_reason": finish })
             }
         };
-        let mut v = json!({
-            "id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]
-        });
-        if let Some(u) = usage_value {
-            v["usage"] = u;
-        }
-        v
+        json!({ "id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice] })
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -143,59 +278,100 @@ impl Meta {
     }
 }
 
-/// SSE chunks: one per decoded piece, a last one with `finish_reason` and `usage`, then
-/// `data: [DONE]`. An engine failure mid-stream ends the stream with an error object.
-fn sse_stream(state: AppState, meta: Meta, first: Event, rx: UnboundedReceiver<Event>) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+/// SSE chunks of one choice: one per piece of text that can be sent (held back while it may
+/// still begin a stop string), a last one with `finish_reason` (and `usage` when it is the only
+/// choice). An engine failure mid-stream ends the stream with an error object.
+fn choice_stream(state: AppState, meta: Arc<Meta>, stops: Vec<String>, index: usize, (first, rx): Pending) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     struct S {
         state: AppState,
-        meta: Meta,
+        meta: Arc<Meta>,
         pending: Option<Event>,
-        rx: UnboundedReceiver<Event>,
-        decoder: StreamDecoder,
+        rx: Option<UnboundedReceiver<Event>>,
+        choice: Choice,
+        index: usize,
         first_chunk: bool,
-        done: bool,
+        echoed: bool,
     }
-    let init = S { state, meta, pending: Some(first), rx, decoder: StreamDecoder::default(), first_chunk: true, done: false };
+    let init = S { state, meta, pending: Some(first), rx: Some(rx), choice: Choice::new(stops), index, first_chunk: true, echoed: false };
     let batches = futures::stream::unfold(init, |mut s| async move {
-        if s.done {
-            return None;
-        }
-        let tok = &s.state.tokenizer;
+        let mut rx = s.rx.take()?;
+        let tok = s.state.tokenizer.clone();
         loop {
             let event = match s.pending.take() {
                 Some(e) => Some(e),
-                None => s.rx.recv().await,
+                None => rx.recv().await,
             };
-            let out: Vec<String> = match event {
-                Some(Event::Token(id)) => {
-                    let piece = s.decoder.push(tok, id).unwrap_or_default();
-                    if piece.is_empty() {
-                        continue;
-                    }
-                    let v = s.meta.chunk(&piece, None, None, s.first_chunk);
+            let mut out = Vec::new();
+            // `echo` sends the prompt (and its log-probabilities) as the first chunk.
+            if !s.echoed {
+                s.echoed = true;
+                if let Some(echo) = &s.meta.echo {
+                    let mut v = s.meta.chunk(&tok, s.index, &echo.text, &[], None, true);
+                    let lps = match &event {
+                        Some(Event::PromptLogprobs(p)) => Some(p.as_slice()),
+                        _ => None,
+                    };
+                    v["choices"][0]["logprobs"] = s.meta.completion_logprobs(&tok, Some((echo, lps)), &[]);
+                    out.push(v.to_string());
                     s.first_chunk = false;
-                    vec![v.to_string()]
                 }
-                Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
-                    s.done = true;
-                    let rest = s.decoder.finish(tok).unwrap_or_default();
-                    let v = s.meta.chunk(&rest, Some(finish), Some(usage(prompt_tokens, completion_tokens)), s.first_chunk);
-                    vec![v.to_string(), "[DONE]".to_string()]
+            }
+            let ended = match event {
+                Some(Event::PromptLogprobs(_)) => false,
+                Some(Event::Token(id, logprobs)) => s.choice.push(&tok, id, logprobs).unwrap_or(false),
+                Some(Event::Done { finish, .. }) => {
+                    let _ = s.choice.end(&tok, finish);
+                    true
                 }
                 Some(Event::Failed(f)) => {
-                    s.done = true;
-                    vec![json!({ "error": { "message": f.message, "type": "server_error", "code": f.code } }).to_string()]
+                    out.push(json!({ "error": { "message": f.message, "type": "server_error", "code": f.code } }).to_string());
+                    return Some((out, s));
                 }
                 Some(Event::Rejected(r)) => {
-                    s.done = true;
-                    vec![json!({ "error": { "message": r.to_string(), "type": "server_error", "code": r.reason() } }).to_string()]
+                    out.push(json!({ "error": { "message": r.to_string(), "type": "server_error", "code": r.reason() } }).to_string());
+                    return Some((out, s));
                 }
                 None => return None,
             };
-            return Some((out, s));
+            let (text, tokens) = s.choice.take_ready();
+            if ended {
+                let mut v = s.meta.chunk(&tok, s.index, &text, &tokens, s.choice.finish, s.first_chunk);
+                if s.meta.choices == 1 && s.meta.include_usage {
+                    v["usage"] = usage(s.meta.prompt_tokens, s.choice.generated);
+                }
+                s.meta.streamed.fetch_add(s.choice.generated, Ordering::SeqCst);
+                out.push(v.to_string());
+                return Some((out, s)); // rx dropped: a stop string ends the generation
+            }
+            if !text.is_empty() || !tokens.is_empty() {
+                out.push(s.meta.chunk(&tok, s.index, &text, &tokens, None, s.first_chunk).to_string());
+                s.first_chunk = false;
+            }
+            if !out.is_empty() {
+                s.rx = Some(rx);
+                return Some((out, s));
+            }
         }
     });
     batches.flat_map(|datas| futures::stream::iter(datas.into_iter().map(|d| Ok(SseEvent::default().data(d)))))
+}
+
+/// After every choice of a stream: the usage of all of them (when `n` > 1 and usage is wanted;
+/// a single choice carries it in its last chunk), then `[DONE]`.
+fn usage_tail(meta: Arc<Meta>) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    futures::stream::once(async move {
+        let mut datas = Vec::new();
+        if meta.choices > 1 && meta.include_usage {
+            let v = json!({
+                "id": meta.id, "object": meta.object(true), "created": meta.created, "model": meta.model, "choices": [],
+                "usage": usage(meta.prompt_tokens, meta.streamed.load(Ordering::SeqCst)),
+            });
+            datas.push(v.to_string());
+        }
+        datas.push("[DONE]".to_string());
+        futures::stream::iter(datas.into_iter().map(|d| Ok(SseEvent::default().data(d))))
+    })
+    .flatten()
 }
 
 fn new_id(endpoint: Endpoint) -> String {

@@ -1,9 +1,12 @@
 //! The HTTP API: OpenAI-compatible completions, the capacity report, health and metrics.
 
 pub mod api;
+mod choice;
 pub mod error;
+mod fields;
 mod generate;
 pub mod limits;
+pub mod tokenize;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -81,6 +84,7 @@ pub struct AppState {
     /// The model's vocabulary, where this process holds the model (a router leaves the check of
     /// token-id prompts to prefill).
     pub vocab: Option<usize>,
+    pub special: tokenize::SpecialTokens,
     pub window: usize,
     /// This role's metrics (requests are counted here).
     pub metrics: Metrics,
@@ -97,6 +101,7 @@ impl AppState {
             tokenizer: engine.tokenizer(),
             model_name: engine.model.name.clone(),
             vocab: Some(engine.model.vocab_size()),
+            special: tokenize::SpecialTokens::of(&engine.model.tokenizer, engine.model.llama.config().bos_token_id, &engine.model.eos),
             window: engine.limits().window,
             metrics: engine.metrics.clone(),
             backend: Backend::Engine(engine),
@@ -125,6 +130,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .layer(DefaultBodyLimit::max(limits::public_body(state.window)))
         .merge(ops(state.clone()))
         .with_state(state)
@@ -195,14 +203,21 @@ fn body_or_error(state: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
 async fn completions(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
         let body = body_or_error(&state, body)?;
+        fields::check(&body, false)?;
         let req: CompletionRequest = api::parse(&body)?;
         check_model(&state, &req.model)?;
+        let logprobs = req.logprobs.map(|k| api::check_top_logprobs("logprobs", k)).transpose()?;
+        let sampling = SamplingParams { logprobs, prompt_logprobs: req.echo && logprobs.is_some(), ..req.common.sampling()? };
         let job = Job {
             endpoint: Endpoint::Completions,
             prompt: req.prompt_input()?,
             max_tokens: req.max_tokens.map(|v| api::check_max_tokens("max_tokens", v)).transpose()?,
-            sampling: req.common.sampling()?,
+            sampling,
             stream: req.common.stream,
+            include_usage: req.common.include_usage(),
+            choices: req.common.choices()?,
+            stop: req.common.stops()?,
+            echo: req.echo,
         };
         generate::run(&state, job).await
     }
@@ -213,6 +228,7 @@ async fn completions(State(state): State<AppState>, body: Result<Bytes, BytesRej
 async fn chat(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
         let body = body_or_error(&state, body)?;
+        fields::check(&body, true)?;
         let req: ChatRequest = api::parse(&body)?;
         check_model(&state, &req.model)?;
         let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
@@ -220,8 +236,17 @@ async fn chat(State(state): State<AppState>, body: Result<Bytes, BytesRejection>
             (None, Some(v)) => Some(api::check_max_tokens("max_tokens", v)?),
             (None, None) => None,
         };
-        let job =
-            Job { endpoint: Endpoint::Chat, prompt: PromptInput::Text(req.render()?), max_tokens, sampling: req.common.sampling()?, stream: req.common.stream };
+        let job = Job {
+            endpoint: Endpoint::Chat,
+            prompt: PromptInput::Text(req.render()?),
+            max_tokens,
+            sampling: SamplingParams { logprobs: req.logprobs()?, ..req.common.sampling()? },
+            stream: req.common.stream,
+            include_usage: req.common.include_usage(),
+            choices: req.common.choices()?,
+            stop: req.common.stops()?,
+            echo: false,
+        };
         generate::run(&state, job).await
     }
     .await;

@@ -74,6 +74,7 @@ impl KvClient {
             first_token,
             model_fingerprint: u64::from_str_radix(&self.reservation.model_fingerprint, 16).unwrap(),
             layout_fingerprint: u64::from_str_radix(&self.reservation.layout_fingerprint, 16).unwrap(),
+            first_logprobs: None,
             mac: Mac([0; MAC_LEN]),
         }))
     }

@@ -1,0 +1,72 @@
+//! The tokenizer over HTTP, as vLLM serves it: `POST /tokenize`, `POST /detokenize` and
+//! `GET /tokenizer_info`. Evaluation harnesses (lm-evaluation-harness's `remote` tokenizer) use
+//! them to send token-id prompts without a copy of the tokenizer.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::AppState;
+use super::api;
+use super::error::ApiError;
+use crate::tokenizer::Tokenizer;
+
+/// The model's begin- and end-of-sequence tokens as text, where the tokenizer names them.
+#[derive(Debug, Clone, Default)]
+pub struct SpecialTokens {
+    pub bos: Option<String>,
+    pub eos: Option<String>,
+}
+
+impl SpecialTokens {
+    pub fn of(tokenizer: &Tokenizer, bos: Option<u32>, eos: &[u32]) -> Self {
+        SpecialTokens { bos: bos.and_then(|id| tokenizer.token(id)), eos: eos.first().and_then(|id| tokenizer.token(*id)) }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenizeRequest {
+    prompt: String,
+    #[serde(default = "yes")]
+    add_special_tokens: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<u32>,
+}
+
+pub async fn tokenize(State(state): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let req: TokenizeRequest = api::parse(&body)?;
+        let tokens = state.tokenizer.encode_with(&req.prompt, req.add_special_tokens).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        Ok::<_, ApiError>(Json(json!({ "count": tokens.len(), "max_model_len": state.window, "tokens": tokens })))
+    })();
+    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+pub async fn detokenize(State(state): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let req: DetokenizeRequest = api::parse(&body)?;
+        if let (Some(vocab), Some(at)) = (state.vocab, req.tokens.iter().position(|t| state.vocab.is_some_and(|v| *t as usize >= v))) {
+            return Err(ApiError::invalid("tokens", format!("`tokens[{at}]` = {} is outside the vocabulary of {vocab} tokens", req.tokens[at])));
+        }
+        let prompt = state.tokenizer.decode(&req.tokens).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+        Ok(Json(json!({ "prompt": prompt })))
+    })();
+    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+pub async fn tokenizer_info(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({
+        "eos_token": state.special.eos, "bos_token": state.special.bos, "pad_token": null,
+        "model_max_length": state.window,
+    }))
+}
