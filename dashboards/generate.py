@@ -101,7 +101,7 @@ INTEGRITY = dashboard("kvgate-integrity", "kvgate / Integrity", "KV handoff inte
            (f"sum(rate(kvgate_handoff_reservations_expired_total{{{W}}}[$__rate_interval]))", "expired")]),
     panel("Requests rejected by reason", "Requests refused before any KV was touched: context_length_exceeded, prompt_too_large, pool_busy, invalid_request.", "reqps",
           [(f"sum by (reason) (rate(kvgate_requests_rejected_total{{{W}}}[$__rate_interval]))", "{{reason}}")]),
-    panel("Rollouts refused by reason", "Revisions the operator's rollout gate refused, by reason (KVPoolBelowContextWindow, FingerprintMismatch, HostPathNotAllowed).", "short",
+    panel("Rollouts refused by reason", "Revisions the operator's rollout gate refused, by reason (KVPoolBelowContextWindow, FingerprintMismatch, HostPathNotAllowed). Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "short",
           [("sum by (reason) (increase(kvgate_operator_rollouts_refused_total[$__range]))", "{{reason}}")], kind="stat",
           thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]),
 ])
@@ -142,15 +142,15 @@ SERVING = dashboard("kvgate-serving", "kvgate / Serving", "Requests, latency, th
 ])
 
 OPERATOR = dashboard("kvgate-operator", "kvgate / Operator", "The kvgate operator: reconciles, latency, refused rollouts, leadership.", [
-    panel("Reconciles by result", "Reconciles of InferenceDeployments per second, success or error.", "ops",
+    panel("Reconciles by result", "Reconciles of InferenceDeployments per second, success or error. Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "ops",
           [("sum by (result) (rate(kvgate_operator_reconcile_total[$__rate_interval]))", "{{result}}")]),
-    panel("Reconcile latency", "Time one reconcile takes: p50, p90, p99.", "s", quantiles("kvgate_operator_reconcile_duration_seconds", "")),
-    panel("Refused rollouts", "Revisions refused by the rollout gate in the selected range, by reason.", "short",
+    panel("Reconcile latency", "Time one reconcile takes: p50, p90, p99. Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "s", quantiles("kvgate_operator_reconcile_duration_seconds", "")),
+    panel("Refused rollouts", "Revisions refused by the rollout gate in the selected range, by reason. Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "short",
           [("sum by (reason) (increase(kvgate_operator_rollouts_refused_total[$__range]))", "{{reason}}")], kind="stat",
           thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}], w=8),
     panel("Deployments refused now", "InferenceDeployments whose spec's revision stands refused (the previous revision, if any, keeps serving).", "short",
           [(f"kvgate_operator_rollout_refused{{{OP}}} == 1", "{{namespace}}/{{name}} {{reason}}")], kind="table", w=8),
-    panel("Leader", "1 for the operator replica that holds the leader Lease and reconciles.", "bool",
+    panel("Leader", "1 for the operator replica that reconciles: the holder of the leader Lease when the chart runs more than one replica (leader election), else the only replica. Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "bool",
           [("max by (pod, instance) (kvgate_operator_leader)", "{{pod}} {{instance}}")], kind="stat", w=8),
 ])
 

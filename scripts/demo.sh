@@ -27,6 +27,8 @@ step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace"
 $helm install kvgate charts/kvgate -n kvgate-system --create-namespace --wait --timeout 120s
 step "kubectl -n demo apply -f examples/tiny.yaml -f examples/incident.yaml"
 kubectl create namespace demo
+# The API server's own PodSecurity admission refuses any pod here that is not `restricted`.
+kubectl label namespace demo pod-security.kubernetes.io/enforce=restricted
 kubectl -n demo apply -f examples/tiny.yaml -f examples/incident.yaml
 kubectl -n demo wait --for=jsonpath='{.status.phase}'=Available infd/tiny --timeout=180s
 kubectl -n demo wait --for=jsonpath='{.status.phase}'=Refused infd/incident --timeout=180s

@@ -28,6 +28,7 @@ use crate::gate::Role;
     shortname = "infd",
     category = "kvgate",
     status = "InferenceDeploymentStatus",
+    doc = "A disaggregated LLM deployment: a router, prefill workers and decode workers of one model. The operator rolls a revision out only when every prefill and decode pod has measured a KV pool at least as large as spec.contextWindow; a revision that falls short is refused (status.refusedRevision, condition RolloutRefused) and never receives traffic.",
     printcolumn(name = "Window", type_ = "integer", json_path = ".spec.contextWindow", description = "Declared context window (tokens)"),
     printcolumn(
         name = "Prefill-Pool",
@@ -164,7 +165,7 @@ pub struct KvPoolSpec {
     pub memory_fraction: Option<String>,
     /// Element type of stored K/V: f32, f16 or bf16.
     #[serde(default = "dtype")]
-    #[schemars(regex(pattern = r"^(f32|f16|bf16)$"))]
+    #[schemars(extend("enum" = ["f32", "f16", "bf16"]))]
     pub dtype: String,
     /// Where the pool lives: `cpu`, `cuda` or `cuda:N` (the CUDA worker image).
     #[serde(default = "device")]
@@ -247,8 +248,9 @@ pub struct InferenceDeploymentStatus {
     /// `router/prefill/decode` ready pods of the serving revision, e.g. `1/2/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
-    /// Conditions: Available, Progressing, CapacityVerified, RolloutRefused.
+    /// Conditions, one per type: Available, Progressing, CapacityVerified, RolloutRefused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The last revision whose pods all passed the gate: the one serving.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -277,6 +279,7 @@ pub struct InferenceDeploymentStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RefusedRevision {
+    /// The refused revision (a hash of everything that shapes its pods).
     pub revision: String,
     /// KVPoolBelowContextWindow or FingerprintMismatch.
     pub reason: String,
@@ -291,7 +294,9 @@ pub struct RoleStatus {
     /// The revision these numbers are of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// Pods the spec asks for.
     pub desired_replicas: i32,
+    /// Pods whose readiness probe passes.
     pub ready_replicas: i32,
     /// Pods whose KV pool passed the gate.
     #[serde(default)]

@@ -16,7 +16,7 @@ pub const WATCHED_NAMESPACES: &[(&str, &str, &[&str])] = &[
     // The router's Role grants these; RBAC lets the operator grant only what it holds itself.
     ("discovery.k8s.io", "endpointslices", &["get", "list", "watch"]),
     // The generated handoff Secret: read (does it exist?) and created once; never listed.
-    ("", "secrets", &["create", "get"]),
+    ("", "secrets", &["create"]),
     // The rollout gate: pods listed and watched, their readiness-gate condition patched.
     ("", "pods", &["list", "watch"]),
     ("", "pods/status", &["patch"]),

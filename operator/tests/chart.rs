@@ -168,10 +168,10 @@ fn the_chart_grants_exactly_the_permissions_the_operator_uses() {
 #[test]
 fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cleans_up() {
     let cp = cluster();
-    let release_ns = cp.namespace("kvgate-system");
+    let release_ns = cp.restricted_namespace("kvgate-system");
     let chart = chart();
     helm_ok(Some(cp), &["install", "kvgate", &chart, "-n", &release_ns, "--wait", "--timeout", "120s"]);
-    let ns = cp.namespace("demo");
+    let ns = cp.restricted_namespace("demo");
     cp.kubectl_ok(&["-n", &ns, "apply", "-f", repo("examples/tiny.yaml").to_str().unwrap(), "-f", repo("examples/incident.yaml").to_str().unwrap()]);
     eventually(cp, &ns, "tiny Available and incident Refused by the chart's operator", Duration::from_secs(180), || {
         infd(cp, &ns, "tiny")["status"]["phase"] == "Available" && infd(cp, &ns, "incident")["status"]["phase"] == "Refused"

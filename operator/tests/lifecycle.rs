@@ -42,7 +42,7 @@ fn events(cp: &ControlPlane, ns: &str, reason: &str) -> i64 {
 #[test]
 fn a_restart_mid_rollout_resumes_without_duplicates_and_an_idle_reconcile_writes_nothing() {
     let cp = cluster();
-    let ns = cp.namespace("restart");
+    let ns = cp.restricted_namespace("restart");
     let mut first = Operator::start_in(cp, "operator-restart-1", "lease-restart", Some(&ns));
     apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
     // Mid-rollout: the candidate's pods exist, nothing is verified yet.
@@ -76,7 +76,7 @@ fn a_restart_mid_rollout_resumes_without_duplicates_and_an_idle_reconcile_writes
 #[test]
 fn of_two_replicas_only_the_leader_reconciles_and_the_other_takes_over() {
     let cp = cluster();
-    let ns = cp.namespace("leader");
+    let ns = cp.restricted_namespace("leader");
     let a = Operator::start_in(cp, "operator-a", "lease-ha", Some(&ns));
     std::thread::sleep(Duration::from_secs(1));
     let b = Operator::start_in(cp, "operator-b", "lease-ha", Some(&ns));

@@ -212,7 +212,7 @@ impl Prometheus {
 #[test]
 fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics() {
     let cp = cluster();
-    let ns = cp.namespace("observe");
+    let ns = cp.restricted_namespace("observe");
     let op = Operator::start_in(cp, "operator-observe", "lease-observe", Some(&ns));
     apply_yaml(cp, &ns, &tiny("good", 256, 1024, 1024, ""));
     apply_yaml(cp, &ns, &tiny("small", 4096, 1024, 1024, ""));

@@ -22,7 +22,7 @@ const LONG: Duration = Duration::from_secs(120);
 #[test]
 fn the_incident_is_refused_with_both_numbers_and_never_available() {
     let (cp, op) = env();
-    let ns = cp.namespace("incident");
+    let ns = cp.restricted_namespace("incident");
     let refused_before = op.metric(r#"kvgate_operator_rollouts_refused_total{reason="KVPoolBelowContextWindow"}"#).unwrap_or(0.0);
     cp.kubectl_ok(&["-n", &ns, "apply", "-f", repo("examples/incident.yaml").to_str().unwrap()]);
     eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "incident"), "RolloutRefused"));
@@ -70,7 +70,7 @@ fn the_incident_is_refused_with_both_numbers_and_never_available() {
 #[test]
 fn the_internal_api_and_kv_port_of_a_deployment_refuse_outsiders_in_the_cluster() {
     let (cp, _) = env();
-    let ns = cp.namespace("guarded");
+    let ns = cp.restricted_namespace("guarded");
     apply_yaml(cp, &ns, &tiny("guarded", 256, 1024, 1024, ""));
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "guarded")["status"]["phase"] == "Available");
     let (decode, prefill) = (pod_ips(cp, &ns, "decode").pop().unwrap(), pod_ips(cp, &ns, "prefill").pop().unwrap());
@@ -105,7 +105,7 @@ fn the_internal_api_and_kv_port_of_a_deployment_refuse_outsiders_in_the_cluster(
 #[test]
 fn a_host_path_model_is_refused_without_an_allowlist_and_no_pod_is_created() {
     let (cp, op) = env();
-    let ns = cp.namespace("hostpath");
+    let ns = cp.restricted_namespace("hostpath");
     let yaml = tiny("reader", 256, 1024, 1024, "").replace("model: { name: tiny }", "model: { path: llama, volume: { hostPath: / } }");
     apply_yaml(cp, &ns, &yaml);
     eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "reader"), "RolloutRefused"));
@@ -128,7 +128,7 @@ fn a_host_path_model_is_refused_without_an_allowlist_and_no_pod_is_created() {
 #[test]
 fn a_good_deployment_serves_a_bad_update_is_refused_without_a_blip_and_a_fix_rolls_forward() {
     let (cp, _) = env();
-    let ns = cp.namespace("rollout");
+    let ns = cp.restricted_namespace("rollout");
     apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "llm")["status"]["phase"] == "Available");
     let d = infd(cp, &ns, "llm");
@@ -215,7 +215,7 @@ fn a_good_deployment_serves_a_bad_update_is_refused_without_a_blip_and_a_fix_rol
 #[test]
 fn prefill_and_decode_with_different_kv_layouts_are_refused() {
     let (cp, _) = env();
-    let ns = cp.namespace("fingerprint");
+    let ns = cp.restricted_namespace("fingerprint");
     apply_yaml(cp, &ns, &tiny("mixed", 256, 1024, 1024, ", dtype: bf16"));
     eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "mixed"), "RolloutRefused"));
     let d = infd(cp, &ns, "mixed");
@@ -228,7 +228,7 @@ fn prefill_and_decode_with_different_kv_layouts_are_refused() {
 #[test]
 fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
     let (cp, _) = env();
-    let ns = cp.namespace("invalid");
+    let ns = cp.restricted_namespace("invalid");
     let cases = [
         (tiny("a", 0, 1024, 1024, ""), "spec.contextWindow"),
         (tiny("b", 256, 1024, 1024, ", pageSize: 24"), "pageSize must be a power of two"),
@@ -281,7 +281,7 @@ fn pod_uids(cp: &ControlPlane, ns: &str, revision: &str) -> Vec<String> {
 #[test]
 fn decodes_kv_link_cut_mid_transfer_fails_only_that_request_and_frees_its_pages() {
     let (cp, _) = env();
-    let ns = cp.namespace("linkcut");
+    let ns = cp.restricted_namespace("linkcut");
     let yaml = format!("{}  handoff: {{ timeoutMs: 3000 }}\n", tiny("linkcut", 2048, 4096, 4096, ""));
     apply_yaml(cp, &ns, &yaml);
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "linkcut")["status"]["phase"] == "Available");
@@ -315,4 +315,52 @@ fn decodes_kv_link_cut_mid_transfer_fails_only_that_request_and_frees_its_pages(
     // The next request is served.
     let (status, body) = complete(&router, "Hello", 4).unwrap();
     assert_eq!(status, 200, "{body}");
+}
+
+/// The rendered pods meet the `restricted` Pod Security profile, enforced by the API server's
+/// own PodSecurity admission in every namespace these tests use: a pod made from each rendered
+/// template is admitted, and the same pod without its security contexts is refused.
+#[test]
+fn rendered_pods_pass_the_api_servers_restricted_pod_security_and_a_drifted_one_is_refused() {
+    let (cp, _op) = env();
+    let ns = cp.restricted_namespace("restricted");
+    apply_yaml(cp, &ns, &tiny("psa", 128, 1024, 1024, ""));
+    let mut deployments = Vec::new();
+    eventually(cp, &ns, "the three rendered Deployments", LONG, || {
+        deployments = get_json(cp, &["-n", &ns, "get", "deployments"])["items"].as_array().cloned().unwrap_or_default();
+        deployments.len() == 3
+    });
+    for d in &deployments {
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let pod = |template: &serde_json::Value| {
+            serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": format!("{name}-psa-check") }, "spec": template["spec"] }).to_string()
+        };
+        let template = d["spec"]["template"].clone();
+        let dry_run = |yaml: String| {
+            let path = cp.dir.join(format!("{ns}-{name}-{}.json", yaml.len()));
+            std::fs::write(&path, yaml).unwrap();
+            cp.kubectl(&["-n", &ns, "create", "--dry-run=server", "-f", path.to_str().unwrap()])
+        };
+        let admitted = dry_run(pod(&template));
+        assert!(admitted.status.success(), "{name}'s rendered pod is refused: {}", String::from_utf8_lossy(&admitted.stderr));
+        let mut drifted = template.clone();
+        drifted["spec"].as_object_mut().unwrap().remove("securityContext");
+        for c in drifted["spec"]["containers"].as_array_mut().unwrap() {
+            c.as_object_mut().unwrap().remove("securityContext");
+        }
+        let refused = dry_run(pod(&drifted));
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && err.contains("violates PodSecurity \"restricted:latest\""), "{name} without security contexts: {err}");
+    }
+}
+
+#[test]
+fn kubectl_explain_describes_the_kind_and_its_fields() {
+    let (cp, _op) = env();
+    let kind = cp.kubectl_ok(&["explain", "inferencedeployments"]);
+    assert!(kind.contains("A disaggregated LLM deployment") && !kind.contains("Auto-generated"), "{kind}");
+    let dtype = cp.kubectl_ok(&["explain", "inferencedeployments.spec.prefill.kvPool.dtype"]);
+    assert!(dtype.contains("f32") && dtype.contains("bf16"), "{dtype}");
+    let ready = cp.kubectl_ok(&["explain", "inferencedeployments.status.prefill.readyReplicas"]);
+    assert!(ready.contains("readiness probe"), "{ready}");
 }

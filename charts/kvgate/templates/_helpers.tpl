@@ -56,7 +56,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create", "get"]
+  verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]

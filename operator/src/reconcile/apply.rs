@@ -100,19 +100,24 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     Ok(())
 }
 
-/// Creates the generated handoff Secret once; never rewrites it.
+/// Creates the generated handoff Secret once; never rewrites it. The operator holds only
+/// `create` on Secrets (no `get`: it would read every Secret of every namespace it watches), so
+/// an existing Secret is recognised by the create's 409, once per operator process.
 async fn ensure_secret(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<(), Error> {
     if d.spec.handoff.secret_name.is_some() {
         return Ok(());
     }
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let name = secret::secret_name(d);
-    if api.get_metadata_opt(&name).await.map_err(Error::api(format!("reading Secret {name}")))?.is_none() {
-        match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &secret::generated(d)).await {
-            Ok(_) => tracing::info!(secret = name, namespace = ns, "generated the handoff secret"),
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(Error::api(format!("creating Secret {name}"))(e)),
-        }
+    let key = format!("{ns}/{name}");
+    if ctx.secrets_created.lock().unwrap().contains(&key) {
+        return Ok(());
     }
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &secret::generated(d)).await {
+        Ok(_) => tracing::info!(secret = name, namespace = ns, "generated the handoff secret"),
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(Error::api(format!("creating Secret {name}"))(e)),
+    }
+    ctx.secrets_created.lock().unwrap().insert(key);
     Ok(())
 }

@@ -33,11 +33,23 @@ pub struct Context {
     pub allowed_host_paths: Vec<String>,
     /// Consecutive failures per object, for the retry backoff.
     pub failures: Mutex<HashMap<String, u32>>,
+    /// Generated handoff Secrets known to exist (`namespace/name`): the operator may only create
+    /// Secrets, never read them, so it learns this from its own create (or its 409).
+    pub secrets_created: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Context {
     pub fn new(client: kube::Client, metrics: Metrics, recorder: Recorder, worker_image: String, allowed_host_paths: Vec<String>) -> Self {
-        Context { client, http: crate::capacity::client(), metrics, recorder, worker_image, allowed_host_paths, failures: Mutex::default() }
+        Context {
+            client,
+            http: crate::capacity::client(),
+            metrics,
+            recorder,
+            worker_image,
+            allowed_host_paths,
+            failures: Mutex::default(),
+            secrets_created: Mutex::default(),
+        }
     }
 }
 

@@ -202,6 +202,15 @@ impl ControlPlane {
         name
     }
 
+    /// A fresh namespace where the API server's PodSecurity admission enforces the `restricted`
+    /// profile: a pod that is not (non-root, no privilege escalation, every capability dropped,
+    /// seccomp `RuntimeDefault`) is refused at creation.
+    pub fn restricted_namespace(&self, prefix: &str) -> String {
+        let name = self.namespace(prefix);
+        self.kubectl_ok(&["label", "namespace", &name, "pod-security.kubernetes.io/enforce=restricted", "pod-security.kubernetes.io/enforce-version=latest"]);
+        name
+    }
+
     /// The API server as pods reach it: the pod bridge's address.
     pub fn pod_server(&self) -> String {
         self.server.replace("127.0.0.1", &network::GATEWAY.to_string())
