@@ -305,6 +305,34 @@ impl PoolGuard<'_> {
         Ok(())
     }
 
+    /// K and V of `layer` at positions `ctx` of `lease`, read through its page table as f32
+    /// rows `[position][kv_head][head_dim]`: what a multi-token step multiplies its queries with.
+    pub fn gather(&mut self, lease: &Lease, layer: usize, ctx: Range<usize>) -> Result<(Vec<f32>, Vec<f32>), KvError> {
+        if ctx.end > lease.capacity() {
+            return Err(KvError::PastLease { pos: ctx.end, capacity: lease.capacity() });
+        }
+        match self.layout.dtype {
+            KvDtype::F32 => self.gather_typed::<f32>(lease, layer, ctx),
+            KvDtype::F16 => self.gather_typed::<f16>(lease, layer, ctx),
+            KvDtype::BF16 => self.gather_typed::<bf16>(lease, layer, ctx),
+        }
+    }
+
+    fn gather_typed<E: KvElem>(&mut self, lease: &Lease, layer: usize, ctx: Range<usize>) -> Result<(Vec<f32>, Vec<f32>), KvError> {
+        let l = self.layout;
+        let row = l.token_elems();
+        let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
+        let (mut k, mut v) = (Vec::with_capacity(ctx.len() * row), Vec::with_capacity(ctx.len() * row));
+        for i in ctx.start / l.page_size..l.pages_for(ctx.end) {
+            let first = ctx.start.saturating_sub(i * l.page_size).min(l.page_size) * row;
+            let end = (ctx.end - i * l.page_size).min(l.page_size) * row;
+            let page: &[E] = bytemuck::cast_slice(self.inner.store.page(lease.pages[i].id, &mut self.scratch)?);
+            k.extend(page[k_off + first..k_off + end].iter().map(|x| x.to_f32()));
+            v.extend(page[v_off + first..v_off + end].iter().map(|x| x.to_f32()));
+        }
+        Ok((k, v))
+    }
+
     /// The raw bytes of the lease's `index`-th page (what a handoff frame carries).
     pub fn page_bytes(&mut self, lease: &Lease, index: usize) -> Result<Vec<u8>, KvError> {
         let page = *lease.pages.get(index).ok_or(KvError::PastLease { pos: index * self.layout.page_size, capacity: lease.capacity() })?;

@@ -4,6 +4,7 @@
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
 
+use super::chunk_attention::attend_chunk;
 use super::config::ModelConfig;
 use super::rope::Rope;
 use crate::kv::{AttnShape, Lease, PoolGuard, Scratch};
@@ -140,10 +141,19 @@ impl Llama {
                     let r = row + i;
                     kv.write_token(s.lease, s.start + i, layer, &k[r * kv_width..][..kv_width], &v[r * kv_width..][..kv_width]).map_err(err)?;
                 }
-                for i in 0..s.tokens.len() {
-                    let (r, end) = (row + i, s.start + i + 1);
+                if s.tokens.len() == 1 {
+                    // One token: the paged kernel reads its pages in place.
+                    let end = s.start + 1;
                     let ctx = window.map_or(0, |w| end.saturating_sub(w))..end;
-                    kv.attend(s.lease, layer, ctx, shape, &q[r * q_width..][..q_width], &mut out[r * q_width..][..q_width], scratch).map_err(err)?;
+                    kv.attend(s.lease, layer, ctx, shape, &q[row * q_width..][..q_width], &mut out[row * q_width..][..q_width], scratch).map_err(err)?;
+                } else {
+                    // A chunk: its queries against the keys gathered once, as matrix products.
+                    let (n, end) = (s.tokens.len(), s.start + s.tokens.len());
+                    let first_key = window.map_or(0, |w| (s.start + 1).saturating_sub(w));
+                    let (keys, values) = kv.gather(s.lease, layer, first_key..end).map_err(err)?;
+                    let rows = &q[row * q_width..(row + n) * q_width];
+                    let attended = attend_chunk(shape, rows, &keys, &values, s.start, first_key, window);
+                    out[row * q_width..(row + n) * q_width].copy_from_slice(&attended);
                 }
                 row += s.tokens.len();
             }

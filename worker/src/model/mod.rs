@@ -3,6 +3,7 @@
 pub mod checkpoint;
 #[cfg(test)]
 mod checkpoint_tests;
+mod chunk_attention;
 pub mod config;
 mod config_reader;
 pub mod llama;
