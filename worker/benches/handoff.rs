@@ -1,5 +1,7 @@
 //! Handoff benchmarks, printed as a Markdown table (see the README). Run with
-//! `cargo bench -p kvgate-worker --bench handoff`. Rows that are compared run side by side.
+//! `cargo bench -p kvgate-worker --bench handoff`. Rows that are compared run side by side: for
+//! each layout and prompt, memcpy of the same bytes, the best single loopback TCP stream (large
+//! writes and reads, big socket buffers), and the KV handoff with integrity checks on and off.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,34 +14,70 @@ use kvgate_worker::kv::{KvDtype, KvLayout, KvPool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const TOKENS: usize = 32 * 1024;
-const RUNS: usize = 7;
+/// Runs per measurement (the median is reported); fewer for the largest transfers.
+fn runs(bytes: usize) -> usize {
+    if bytes > 512 << 20 { 3 } else { 7 }
+}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-/// The tiny model's layout: 32k tokens of f32 KV = 16 MiB.
-fn layout() -> KvLayout {
-    KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 16, page_size: 16, dtype: KvDtype::F32 }
+/// The tiny model's layout: 8 KiB pages of f32 KV.
+const TINY: KvLayout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 16, page_size: 16, dtype: KvDtype::F32 };
+/// A Llama-3-8B-shaped layout: 32 layers, 8 KV heads of 128, bf16, 16-token pages of 2 MiB.
+const LLAMA_8B: KvLayout = KvLayout { num_layers: 32, num_kv_heads: 8, head_dim: 128, page_size: 16, dtype: KvDtype::BF16 };
+
+/// memcpy of `bytes` from one buffer to another, page by page: the floor of any copy.
+fn memcpy(bytes: usize, page: usize) -> Duration {
+    let src: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+    let mut dst = vec![0u8; bytes];
+    median(
+        (0..runs(bytes))
+            .map(|_| {
+                let t = Instant::now();
+                for (d, s) in dst.chunks_mut(page).zip(src.chunks(page)) {
+                    d.copy_from_slice(s);
+                }
+                std::hint::black_box(&dst);
+                t.elapsed()
+            })
+            .collect(),
+    )
 }
 
-async fn plain_tcp(bytes: usize, chunk: usize) -> Duration {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// One loopback TCP stream moving `bytes` with 4 MiB writes and reads and 8 MiB socket
+/// buffers, then a one-byte ack: the best a single stream does on this machine.
+async fn best_tcp(bytes: usize) -> Duration {
+    const CHUNK: usize = 4 << 20;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(8 << 20).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
-        let mut sink = vec![0u8; bytes];
-        s.read_exact(&mut sink).await.unwrap();
+        let mut sink = vec![0u8; CHUNK];
+        let mut left = bytes;
+        while left > 0 {
+            let n = s.read(&mut sink[..CHUNK.min(left)]).await.unwrap();
+            assert!(n > 0, "stream ended early");
+            left -= n;
+        }
         s.write_all(&[1]).await.unwrap();
     });
-    let data = vec![7u8; bytes];
+    let data = vec![7u8; CHUNK];
+    let client = tokio::net::TcpSocket::new_v4().unwrap();
+    client.set_send_buffer_size(8 << 20).unwrap();
     let t = Instant::now();
-    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut s: TcpStream = client.connect(addr).await.unwrap();
     s.set_nodelay(true).unwrap();
-    for c in data.chunks(chunk) {
-        s.write_all(c).await.unwrap();
+    let mut left = bytes;
+    while left > 0 {
+        let n = CHUNK.min(left);
+        s.write_all(&data[..n]).await.unwrap();
+        left -= n;
     }
     let mut ack = [0u8; 1];
     s.read_exact(&mut ack).await.unwrap();
@@ -48,9 +86,8 @@ async fn plain_tcp(bytes: usize, chunk: usize) -> Duration {
     took
 }
 
-async fn handoff(checks: bool) -> Duration {
-    let l = layout();
-    let pages = l.pages_for(TOKENS);
+async fn handoff(l: KvLayout, tokens: usize, checks: bool) -> Duration {
+    let pages = l.pages_for(tokens);
     let prefill_pool = KvPool::host(l, pages).unwrap();
     // Room for the one token a reservation must leave to generate.
     let decode_pool = KvPool::host(l, pages + 1).unwrap();
@@ -61,7 +98,7 @@ async fn handoff(checks: bool) -> Duration {
     let secret = Secret::random();
     let config = TableConfig {
         timeout: Duration::from_secs(60),
-        limits: Limits { window: TOKENS + 1, vocab: 256, max_open: 4 },
+        limits: Limits { window: tokens + 1, vocab: 256, max_open: 4 },
         kv_addr: kv_addr.clone(),
         model_fingerprint: "1".into(),
         layout_fingerprint: "2".into(),
@@ -70,7 +107,7 @@ async fn handoff(checks: bool) -> Duration {
     let table = Arc::new(if checks { table } else { table.without_integrity_checks() });
     let port = receiver::PortLimits { max_connections: 4, frame_timeout: Duration::from_secs(10) };
     tokio::spawn(receiver::serve(listener, table.clone(), port));
-    let lease = prefill_pool.lease(TOKENS).unwrap();
+    let lease = prefill_pool.lease(tokens).unwrap();
     {
         let mut g = prefill_pool.access();
         let page: Vec<u8> = (0..l.page_bytes()).map(|i| (i * 31 % 251) as u8).collect();
@@ -79,8 +116,8 @@ async fn handoff(checks: bool) -> Duration {
         }
     }
     let mut times = Vec::new();
-    for _ in 0..RUNS {
-        let issued = table.reserve(TOKENS as u32, 1).unwrap();
+    for _ in 0..runs(pages * l.page_bytes()) {
+        let issued = table.reserve(tokens as u32, 1).unwrap();
         let reservation = Reservation {
             handoff_id: issued.id.to_string(),
             pages: issued.pages.clone(),
@@ -121,7 +158,7 @@ async fn handoff(checks: bool) -> Duration {
 fn per_page(bytes: usize, page: usize, f: impl Fn(&[u8]) -> u64) -> Duration {
     let data: Vec<u8> = (0..bytes).map(|i| (i * 31 % 251) as u8).collect();
     median(
-        (0..RUNS)
+        (0..runs(bytes))
             .map(|_| {
                 let t = Instant::now();
                 let mut acc = 0u64;
@@ -139,7 +176,7 @@ fn per_page(bytes: usize, page: usize, f: impl Fn(&[u8]) -> u64) -> Duration {
 async fn ttft(args: &[&str], prompt_tokens: usize) -> Duration {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate-worker"))
-        .args(["local", "--listen", "127.0.0.1:0", "--context-window", "16384"])
+        .args(["local", "--listen", "127.0.0.1:0", "--context-window", "16400"])
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -155,7 +192,7 @@ async fn ttft(args: &[&str], prompt_tokens: usize) -> Duration {
     let http = reqwest::Client::new();
     let prompt = "k".repeat(prompt_tokens - 1);
     let mut times = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..3 {
         let body = serde_json::json!({"prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": true});
         let t = Instant::now();
         let mut resp = http.post(format!("http://{addr}/v1/completions")).json(&body).send().await.unwrap();
@@ -171,37 +208,55 @@ async fn ttft(args: &[&str], prompt_tokens: usize) -> Duration {
 
 #[tokio::main]
 async fn main() {
-    let bytes = layout().page_bytes() * layout().pages_for(TOKENS);
-    let mib = bytes as f64 / (1 << 20) as f64;
-    let tcp = median({
-        let mut v = Vec::new();
-        for _ in 0..RUNS {
-            v.push(plain_tcp(bytes, layout().page_bytes()).await);
-        }
-        v
-    });
-    let on = handoff(true).await;
-    let off = handoff(false).await;
-    let rate = |d: Duration| format!("{:.0} MiB/s ({:.1} ms)", mib / d.as_secs_f64(), d.as_secs_f64() * 1e3);
     println!("| benchmark | result | notes |");
     println!("| --- | --- | --- |");
-    println!("| plain TCP copy, {mib:.0} MiB in page-sized writes | {} | loopback, the limit on this machine |", rate(tcp));
-    println!("| KV handoff of a 32k-token prompt, checks on | {} | frames, xxh3 per page, keyed-BLAKE3 MAC per frame, digest, page writes, ack |", rate(on));
-    println!("| KV handoff, integrity checks off | {} | same transfer, no checksum/MAC/digest work |", rate(off));
-    println!("| handoff / plain TCP | {:.2}x | aim: at least 0.7x |", tcp.as_secs_f64() / on.as_secs_f64());
-    println!("| checks on / off | {:.2}x slower | aim: at most 1.05x |", on.as_secs_f64() / off.as_secs_f64());
-    let page = layout().page_bytes();
+    let cases = [("tiny", TINY, 32 * 1024), ("Llama-3-8B-shaped", LLAMA_8B, 1024), ("Llama-3-8B-shaped", LLAMA_8B, 8 * 1024)];
+    for (name, l, tokens) in cases {
+        let (page, pages) = (l.page_bytes(), l.pages_for(tokens));
+        let bytes = page * pages;
+        let mib = bytes as f64 / (1 << 20) as f64;
+        let rate = |d: Duration| format!("{:.0} MiB/s, {:.0} pages/s ({:.1} ms)", mib / d.as_secs_f64(), pages as f64 / d.as_secs_f64(), d.as_secs_f64() * 1e3);
+        let copy = memcpy(bytes, page);
+        let mut tcp = Vec::new();
+        for _ in 0..runs(bytes) {
+            tcp.push(best_tcp(bytes).await);
+        }
+        let tcp = median(tcp);
+        let on = handoff(l, tokens, true).await;
+        let off = handoff(l, tokens, false).await;
+        let what = format!("{name} layout, {tokens}-token prompt ({mib:.0} MiB, {pages} pages of {} KiB)", page >> 10);
+        println!("| memcpy, {what} | {} | the floor of any copy |", rate(copy));
+        println!("| best loopback TCP stream, {what} | {} | 4 MiB writes and reads, 8 MiB socket buffers |", rate(tcp));
+        println!("| KV handoff, checks on, {what} | {} | frames, xxh3 per page, keyed-BLAKE3 MAC per frame, digest, page writes, ack |", rate(on));
+        println!("| KV handoff, checks off, {what} | {} | same transfer, no checksum/MAC/digest work |", rate(off));
+        println!(
+            "| handoff / best TCP, checks on / off, {what} | {:.2}x, {:.2}x slower | aims: at least 0.7x; at most 1.05x |",
+            tcp.as_secs_f64() / on.as_secs_f64(),
+            on.as_secs_f64() / off.as_secs_f64()
+        );
+    }
+    let bytes = TINY.page_bytes() * TINY.pages_for(32 * 1024);
+    let mib = bytes as f64 / (1 << 20) as f64;
+    let page = TINY.page_bytes();
     let key = kvgate_proto::auth::DeploymentKey::new(&[7; 32]).unwrap().frame_key(kvgate_proto::handoff::HandoffId(1));
     let mac = per_page(bytes, page, |p| u64::from(key.mac(&[p]).0[0]));
     let sum = per_page(bytes, page, xxhash_rust::xxh3::xxh3_64);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!("| of which: keyed BLAKE3 over every page, one side | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |", ms(mac), mib / mac.as_secs_f64());
-    println!("| of which: xxh3 over every page, one side | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |", ms(sum), mib / sum.as_secs_f64());
-    for tokens in [1024usize, 8192] {
+    println!(
+        "| of which: keyed BLAKE3 over every page, one side (tiny, 32k) | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |",
+        ms(mac),
+        mib / mac.as_secs_f64()
+    );
+    println!(
+        "| of which: xxh3 over every page, one side (tiny, 32k) | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |",
+        ms(sum),
+        mib / sum.as_secs_f64()
+    );
+    for tokens in [1024usize, 2048, 4096, 8192, 16384] {
         let colocated = ttft(&["--colocated"], tokens).await;
         let disaggregated = ttft(&[], tokens).await;
         println!(
-            "| time to first token, {tokens}-token prompt | colocated {:.1} ms, disaggregated {:.1} ms ({:.2}x) | tiny model, median of 5 |",
+            "| time to first token, {tokens}-token prompt | colocated {:.1} ms, disaggregated {:.1} ms ({:.2}x) | tiny model, median of 3 |",
             colocated.as_secs_f64() * 1e3,
             disaggregated.as_secs_f64() * 1e3,
             disaggregated.as_secs_f64() / colocated.as_secs_f64()
