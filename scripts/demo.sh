@@ -38,8 +38,8 @@ step "a completion through tiny's router (relayed to 127.0.0.1)"
 port=$(cat target/dev-cluster/forward/demo.tiny)
 echo "curl http://127.0.0.1:$port/v1/completions -d '{\"prompt\":\"Hello\",\"max_tokens\":8,\"temperature\":0}'"
 curl -s --retry 20 --retry-all-errors --retry-delay 1 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hello","max_tokens":8,"temperature":0}'; echo
-step "kubectl -n demo logs deploy/tiny-prefill --tail=3 (through the API server and the node agent's kubelet port)"
-kubectl -n demo logs deploy/tiny-prefill --tail=3
+step "kubectl -n demo logs -l app.kubernetes.io/instance=tiny,app.kubernetes.io/component=prefill --tail=3 (through the API server and the node agent's kubelet port)"
+kubectl -n demo logs -l app.kubernetes.io/instance=tiny,app.kubernetes.io/component=prefill --tail=3
 step "why incident is refused"
 kubectl -n demo get infd incident -o jsonpath='{.status.conditions[?(@.type=="RolloutRefused")].message}'; echo
 kubectl -n demo get events --field-selector reason=RolloutRefused
