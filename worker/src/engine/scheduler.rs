@@ -223,12 +223,13 @@ impl Scheduler {
         for (i, n, rows) in stepped {
             let s = &mut self.running[*i];
             let top = s.req.sampling.logprobs.map(usize::from);
-            if rows.len() > 1 || (rows.len() == *n && s.wants_every_row()) {
-                // Row j predicts the token after position cached + j.
-                let (start, prompt) = (s.cached, &s.req.prompt);
-                let scored =
-                    rows.iter().enumerate().filter_map(|(j, row)| prompt.get(start + j + 1).map(|next| Some(token_logprobs(row, *next, top.unwrap_or(0)))));
-                s.prompt_logprobs.get_or_insert_with(Vec::new).extend(scored.collect::<Vec<_>>());
+            if s.wants_every_row() {
+                // Row j predicts the prompt token after position cached + j (the last row, at
+                // the prompt's end, predicts the first generated one).
+                let k = top.unwrap_or(0);
+                let next = s.req.prompt.get(s.cached + 1..).unwrap_or_default();
+                let scored = rows.iter().zip(next).map(|(row, t)| Some(token_logprobs(row, *t, k)));
+                s.prompt_logprobs.as_mut().expect("wanted: see wants_every_row").extend(scored);
             }
             s.cached += n;
             if s.pending() > 0 {
