@@ -122,8 +122,14 @@ fn post(app: &axum::Router, path: &str, body: Vec<u8>, signer: Option<&Signer>) 
 }
 
 /// Keys the endpoints know, so generated objects often reach deep into the validation.
-const KEYS: [&str; 24] = [
+const KEYS: [&str; 30] = [
     "prompt",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "stream_options",
+    "tokens",
     "max_tokens",
     "max_completion_tokens",
     "temperature",

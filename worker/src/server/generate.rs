@@ -53,11 +53,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     let (tokens, prompt_text) = match &job.prompt {
         PromptInput::Text(text) => (tokenizer.encode(text).map_err(|e| ApiError::invalid("prompt", e.to_string()))?, text.clone()),
         PromptInput::Tokens(ids) => {
-            if let Some(vocab) = state.vocab
-                && let Some(at) = ids.iter().position(|t| *t as usize >= vocab)
-            {
-                return Err(ApiError::invalid("prompt", format!("`prompt[{at}]` = {} is outside the vocabulary of {vocab} tokens", ids[at])));
-            }
+            state.check_vocab("prompt", ids)?;
             (ids.clone(), if job.echo { tokenizer.decode(ids).map_err(internal)? } else { String::new() })
         }
     };

@@ -300,6 +300,15 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 impl AppState {
+    /// Token ids a client sent must be ids of the model (where this process holds it; a
+    /// router leaves the check to prefill): a 400 naming the first that is not.
+    fn check_vocab(&self, field: &str, ids: &[u32]) -> Result<(), ApiError> {
+        match (self.vocab, ids.iter().position(|t| self.vocab.is_some_and(|v| *t as usize >= v))) {
+            (Some(vocab), Some(at)) => Err(ApiError::invalid(field, format!("`{field}[{at}]` = {} is outside the vocabulary of {vocab} tokens", ids[at]))),
+            _ => Ok(()),
+        }
+    }
+
     /// A failure after admission; one that is really a peer's rejection is counted as one.
     fn failed(&self, f: crate::engine::Failure) -> ApiError {
         if let Some(reason) = Rejection::REASONS.iter().find(|r| **r == f.code) {

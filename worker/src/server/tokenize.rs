@@ -55,11 +55,9 @@ pub async fn tokenize(State(state): State<AppState>, body: Bytes) -> Response {
 pub async fn detokenize(State(state): State<AppState>, body: Bytes) -> Response {
     let result = (|| {
         let req: DetokenizeRequest = api::parse(&body)?;
-        if let (Some(vocab), Some(at)) = (state.vocab, req.tokens.iter().position(|t| state.vocab.is_some_and(|v| *t as usize >= v))) {
-            return Err(ApiError::invalid("tokens", format!("`tokens[{at}]` = {} is outside the vocabulary of {vocab} tokens", req.tokens[at])));
-        }
+        state.check_vocab("tokens", &req.tokens)?;
         let prompt = state.tokenizer.decode(&req.tokens).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-        Ok(Json(json!({ "prompt": prompt })))
+        Ok::<_, ApiError>(Json(json!({ "prompt": prompt })))
     })();
     result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
