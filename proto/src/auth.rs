@@ -188,11 +188,30 @@ impl fmt::Debug for FrameKey {
 impl FrameKey {
     /// A MAC over `parts` in order (a frame's header, then its body without the MAC).
     pub fn mac(&self, parts: &[&[u8]]) -> Mac {
-        let mut h = blake3::Hasher::new_keyed(&self.0);
+        let mut m = self.streaming();
         for p in parts {
-            h.update(p);
+            m.update(p);
         }
-        Mac(*h.finalize().as_bytes())
+        m.finish()
+    }
+
+    /// The same MAC, fed piece by piece: a receiver hashes each chunk of a page as it lands,
+    /// while it is still in cache, instead of walking the page again.
+    pub fn streaming(&self) -> StreamingMac {
+        StreamingMac(blake3::Hasher::new_keyed(&self.0))
+    }
+}
+
+/// A frame MAC being computed; [`FrameKey::mac`] of the concatenated input.
+pub struct StreamingMac(blake3::Hasher);
+
+impl StreamingMac {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(&self) -> Mac {
+        Mac(*self.0.finalize().as_bytes())
     }
 }
 

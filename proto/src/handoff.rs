@@ -1,4 +1,4 @@
-//! The KV handoff wire format, version 3 (see `docs/handoff-protocol.md`).
+//! The KV handoff wire format, version 4 (see `docs/handoff-protocol.md`).
 //!
 //! Every frame is `header | body`. The header is 12 bytes, little-endian:
 //! `magic "KVGF" | version u16 | kind u8 | flags u8 | body_len u32`. `body_len` is checked
@@ -15,11 +15,15 @@ use crate::logprobs::{MAX_TOP_LOGPROBS, TokenLogprobs};
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"KVGF";
 /// Protocol version this build speaks.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest body accepted (a page of a large model fits with room to spare).
 pub const MAX_BODY: u32 = 64 << 20;
+/// A page body's fixed fields before the payload: handoff, index, page, tokens, payload length.
+pub const PAGE_FIELDS_LEN: usize = 32;
+/// A page body's fields after the payload: checksum and MAC.
+pub const PAGE_TRAILER_LEN: usize = 8 + MAC_LEN;
 
 /// A handoff id: random, 128 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,6 +62,92 @@ pub struct PageFrame {
     pub mac: Mac,
 }
 
+impl PageFrame {
+    pub fn view(&self) -> PageView<'_> {
+        PageView { fields: self.fields(), checksum: self.checksum, payload: &self.payload, mac: self.mac }
+    }
+
+    fn fields(&self) -> PageFields {
+        PageFields { handoff: self.handoff, index: self.index, page: self.page, tokens: self.tokens, payload_len: self.payload.len() as u32 }
+    }
+}
+
+/// The fields a page body starts with, which a receiver reads before the payload (so it knows
+/// the handoff's key and the payload's length before the payload arrives).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageFields {
+    pub handoff: HandoffId,
+    pub index: u32,
+    pub page: u32,
+    pub tokens: u32,
+    pub payload_len: u32,
+}
+
+impl PageFields {
+    pub fn encode(&self) -> [u8; PAGE_FIELDS_LEN] {
+        let mut out = [0u8; PAGE_FIELDS_LEN];
+        out[..16].copy_from_slice(&self.handoff.0.to_le_bytes());
+        for (i, v) in [self.index, self.page, self.tokens, self.payload_len].into_iter().enumerate() {
+            out[16 + 4 * i..20 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn decode(b: &[u8; PAGE_FIELDS_LEN]) -> PageFields {
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        PageFields {
+            handoff: HandoffId(u128::from_le_bytes(b[..16].try_into().expect("16 bytes"))),
+            index: u32_at(16),
+            page: u32_at(20),
+            tokens: u32_at(24),
+            payload_len: u32_at(28),
+        }
+    }
+
+    /// The page header a sender writes before the payload: frame header and these fields.
+    pub fn header(&self) -> [u8; HEADER_LEN + PAGE_FIELDS_LEN] {
+        let body_len = (PAGE_FIELDS_LEN + self.payload_len as usize + PAGE_TRAILER_LEN) as u32;
+        let mut out = [0u8; HEADER_LEN + PAGE_FIELDS_LEN];
+        out[..HEADER_LEN].copy_from_slice(&frame_header(KIND_PAGE, body_len));
+        out[HEADER_LEN..].copy_from_slice(&self.encode());
+        out
+    }
+}
+
+/// A page frame whose payload is borrowed: what the receiver checks in place, without copying
+/// a page it may refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageView<'a> {
+    pub fields: PageFields,
+    pub checksum: u64,
+    pub payload: &'a [u8],
+    pub mac: Mac,
+}
+
+impl PageView<'_> {
+    pub fn to_owned(&self) -> PageFrame {
+        let f = self.fields;
+        PageFrame { handoff: f.handoff, index: f.index, page: f.page, tokens: f.tokens, checksum: self.checksum, payload: self.payload.to_vec(), mac: self.mac }
+    }
+}
+
+/// The trailer of a page frame: the checksum, then the MAC over everything before it.
+pub fn page_trailer(checksum: u64, mac: &Mac) -> [u8; PAGE_TRAILER_LEN] {
+    let mut out = [0u8; PAGE_TRAILER_LEN];
+    out[..8].copy_from_slice(&checksum.to_le_bytes());
+    out[8..].copy_from_slice(&mac.0);
+    out
+}
+
+fn frame_header(kind: u8, body_len: u32) -> [u8; HEADER_LEN] {
+    let mut out = [0u8; HEADER_LEN];
+    out[..4].copy_from_slice(&MAGIC);
+    out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    out[6] = kind;
+    out[8..].copy_from_slice(&body_len.to_le_bytes());
+    out
+}
+
 /// The end of a transfer: what the sender claims it sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommitFrame {
@@ -92,7 +182,8 @@ pub enum Frame {
     Ack(AckFrame),
 }
 
-const KIND_PAGE: u8 = 1;
+/// The kind byte of a page frame (its body is read field by field, see [`PageFields`]).
+pub const KIND_PAGE: u8 = 1;
 const KIND_COMMIT: u8 = 2;
 const KIND_ACK: u8 = 3;
 
@@ -157,21 +248,12 @@ impl Frame {
             _ => 0,
         };
         let mut out = Vec::with_capacity(HEADER_LEN + 128 + payload_len);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.push(self.kind());
-        out.push(0);
-        out.extend_from_slice(&[0; 4]); // body length, filled in below
+        out.extend_from_slice(&frame_header(self.kind(), 0)); // body length, filled in below
         match self {
             Frame::Page(p) => {
-                out.extend_from_slice(&p.handoff.0.to_le_bytes());
-                for v in [p.index, p.page, p.tokens] {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-                out.extend_from_slice(&p.checksum.to_le_bytes());
-                out.extend_from_slice(&(p.payload.len() as u32).to_le_bytes());
+                out.extend_from_slice(&p.fields().encode());
                 out.extend_from_slice(&p.payload);
-                out.extend_from_slice(&p.mac.0);
+                out.extend_from_slice(&page_trailer(p.checksum, &p.mac));
             }
             Frame::Commit(c) => {
                 out.extend_from_slice(&c.handoff.0.to_le_bytes());
@@ -265,15 +347,7 @@ impl Frame {
     pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, FrameError> {
         let mut r = Reader { b: body, at: 0 };
         let frame = match kind {
-            KIND_PAGE => {
-                let handoff = HandoffId(r.u128()?);
-                let (index, page, tokens) = (r.u32()?, r.u32()?, r.u32()?);
-                let checksum = r.u64()?;
-                let len = r.u32()? as usize;
-                let payload = r.bytes(len)?.to_vec();
-                let mac = r.mac()?;
-                Frame::Page(PageFrame { handoff, index, page, tokens, checksum, payload, mac })
-            }
+            KIND_PAGE => Frame::Page(PageView::decode_body(body)?.to_owned()),
             KIND_COMMIT => Frame::Commit(CommitFrame {
                 handoff: HandoffId(r.u128()?),
                 total_tokens: r.u32()?,
@@ -309,7 +383,7 @@ impl Frame {
             }
             other => return Err(FrameError::UnknownKind(other)),
         };
-        if r.at != body.len() {
+        if !matches!(frame, Frame::Page(_)) && r.at != body.len() {
             return Err(FrameError::Malformed("trailing bytes after the frame body"));
         }
         Ok(frame)
@@ -323,6 +397,23 @@ impl Frame {
         let end = HEADER_LEN + h.body_len as usize;
         let body = bytes.get(HEADER_LEN..end).ok_or(FrameError::Truncated { needed: end, have: bytes.len() })?;
         Ok((Frame::decode_body(h.kind, body)?, end))
+    }
+}
+
+impl<'a> PageView<'a> {
+    /// A page body read in place. The payload length inside is checked against the body.
+    pub fn decode_body(body: &'a [u8]) -> Result<PageView<'a>, FrameError> {
+        let fields: &[u8; PAGE_FIELDS_LEN] =
+            body.get(..PAGE_FIELDS_LEN).and_then(|b| b.try_into().ok()).ok_or(FrameError::Truncated { needed: PAGE_FIELDS_LEN, have: body.len() })?;
+        let fields = PageFields::decode(fields);
+        let mut r = Reader { b: body, at: PAGE_FIELDS_LEN };
+        let payload = r.bytes(fields.payload_len as usize)?;
+        let checksum = r.u64()?;
+        let mac = r.mac()?;
+        if r.at != body.len() {
+            return Err(FrameError::Malformed("trailing bytes after the frame body"));
+        }
+        Ok(PageView { fields, checksum, payload, mac })
     }
 }
 
@@ -422,8 +513,8 @@ mod tests {
     #[test]
     fn an_inner_length_past_the_body_is_truncation_not_a_panic() {
         let mut bytes = page().encode();
-        // payload_len sits just before the 3 payload bytes and the MAC.
-        let at = bytes.len() - MAC_LEN - 3 - 4;
+        // payload_len sits just before the 3 payload bytes, the checksum and the MAC.
+        let at = bytes.len() - PAGE_TRAILER_LEN - 3 - 4;
         bytes[at..at + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
         assert!(matches!(Frame::decode(&bytes), Err(FrameError::Truncated { .. })));
     }

@@ -211,7 +211,12 @@ async fn main() {
     println!("| benchmark | result | notes |");
     println!("| --- | --- | --- |");
     let cases = [("tiny", TINY, 32 * 1024), ("Llama-3-8B-shaped", LLAMA_8B, 1024), ("Llama-3-8B-shaped", LLAMA_8B, 8 * 1024)];
+    // `KVGATE_BENCH_QUICK=1`: only the 8B-shaped 8k rows, no TTFT (for profiling one change).
+    let quick = std::env::var_os("KVGATE_BENCH_QUICK").is_some();
     for (name, l, tokens) in cases {
+        if quick && tokens != 8 * 1024 {
+            continue;
+        }
         let (page, pages) = (l.page_bytes(), l.pages_for(tokens));
         let bytes = page * pages;
         let mib = bytes as f64 / (1 << 20) as f64;
@@ -234,6 +239,9 @@ async fn main() {
             tcp.as_secs_f64() / on.as_secs_f64(),
             on.as_secs_f64() / off.as_secs_f64()
         );
+    }
+    if quick {
+        return;
     }
     let bytes = TINY.page_bytes() * TINY.pages_for(32 * 1024);
     let mib = bytes as f64 / (1 << 20) as f64;

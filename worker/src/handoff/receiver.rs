@@ -9,11 +9,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate_proto::handoff::{AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, parse_header};
+use kvgate_proto::handoff::{
+    AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, KIND_PAGE, Mac, PAGE_FIELDS_LEN, PAGE_TRAILER_LEN, PageFields, PageView, parse_header,
+};
 use kvgate_proto::refusal::{PortRefusal, Refusal};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+
+use xxhash_rust::xxh3::Xxh3;
 
 use super::reservations::{Reservations, Verdict};
 
@@ -81,8 +85,11 @@ pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: Port
     }
 }
 
-/// One frame off the wire: its header and body bytes, or why there is none.
+/// One frame off the wire, or why there is none.
 enum Read {
+    /// A page frame; its payload is in the connection's page buffer.
+    Page(ReceivedPage),
+    /// Any other frame: its header and body bytes.
     Frame([u8; HEADER_LEN], Vec<u8>),
     /// The peer closed or broke the connection.
     Closed(std::io::Error),
@@ -90,7 +97,24 @@ enum Read {
     Refused(PortRefusal, String),
 }
 
-async fn read_frame(stream: &mut TcpStream, max_body: usize, timeout: Duration) -> Read {
+/// A page frame as it arrived, with what was computed over it on the way in.
+struct ReceivedPage {
+    fields: PageFields,
+    checksum: u64,
+    mac: Mac,
+    /// The MAC of the bytes received (`None` with integrity checks off).
+    computed_mac: Option<Mac>,
+    /// xxh3-64 of the payload received (0 with integrity checks off).
+    payload_xxh3: u64,
+}
+
+/// How much of a page is read before it is hashed: small enough to be hashed while the bytes
+/// are still in cache.
+const CHUNK: usize = 256 << 10;
+
+/// Reads one frame. A page's payload lands in `page` chunk by chunk, each chunk hashed (MAC and
+/// checksum) as soon as it arrives, so no second pass over the page is needed.
+async fn read_frame(stream: &mut BufReader<TcpStream>, page: &mut [u8], table: &Reservations, max_body: usize, timeout: Duration) -> Read {
     let read = async {
         let mut header = [0u8; HEADER_LEN];
         if let Err(e) = stream.read_exact(&mut header).await {
@@ -104,6 +128,9 @@ async fn read_frame(stream: &mut TcpStream, max_body: usize, timeout: Duration) 
         if h.body_len as usize > max_body {
             return Read::Refused(PortRefusal::TooLarge, format!("kv_port_too_large: frame body of {} bytes exceeds {max_body}", h.body_len));
         }
+        if h.kind == KIND_PAGE {
+            return read_page(stream, &header, h.body_len as usize, page, table).await;
+        }
         let mut body = vec![0u8; h.body_len as usize];
         match stream.read_exact(&mut body).await {
             Ok(_) => Read::Frame(header, body),
@@ -115,9 +142,62 @@ async fn read_frame(stream: &mut TcpStream, max_body: usize, timeout: Duration) 
         .unwrap_or_else(|_| Read::Refused(PortRefusal::ReadTimeout, format!("kv_port_read_timeout: no whole frame within {} ms", timeout.as_millis())))
 }
 
-async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Duration) -> std::io::Result<()> {
+async fn read_page(stream: &mut BufReader<TcpStream>, header: &[u8; HEADER_LEN], body_len: usize, page: &mut [u8], table: &Reservations) -> Read {
+    let mut fields_bytes = [0u8; PAGE_FIELDS_LEN];
+    if body_len < PAGE_FIELDS_LEN + PAGE_TRAILER_LEN {
+        return Read::Refused(PortRefusal::Malformed, format!("kv_port_malformed: a page frame body of {body_len} bytes is shorter than its fixed fields"));
+    }
+    if let Err(e) = stream.read_exact(&mut fields_bytes).await {
+        return Read::Closed(e);
+    }
+    let fields = PageFields::decode(&fields_bytes);
+    let len = fields.payload_len as usize;
+    if PAGE_FIELDS_LEN + len + PAGE_TRAILER_LEN != body_len || len > page.len() {
+        return Read::Refused(
+            PortRefusal::Malformed,
+            format!("kv_port_malformed: a page frame of {body_len} bytes declares a {len}-byte payload (a page is {} bytes)", page.len()),
+        );
+    }
+    let mut mac = table.page_mac(fields.handoff);
+    let mut xxh3 = mac.is_some().then(Xxh3::new);
+    if let Some(m) = &mut mac {
+        m.update(header);
+        m.update(&fields_bytes);
+    }
+    for chunk in page[..len].chunks_mut(CHUNK) {
+        if let Err(e) = stream.read_exact(chunk).await {
+            return Read::Closed(e);
+        }
+        if let (Some(m), Some(x)) = (&mut mac, &mut xxh3) {
+            m.update(chunk);
+            x.update(chunk);
+        }
+    }
+    let mut trailer = [0u8; PAGE_TRAILER_LEN];
+    if let Err(e) = stream.read_exact(&mut trailer).await {
+        return Read::Closed(e);
+    }
+    let (checksum, tag) = trailer.split_at(8);
+    if let Some(m) = &mut mac {
+        m.update(checksum);
+    }
+    Read::Page(ReceivedPage {
+        fields,
+        checksum: u64::from_le_bytes(checksum.try_into().expect("8 bytes")),
+        mac: Mac(tag.try_into().expect("a MAC")),
+        computed_mac: mac.map(|m| m.finish()),
+        payload_xxh3: xxh3.map_or(0, |x| x.digest()),
+    })
+}
+
+async fn connection(stream: TcpStream, table: &Reservations, timeout: Duration) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
+    // Small frames (a small model's pages, commits) are read out of one buffer, not one read
+    // call each; a page's payload bypasses it once the buffer is drained.
+    let mut stream = BufReader::with_capacity(CHUNK, stream);
     let max_body = table.page_bytes() + PAGE_FRAME_OVERHEAD;
+    // One page's payload, reused by every page frame of the connection.
+    let mut page = vec![0u8; table.page_bytes()];
     // The handoff this connection carries, once an authenticated frame named one.
     let mut bound: Option<HandoffId> = None;
     loop {
@@ -128,7 +208,7 @@ async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Durati
             }
             Verdict::new(reason, message)
         };
-        let result = match read_frame(&mut stream, max_body, timeout).await {
+        let result = match read_frame(&mut stream, &mut page, table, max_body, timeout).await {
             Read::Closed(e) => {
                 if let Some(id) = bound {
                     table.connection_lost(id);
@@ -136,28 +216,34 @@ async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Durati
                 return Err(e);
             }
             Read::Refused(reason, message) => Err(refused(reason, message)),
+            Read::Page(p) => {
+                let view = PageView { fields: p.fields, checksum: p.checksum, payload: &page[..p.fields.payload_len as usize], mac: p.mac };
+                let authentic = p.computed_mac.is_none_or(|m| m.verify(&p.mac));
+                let accepted = table.accept_page(&view, authentic, p.payload_xxh3);
+                if authentic {
+                    bound = Some(p.fields.handoff);
+                }
+                accepted.map(|_| false)
+            }
             Read::Frame(header, body) => match Frame::decode_body(header[6], &body) {
                 Err(e) => Err(refused(PortRefusal::Malformed, format!("kv_port_malformed: {e}"))),
                 Ok(Frame::Ack(_)) => Err(refused(PortRefusal::Malformed, "kv_port_malformed: decode does not accept acks".into())),
-                Ok(frame) => {
-                    let id = frame.handoff().expect("pages and commits name a handoff");
-                    let authentic = table.authenticate(&frame, &header, &body);
-                    let accepted = match &frame {
-                        Frame::Page(p) => table.accept_page(p, authentic).map(|_| false),
-                        Frame::Commit(c) => table.accept_commit(c, authentic).map(|_| true),
-                        Frame::Ack(_) => unreachable!("matched above"),
-                    };
+                Ok(Frame::Page(_)) => unreachable!("page frames are read by read_page"),
+                Ok(Frame::Commit(c)) => {
+                    let authentic = table.authenticate(&Frame::Commit(c.clone()), &header, &body);
+                    let accepted = table.accept_commit(&c, authentic).map(|_| true);
                     if authentic {
-                        bound = Some(id);
+                        bound = Some(c.handoff);
                     }
                     accepted
                 }
             },
         };
+        let stream = stream.get_mut();
         match result {
             Ok(false) => continue,
             Ok(true) => {
-                ack(&mut stream, AckFrame { ok: true, reason: String::new(), message: String::new() }).await?;
+                ack(stream, AckFrame { ok: true, reason: String::new(), message: String::new() }).await?;
                 return Ok(());
             }
             Err(v) => {
@@ -166,7 +252,7 @@ async fn connection(mut stream: TcpStream, table: &Reservations, timeout: Durati
                 } else {
                     tracing::warn!(reason = %v.reason, message = %v.message, "KV handoff refused");
                 }
-                ack(&mut stream, AckFrame { ok: false, reason: v.reason.as_str().into(), message: v.message }).await?;
+                ack(stream, AckFrame { ok: false, reason: v.reason.as_str().into(), message: v.message }).await?;
                 return Ok(());
             }
         }

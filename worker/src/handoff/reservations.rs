@@ -14,8 +14,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvgate_proto::auth::StreamingMac;
 use kvgate_proto::auth::{Mac, ReservationFields};
-use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageFrame};
+use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageView};
 use kvgate_proto::refusal::{Mismatch, PortRefusal, Refusal};
 use tokio::sync::Notify;
 
@@ -262,6 +263,12 @@ impl Reservations {
         frame.handoff().is_some_and(|id| frame.mac_verifies(&self.secret.key().frame_key(id), header, body))
     }
 
+    /// The MAC a page frame of handoff `id` must carry, fed while the page arrives; `None` with
+    /// integrity checks off (the benchmark), where every frame passes.
+    pub fn page_mac(&self, id: HandoffId) -> Option<StreamingMac> {
+        self.rules.checksums.then(|| self.secret.key().frame_key(id).streaming())
+    }
+
     /// Reserves pages for `prompt + max_tokens` tokens; the transfer must fill the first
     /// `prompt` of them. Nothing is reserved when the answer is an error.
     pub fn reserve(&self, prompt: u32, max_tokens: u32) -> Result<Issued, ReserveError> {
@@ -367,18 +374,19 @@ impl Reservations {
     }
 
     /// Checks one page frame and, when it passes every check, writes it into its page.
-    /// `authentic`: what `authenticate` said of it.
-    pub fn accept_page(&self, f: &PageFrame, authentic: bool) -> Result<(), Verdict> {
+    /// `authentic`: whether its MAC verified; `payload_xxh3`: its payload's checksum as received.
+    pub fn accept_page(&self, f: &PageView, authentic: bool, payload_xxh3: u64) -> Result<(), Verdict> {
+        let id = f.fields.handoff;
         let mut table = self.lock();
-        let open = self.open_for(&mut table, f.handoff, authentic)?;
-        let check = verify::check_page(&self.rules, &open.transfer, f).map_err(Verdict::from).and_then(|()| {
-            let written = self.pool.access().write_page(&open.lease, f.index as usize, &f.payload);
+        let open = self.open_for(&mut table, id, authentic)?;
+        let check = verify::check_page(&self.rules, &open.transfer, f, payload_xxh3).map_err(Verdict::from).and_then(|()| {
+            let written = self.pool.access().write_page(&open.lease, f.fields.index as usize, f.payload);
             written.map_err(|e| Verdict::new(Mismatch::Protocol, format!("kv_handoff_protocol: {e}")))
         });
         if check.is_ok() {
             open.transfer.record(f);
         }
-        check.map_err(|v| self.fail(&mut table, f.handoff, v, true))?;
+        check.map_err(|v| self.fail(&mut table, id, v, true))?;
         self.metrics.bytes.inc_by(f.payload.len() as u64);
         Ok(())
     }

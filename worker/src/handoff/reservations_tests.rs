@@ -33,6 +33,11 @@ fn fixture(timeout: Duration) -> Fixture {
     Fixture { page_bytes: layout.page_bytes(), table }
 }
 
+/// `accept_page` of a whole frame, its payload's checksum computed as the receiver does.
+fn accept(table: &Reservations, p: &PageFrame, authentic: bool) -> Result<(), Verdict> {
+    table.accept_page(&p.view(), authentic, xxh3_64(&p.payload))
+}
+
 impl Fixture {
     fn page(&self, issued: &Issued, index: u32) -> PageFrame {
         let payload = vec![index as u8 + 1; self.page_bytes];
@@ -93,7 +98,7 @@ fn a_whole_authenticated_transfer_commits_and_keeps_the_reserved_bounds() {
     let issued = f.table.reserve(6, 3).unwrap();
     assert_eq!((issued.pages.len(), issued.max_tokens), (2, 3));
     for i in 0..2 {
-        f.table.accept_page(&f.page(&issued, i), true).unwrap();
+        accept(&f.table, &f.page(&issued, i), true).unwrap();
     }
     f.table.accept_commit(&f.commit(&issued, 7), true).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
@@ -106,7 +111,7 @@ fn a_whole_authenticated_transfer_commits_and_keeps_the_reserved_bounds() {
 fn a_first_token_outside_the_vocabulary_is_refused_at_commit() {
     let f = fixture(Duration::from_secs(5));
     let issued = f.table.reserve(2, 2).unwrap();
-    f.table.accept_page(&f.page(&issued, 0), true).unwrap();
+    accept(&f.table, &f.page(&issued, 0), true).unwrap();
     let v = f.table.accept_commit(&f.commit(&issued, 100_000), true).unwrap_err();
     assert_eq!(v.reason.as_str(), "first_token");
     assert!(v.message.contains("100000") && v.message.contains("100 tokens"), "{}", v.message);
@@ -117,7 +122,7 @@ fn a_first_token_outside_the_vocabulary_is_refused_at_commit() {
 fn an_unauthenticated_frame_on_a_live_handoff_fails_it_as_forged() {
     let f = fixture(Duration::from_secs(5));
     let issued = f.table.reserve(2, 2).unwrap();
-    let v = f.table.accept_page(&f.page(&issued, 0), false).unwrap_err();
+    let v = accept(&f.table, &f.page(&issued, 0), false).unwrap_err();
     assert_eq!(v.reason.as_str(), "auth");
     assert_eq!(f.mismatch("auth"), 1);
     assert_eq!(f.table.pool.used_pages(), 0);
@@ -129,13 +134,13 @@ fn frames_nobody_with_the_secret_sent_are_protocol_noise_not_integrity_events() 
     let issued = f.table.reserve(2, 2).unwrap();
     let mut stray = f.page(&issued, 0);
     stray.handoff = HandoffId(12345);
-    assert_eq!(f.table.accept_page(&stray, false).unwrap_err().reason.as_str(), "unauthenticated");
+    assert_eq!(accept(&f.table, &stray, false).unwrap_err().reason.as_str(), "unauthenticated");
     assert_eq!((f.protocol("unauthenticated"), f.mismatches()), (1, 0));
     // The same frame from a holder of the secret is evidence: a transfer for no reservation.
-    assert_eq!(f.table.accept_page(&stray, true).unwrap_err().reason.as_str(), "unknown_handoff");
+    assert_eq!(accept(&f.table, &stray, true).unwrap_err().reason.as_str(), "unknown_handoff");
     assert_eq!(f.mismatch("unknown_handoff"), 1);
     // The live reservation was not disturbed.
-    f.table.accept_page(&f.page(&issued, 0), true).unwrap();
+    accept(&f.table, &f.page(&issued, 0), true).unwrap();
     f.table.accept_commit(&f.commit(&issued, 1), true).unwrap();
 }
 
@@ -143,9 +148,9 @@ fn frames_nobody_with_the_secret_sent_are_protocol_noise_not_integrity_events() 
 fn a_frame_after_the_deadline_is_refused_before_the_sweeper_runs() {
     let f = fixture(Duration::from_millis(30));
     let issued = f.table.reserve(6, 2).unwrap();
-    f.table.accept_page(&f.page(&issued, 0), true).unwrap();
+    accept(&f.table, &f.page(&issued, 0), true).unwrap();
     std::thread::sleep(Duration::from_millis(60));
-    let v = f.table.accept_page(&f.page(&issued, 1), true).unwrap_err();
+    let v = accept(&f.table, &f.page(&issued, 1), true).unwrap_err();
     assert_eq!(v.reason.as_str(), "timeout");
     assert!(v.message.contains("1 of 2 pages"), "{}", v.message);
     assert_eq!(f.mismatch("timeout"), 1);
@@ -157,14 +162,14 @@ fn an_unused_reservation_expires_without_an_integrity_mismatch() {
     let f = fixture(Duration::from_millis(20));
     let unused = f.table.reserve(6, 2).unwrap();
     let partial = f.table.reserve(6, 2).unwrap();
-    f.table.accept_page(&f.page(&partial, 0), true).unwrap();
+    accept(&f.table, &f.page(&partial, 0), true).unwrap();
     std::thread::sleep(Duration::from_millis(40));
     f.table.expire();
     assert_eq!(f.table.metrics.expired.get(), 2);
     assert_eq!(f.mismatch("timeout"), 1, "only the transfer that stopped half way is a mismatch");
     assert_eq!(f.table.pool.used_pages(), 0);
     let late = f.page(&unused, 0);
-    assert_eq!(f.table.accept_page(&late, true).unwrap_err().reason.as_str(), "timeout");
+    assert_eq!(accept(&f.table, &late, true).unwrap_err().reason.as_str(), "timeout");
 }
 
 #[test]
@@ -173,7 +178,7 @@ fn page_set_token_count_and_checksum_rules_hold() {
     let reason = |frame: PageFrame| {
         let issued = f.table.reserve(6, 2).unwrap();
         let frame = PageFrame { handoff: issued.id, page: if frame.page == u32::MAX { u32::MAX } else { issued.pages[frame.index as usize] }, ..frame };
-        f.table.accept_page(&frame, true).unwrap_err().reason.as_str()
+        accept(&f.table, &frame, true).unwrap_err().reason.as_str()
     };
     let template = |issued: &Issued| f.page(issued, 1);
     let base = template(&f.table.reserve(6, 2).unwrap());
@@ -182,11 +187,11 @@ fn page_set_token_count_and_checksum_rules_hold() {
     assert_eq!(reason(PageFrame { checksum: 1, ..base.clone() }), "checksum");
     // Twice the same index.
     let issued = f.table.reserve(6, 2).unwrap();
-    f.table.accept_page(&f.page(&issued, 0), true).unwrap();
-    assert_eq!(f.table.accept_page(&f.page(&issued, 0), true).unwrap_err().reason.as_str(), "page_set");
+    accept(&f.table, &f.page(&issued, 0), true).unwrap();
+    assert_eq!(accept(&f.table, &f.page(&issued, 0), true).unwrap_err().reason.as_str(), "page_set");
     // A commit before the last page.
     let issued = f.table.reserve(6, 2).unwrap();
-    f.table.accept_page(&f.page(&issued, 0), true).unwrap();
+    accept(&f.table, &f.page(&issued, 0), true).unwrap();
     assert_eq!(f.table.accept_commit(&f.commit(&issued, 1), true).unwrap_err().reason.as_str(), "token_count");
 }
 
@@ -197,10 +202,10 @@ fn replayed_frames_and_frames_of_an_earlier_generation_of_the_same_pages_are_ref
     let done = f.table.reserve(6, 2).unwrap();
     let frames: Vec<PageFrame> = (0..2).map(|i| f.page(&done, i)).collect();
     for p in &frames {
-        f.table.accept_page(p, true).unwrap();
+        accept(&f.table, p, true).unwrap();
     }
     f.table.accept_commit(&f.commit(&done, 1), true).unwrap();
-    assert_eq!(f.table.accept_page(&frames[0], true).unwrap_err().reason.as_str(), "unknown_handoff");
+    assert_eq!(accept(&f.table, &frames[0], true).unwrap_err().reason.as_str(), "unknown_handoff");
     assert_eq!(f.table.accept_commit(&f.commit(&done, 1), true).unwrap_err().reason.as_str(), "unknown_handoff");
     assert_eq!(f.mismatch("unknown_handoff"), 2);
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
@@ -212,9 +217,9 @@ fn replayed_frames_and_frames_of_an_earlier_generation_of_the_same_pages_are_ref
     f.table.cancel(old.id, false).unwrap();
     let new = f.table.reserve(6, 2).unwrap();
     let stale = PageFrame { page: new.pages[0], ..f.page(&old, 0) };
-    assert_eq!(f.table.accept_page(&stale, true).unwrap_err().reason.as_str(), "unknown_handoff");
+    assert_eq!(accept(&f.table, &stale, true).unwrap_err().reason.as_str(), "unknown_handoff");
     for i in 0..2 {
-        f.table.accept_page(&f.page(&new, i), true).unwrap();
+        accept(&f.table, &f.page(&new, i), true).unwrap();
     }
     f.table.accept_commit(&f.commit(&new, 1), true).unwrap();
 }

@@ -2,13 +2,15 @@
 //! pages into it (each MACed with the handoff's frame key, slots past the prompt zeroed), commit,
 //! and report decode's ack. Fault injection bends exactly one rule here.
 
-use kvgate_proto::auth::Mac;
-use kvgate_proto::handoff::{AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame, parse_header};
+use kvgate_proto::auth::{FrameKey, Mac};
+use kvgate_proto::handoff::{
+    AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PAGE_FIELDS_LEN, PAGE_TRAILER_LEN, PageFields, page_trailer, parse_header,
+};
 use kvgate_proto::logprobs::TokenLogprobs;
 use kvgate_proto::roles::Reservation;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::Xxh3;
 
 use super::auth::Secret;
 use super::faults::Fault;
@@ -109,8 +111,11 @@ impl Transfer<'_> {
         let _ = stream.set_nodelay(true);
         let mut out = BufWriter::with_capacity(1 << 20, stream);
         let page_size = layout.page_size as u32;
+        let page_bytes = layout.page_bytes();
         let n = r.pages.len();
         let mut checksums = Vec::with_capacity(n);
+        // One frame buffer for every page: header and fields, the page, checksum and MAC.
+        let mut frame = vec![0u8; HEADER_LEN + PAGE_FIELDS_LEN + page_bytes + PAGE_TRAILER_LEN];
         for (i, &dest) in r.pages.iter().enumerate() {
             match self.fault() {
                 Some(Fault::TruncateTransfer | Fault::IgnoreRejection) if i >= 1 => break,
@@ -121,27 +126,31 @@ impl Transfer<'_> {
                 _ => {}
             }
             let tokens = (r.reserved_tokens - i as u32 * page_size).min(page_size);
-            let mut payload = self.pool.access().page_bytes(self.lease, i)?;
+            let mut fields = PageFields { handoff: id, index: i as u32, page: dest, tokens, payload_len: page_bytes as u32 };
+            if self.fault() == Some(Fault::DropPage) && i == n / 2 {
+                fields.page = u32::MAX; // lands outside the reservation; the reserved page stays unwritten
+            }
+            let (head, rest) = frame.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
+            let (payload, trailer) = rest.split_at_mut(page_bytes);
+            head.copy_from_slice(&fields.header());
+            self.pool.access().copy_page(self.lease, i, payload)?;
             // Slots past the prompt were never written by this request: whatever is there
             // (another tenant's KV when scrubbing is off) stays here.
             for range in layout.unwritten_byte_ranges(tokens as usize) {
                 payload[range].fill(0);
             }
-            let checksum = if self.integrity() { xxh3_64(&payload) } else { 0 };
+            let corrupt = self.fault() == Some(Fault::CorruptPage) && i == n / 2;
+            let (checksum, mac) = if self.integrity() { seal(&key, head, payload, corrupt) } else { (0, Mac([0; MAC_LEN])) };
             checksums.push(checksum);
-            let mut frame = PageFrame { handoff: id, index: i as u32, page: dest, tokens, checksum, payload, mac: Mac([0; MAC_LEN]) };
-            if self.fault() == Some(Fault::CorruptPage) && i == n / 2 {
-                frame.payload[0] ^= 0x01;
+            trailer.copy_from_slice(&page_trailer(checksum, &mac));
+            if self.fault() == Some(Fault::WrongAuth) {
+                trailer[PAGE_TRAILER_LEN - 1] ^= 0xff;
             }
-            if self.fault() == Some(Fault::DropPage) && i == n / 2 {
-                frame.page = u32::MAX; // lands outside the reservation; the reserved page stays unwritten
-            }
-            let bytes = self.sign(Frame::Page(frame), &key);
-            out.write_all(&bytes).await?;
+            out.write_all(&frame).await?;
             if self.fault() == Some(Fault::DuplicatePage) && i == n / 2 {
-                out.write_all(&bytes).await?;
+                out.write_all(&frame).await?;
             }
-            self.metrics.bytes.inc_by(bytes.len() as u64);
+            self.metrics.bytes.inc_by(frame.len() as u64);
         }
         let mut model_fp = fingerprint_u64(self.model_fingerprint);
         if self.fault() == Some(Fault::WrongFingerprint) {
@@ -176,6 +185,27 @@ impl Transfer<'_> {
         }
         bytes
     }
+}
+
+/// A page's checksum and MAC in one pass over it, a cache-sized chunk at a time (the MAC covers
+/// header, fields, payload and checksum, in wire order). `corrupt` (the corrupt-page fault)
+/// flips a payload bit after the checksum saw it and before the MAC does: a sender whose
+/// memory went bad, caught by the checksum, not by authentication.
+fn seal(key: &FrameKey, head: &[u8], payload: &mut [u8], corrupt: bool) -> (u64, Mac) {
+    const CHUNK: usize = 256 << 10;
+    let mut mac = key.streaming();
+    let mut sum = Xxh3::new();
+    mac.update(head);
+    for (c, chunk) in payload.chunks_mut(CHUNK).enumerate() {
+        sum.update(chunk);
+        if corrupt && c == 0 {
+            chunk[0] ^= 0x01;
+        }
+        mac.update(chunk);
+    }
+    let checksum = sum.digest();
+    mac.update(&checksum.to_le_bytes());
+    (checksum, mac.finish())
 }
 
 async fn read_ack(mut stream: TcpStream) -> Result<AckFrame, SendError> {

@@ -5,7 +5,7 @@
 //! (`reservations.rs`) calls these before writing a page or releasing a handoff to decode, and
 //! turns a `Refused` into a failed handoff.
 
-use kvgate_proto::handoff::{CommitFrame, PageFrame};
+use kvgate_proto::handoff::{CommitFrame, PageView};
 use kvgate_proto::refusal::Mismatch;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -55,10 +55,15 @@ impl Transfer {
     }
 
     /// Records a page `check_page` accepted.
-    pub fn record(&mut self, f: &PageFrame) {
-        self.received[f.index as usize] = Some(f.checksum);
-        self.received_tokens += f.tokens;
+    pub fn record(&mut self, f: &PageView) {
+        self.received[f.fields.index as usize] = Some(f.checksum);
+        self.received_tokens += f.fields.tokens;
     }
+}
+
+/// A page's checksum: xxh3-64 of its payload.
+pub fn payload_checksum(payload: &[u8]) -> u64 {
+    xxh3_64(payload)
 }
 
 /// The digest a commit must carry: xxh3 over the page checksums in index order.
@@ -69,7 +74,10 @@ pub fn digest(checksums: impl IntoIterator<Item = u64>) -> u64 {
 
 /// A page frame may be written: it is the reservation's page at its index, the index is new, it
 /// carries the tokens that index must hold, and its payload is a whole page matching its checksum.
-pub fn check_page(rules: &Rules, t: &Transfer, f: &PageFrame) -> Result<(), Refused> {
+/// `payload_xxh3` is the xxh3-64 of the payload as received (the receiver computes it while the
+/// page arrives; see [`payload_checksum`]).
+pub fn check_page(rules: &Rules, t: &Transfer, view: &PageView, payload_xxh3: u64) -> Result<(), Refused> {
+    let f = view.fields;
     let i = f.index as usize;
     if t.pages.get(i) != Some(&f.page) {
         return refused(Mismatch::PageSet, format!("kv_handoff_page_set: page {} at index {i} is not part of the reservation", f.page));
@@ -82,10 +90,13 @@ pub fn check_page(rules: &Rules, t: &Transfer, f: &PageFrame) -> Result<(), Refu
     if f.tokens != expected {
         return refused(Mismatch::TokenCount, format!("kv_handoff_token_count: page index {i} carries {} tokens, {expected} reserved", f.tokens));
     }
-    if f.payload.len() != rules.page_bytes {
-        return refused(Mismatch::Protocol, format!("kv_handoff_protocol: page index {i} carries {} bytes, a page is {}", f.payload.len(), rules.page_bytes));
+    if view.payload.len() != rules.page_bytes {
+        return refused(
+            Mismatch::Protocol,
+            format!("kv_handoff_protocol: page index {i} carries {} bytes, a page is {}", view.payload.len(), rules.page_bytes),
+        );
     }
-    if rules.checksums && xxh3_64(&f.payload) != f.checksum {
+    if rules.checksums && payload_xxh3 != view.checksum {
         return refused(Mismatch::Checksum, format!("kv_handoff_checksum: page index {i} failed its checksum"));
     }
     Ok(())

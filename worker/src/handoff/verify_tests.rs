@@ -2,7 +2,7 @@
 //! pages of 4 tokens holding 10 tokens (the last page is partial).
 
 use kvgate_proto::auth::Mac;
-use kvgate_proto::handoff::{HandoffId, MAC_LEN};
+use kvgate_proto::handoff::{HandoffId, MAC_LEN, PageFrame};
 
 use super::*;
 
@@ -18,6 +18,11 @@ fn page(index: u32) -> PageFrame {
     let payload = vec![index as u8 + 1; RULES.page_bytes];
     let tokens = (TOKENS - index * RULES.page_size).min(RULES.page_size);
     PageFrame { handoff: HandoffId(1), index, page: PAGES[index as usize], tokens, checksum: xxh3_64(&payload), payload, mac: Mac([0; MAC_LEN]) }
+}
+
+/// `check_page` of a whole frame, its payload's checksum computed as the receiver does.
+fn check(rules: &Rules, t: &Transfer, f: &PageFrame) -> Result<(), Refused> {
+    check_page(rules, t, &f.view(), payload_checksum(&f.payload))
 }
 
 fn commit(t: &Transfer) -> CommitFrame {
@@ -39,8 +44,8 @@ fn after(order: &[u32]) -> Transfer {
     let mut t = transfer();
     for &i in order {
         let f = page(i);
-        check_page(&RULES, &t, &f).unwrap_or_else(|e| panic!("page {i}: {e:?}"));
-        t.record(&f);
+        check(&RULES, &t, &f).unwrap_or_else(|e| panic!("page {i}: {e:?}"));
+        t.record(&f.view());
     }
     t
 }
@@ -81,14 +86,14 @@ fn every_page_rule_refuses_with_its_own_reason() {
         ("half a page", truncated, Some("protocol")),
     ];
     for (what, frame, want) in rows {
-        assert_eq!(reason(check_page(&RULES, &transfer(), &frame)), want, "{what}");
+        assert_eq!(reason(check(&RULES, &transfer(), &frame)), want, "{what}");
     }
 }
 
 #[test]
 fn a_page_written_twice_is_refused_even_with_the_same_bytes() {
     let t = after(&[0, 1]);
-    let r = check_page(&RULES, &t, &page(1)).unwrap_err();
+    let r = check(&RULES, &t, &page(1)).unwrap_err();
     assert_eq!((r.mismatch, r.message.as_str()), (Mismatch::PageSet, "kv_handoff_page_set: page index 1 was sent twice"));
 }
 
@@ -126,8 +131,8 @@ fn without_checksums_only_the_checksums_and_digest_are_skipped() {
     let off = Rules { checksums: false, ..RULES };
     let mut flipped = page(0);
     flipped.payload[0] ^= 1;
-    assert_eq!(check_page(&off, &transfer(), &flipped), Ok(()));
-    assert_eq!(reason(check_page(&off, &transfer(), &PageFrame { tokens: 1, ..page(0) })), Some("token_count"));
+    assert_eq!(check(&off, &transfer(), &flipped), Ok(()));
+    assert_eq!(reason(check(&off, &transfer(), &PageFrame { tokens: 1, ..page(0) })), Some("token_count"));
     let t = after(&[0, 1, 2]);
     assert_eq!(check_commit(&off, &t, &CommitFrame { digest: 0, ..commit(&t) }), Ok(()));
 }

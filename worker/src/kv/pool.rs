@@ -335,9 +335,18 @@ impl PoolGuard<'_> {
 
     /// The raw bytes of the lease's `index`-th page (what a handoff frame carries).
     pub fn page_bytes(&mut self, lease: &Lease, index: usize) -> Result<Vec<u8>, KvError> {
+        let mut out = vec![0u8; self.layout.page_bytes()];
+        self.copy_page(lease, index, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the lease's `index`-th page into `out` (exactly a page long): the handoff's
+    /// sender fills its frame buffer this way, with no allocation per page.
+    pub fn copy_page(&mut self, lease: &Lease, index: usize, out: &mut [u8]) -> Result<(), KvError> {
         let page = *lease.pages.get(index).ok_or(KvError::PastLease { pos: index * self.layout.page_size, capacity: lease.capacity() })?;
         self.inner.alloc.check(lease.owner, page)?;
-        Ok(self.inner.store.page(page.id, &mut self.scratch)?.to_vec())
+        out.copy_from_slice(self.inner.store.page(page.id, &mut self.scratch)?);
+        Ok(())
     }
 
     /// Overwrites the lease's `index`-th page with `bytes` (a whole page, as a handoff frame
