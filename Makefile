@@ -39,6 +39,9 @@ generate:
 bench:
 	$(CARGO) bench -p kvgate-worker --bench engine
 	$(CARGO) bench -p kvgate-worker --bench handoff
+	bench/venv.sh bench/plot.py
+	$(CARGO) build --release -p kvgate-worker
+	bench/venv.sh bench/peer.py --worker target/release/kvgate-worker
 	$(CARGO) build -p kvgate-worker -p kvgate-testenv
 	$(CARGO) bench -p kvgate-operator --bench operator
 

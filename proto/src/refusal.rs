@@ -29,7 +29,7 @@ pub enum Mismatch {
     RejectedForwarded,
     /// The committed first token is outside the model's vocabulary.
     FirstToken,
-    /// An authenticated frame that breaks the frame format (a page payload of the wrong size).
+    /// An authenticated frame that breaks the frame format (a page payload shorter than a page).
     Protocol,
 }
 
@@ -74,7 +74,7 @@ impl Mismatch {
             Mismatch::UnknownHandoff => "an authenticated frame for a handoff that was never reserved or is already committed",
             Mismatch::RejectedForwarded => "KV arrived for a prompt prefill had rejected (the incident)",
             Mismatch::FirstToken => "the committed first token is outside the model's vocabulary",
-            Mismatch::Protocol => "an authenticated frame that breaks the frame format (a page payload of the wrong size)",
+            Mismatch::Protocol => "an authenticated frame that breaks the frame format (a page payload shorter than a page)",
         }
     }
 }
@@ -106,7 +106,7 @@ impl PortRefusal {
 
     pub const fn meaning(self) -> &'static str {
         match self {
-            PortRefusal::Malformed => "bytes that are not a frame of the protocol",
+            PortRefusal::Malformed => "bytes that are not a frame of the protocol (including a page frame declaring a payload larger than a page)",
             PortRefusal::TooLarge => "a frame larger than a page frame can be",
             PortRefusal::Unauthenticated => "a frame for no open handoff whose MAC does not verify",
             PortRefusal::ReadTimeout => "no whole frame within `--kv-frame-timeout-ms`",

@@ -176,7 +176,7 @@ fn per_page(bytes: usize, page: usize, f: impl Fn(&[u8]) -> u64) -> Duration {
 async fn ttft(args: &[&str], prompt_tokens: usize) -> Duration {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate-worker"))
-        .args(["local", "--listen", "127.0.0.1:0", "--context-window", "16400"])
+        .args(["local", "--listen", "127.0.0.1:0", "--context-window", "32800"])
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -243,31 +243,61 @@ async fn main() {
     if quick {
         return;
     }
-    let bytes = TINY.page_bytes() * TINY.pages_for(32 * 1024);
-    let mib = bytes as f64 / (1 << 20) as f64;
-    let page = TINY.page_bytes();
-    let key = kvgate_proto::auth::DeploymentKey::new(&[7; 32]).unwrap().frame_key(kvgate_proto::handoff::HandoffId(1));
-    let mac = per_page(bytes, page, |p| u64::from(key.mac(&[p]).0[0]));
-    let sum = per_page(bytes, page, xxhash_rust::xxh3::xxh3_64);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!(
-        "| of which: keyed BLAKE3 over every page, one side (tiny, 32k) | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |",
-        ms(mac),
-        mib / mac.as_secs_f64()
-    );
-    println!(
-        "| of which: xxh3 over every page, one side (tiny, 32k) | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |",
-        ms(sum),
-        mib / sum.as_secs_f64()
-    );
-    for tokens in [1024usize, 2048, 4096, 8192, 16384] {
+    let key = kvgate_proto::auth::DeploymentKey::new(&[7; 32]).unwrap().frame_key(kvgate_proto::handoff::HandoffId(1));
+    for (name, l, tokens) in [("tiny, 32k", TINY, 32 * 1024), ("8B-shaped, 8k", LLAMA_8B, 8 * 1024)] {
+        let (page, bytes) = (l.page_bytes(), l.page_bytes() * l.pages_for(tokens));
+        let mib = bytes as f64 / (1 << 20) as f64;
+        let mac = per_page(bytes, page, |p| u64::from(key.mac(&[p]).0[0]));
+        let sum = per_page(bytes, page, xxhash_rust::xxh3::xxh3_64);
+        for (what, d) in [("keyed BLAKE3", mac), ("xxh3", sum)] {
+            println!(
+                "| of which: {what} over every page, one side ({name}) | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |",
+                ms(d),
+                mib / d.as_secs_f64()
+            );
+        }
+    }
+    // How the cost grows: handoff time against pages (8B-shaped pages, checks on, with the best
+    // TCP stream for the same bytes) and time to first token against prompt length. Written to
+    // target/bench/*.csv too, for bench/plot.py's figures in docs/.
+    let mut curve = Vec::new();
+    for tokens in [1024usize, 2048, 4096, 8192] {
+        let bytes = LLAMA_8B.page_bytes() * LLAMA_8B.pages_for(tokens);
+        let mut tcp = Vec::new();
+        for _ in 0..runs(bytes) {
+            tcp.push(best_tcp(bytes).await);
+        }
+        let (tcp, on) = (median(tcp), handoff(LLAMA_8B, tokens, true).await);
+        let pages = LLAMA_8B.pages_for(tokens);
+        println!(
+            "| handoff time, {pages} pages of 2 MiB (8B-shaped, {tokens} tokens) | {:.1} ms (best TCP {:.1} ms, {:.2}x) | {:.0} pages/s with every check |",
+            ms(on),
+            ms(tcp),
+            tcp.as_secs_f64() / on.as_secs_f64(),
+            pages as f64 / on.as_secs_f64()
+        );
+        curve.push(format!("{pages},{:.3},{:.3}", ms(on), ms(tcp)));
+    }
+    write_csv("handoff_pages.csv", "pages,handoff_ms,best_tcp_ms", &curve);
+    let mut curve = Vec::new();
+    for tokens in [1024usize, 2048, 4096, 8192, 16384, 32768] {
         let colocated = ttft(&["--colocated"], tokens).await;
         let disaggregated = ttft(&[], tokens).await;
         println!(
             "| time to first token, {tokens}-token prompt | colocated {:.1} ms, disaggregated {:.1} ms ({:.2}x) | tiny model, median of 3 |",
-            colocated.as_secs_f64() * 1e3,
-            disaggregated.as_secs_f64() * 1e3,
+            ms(colocated),
+            ms(disaggregated),
             disaggregated.as_secs_f64() / colocated.as_secs_f64()
         );
+        curve.push(format!("{tokens},{:.3},{:.3}", ms(colocated), ms(disaggregated)));
     }
+    write_csv("ttft.csv", "prompt_tokens,colocated_ms,disaggregated_ms", &curve);
+}
+
+/// Writes a curve for bench/plot.py under target/bench/.
+fn write_csv(name: &str, header: &str, rows: &[String]) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), format!("{header}\n{}\n", rows.join("\n"))).unwrap();
 }

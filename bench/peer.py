@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""kvgate against Hugging Face transformers on the same CPU, same prompts, same threads, greedy.
+
+Writes a random-weight Llama checkpoint with transformers (`from_config` + `save_pretrained`),
+serves it with `kvgate-worker local --colocated`, and runs transformers (f32, its default SDPA
+attention, KV cache on) beside it. Prints a Markdown table: prefill tokens/s for 512, 2k and 8k
+prompts, decode tokens/s at batch 1 and 8, each side by side with the ratio kvgate/transformers,
+and exits non-zero when the two produce different tokens. Run it through `bench/venv.sh`, which
+makes the venv (`make bench` does: `bench/venv.sh bench/peer.py --worker target/release/kvgate-worker`).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+VOCAB = 4096
+PREFILL = (512, 2048, 8192)
+DECODE_PROMPT = 128
+DECODE_TOKENS = 64
+RUNS = 3
+SHAPE = dict(
+    vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
+    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=16384,
+    # Wider than training's 0.02, so greedy choices are not near-ties that rounding could flip.
+    initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+)
+
+
+def checkpoint(d):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**SHAPE)).eval()
+    model.save_pretrained(d)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+                   "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+                   "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}}, f)
+    return model
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url, body, stream=False):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    return urllib.request.urlopen(req, timeout=600) if stream else json.load(urllib.request.urlopen(req, timeout=600))
+
+
+def ids_of(text):
+    words = text.split()
+    if not all(w.startswith("t") for w in words):
+        sys.exit(f"unexpected completion text {text[:80]!r}")
+    return [int(w[1:]) for w in words]
+
+
+class Kvgate:
+    def __init__(self, worker, model_dir):
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        window = max(PREFILL) + DECODE_TOKENS + 1
+        self.proc = subprocess.Popen([worker, "local", "--colocated", "--model", model_dir, "--listen", f"127.0.0.1:{port}",
+                                      "--context-window", str(window), "--kv-pool-tokens", str(8 * window)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                models = json.load(urllib.request.urlopen(self.url + "/v1/models", timeout=2))
+                self.model = models["data"][0]["id"]
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    sys.exit("kvgate-worker exited: " + self.proc.stderr.read().decode()[-2000:])
+                time.sleep(0.2)
+        sys.exit("kvgate-worker did not answer within 120 s")
+
+    def complete(self, prompt, max_tokens):
+        r = post(self.url + "/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        return ids_of(r["choices"][0]["text"])
+
+    def stream(self, prompt, max_tokens, out, i):
+        """Streams one completion; records (time of the first token, time of the end, ids)."""
+        r = post(self.url + "/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}, stream=True)
+        first, text = None, ""
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            piece = json.loads(line[6:])["choices"][0]["text"]
+            if piece and first is None:
+                first = time.perf_counter()
+            text += piece
+        out[i] = (first, time.perf_counter(), ids_of(text))
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def median_time(f):
+    f()  # warm-up
+    times = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        out = f()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def kvgate_decode(k, prompts):
+    """Aggregate decode tokens/s of len(prompts) concurrent greedy streams, and their tokens."""
+    def once():
+        out = [None] * len(prompts)
+        threads = [threading.Thread(target=k.stream, args=(p, DECODE_TOKENS + 1, out, i)) for i, p in enumerate(prompts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+    once()
+    rates, out = [], None
+    for _ in range(RUNS):
+        out = once()
+        rates.append(len(prompts) * DECODE_TOKENS / (max(o[1] for o in out) - max(o[0] for o in out)))
+    return statistics.median(rates), [o[2] for o in out]
+
+
+def hf_decode(model, prompts):
+    ids = torch.tensor(prompts)
+    gen = lambda n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    with torch.no_grad():
+        t_first, _ = median_time(lambda: gen(1))
+        t_all, out = median_time(lambda: gen(DECODE_TOKENS + 1))
+    return len(prompts) * DECODE_TOKENS / (t_all - t_first), out[:, ids.shape[1]:].tolist()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", required=True, help="path of the release kvgate-worker binary")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for transformers (kvgate uses every core)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    tmp = tempfile.mkdtemp(prefix="kvgate-peer-")
+    try:
+        model = checkpoint(tmp)
+        k = Kvgate(args.worker, tmp)
+        try:
+            rows, same = [], True
+            g = torch.Generator().manual_seed(1)
+            for n in PREFILL:
+                prompt = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+                tk, ktok = median_time(lambda: k.complete(prompt, 1))
+                with torch.no_grad():
+                    th, logits = median_time(lambda: model(torch.tensor([prompt]), logits_to_keep=1).logits)
+                htok = [int(logits[0, -1].argmax())]
+                same &= ktok == htok
+                rows.append((f"prefill, {n}-token prompt", n / tk, n / th, "tokens/s (prompt tokens / time to the first token)", ktok == htok))
+            prompts = [torch.randint(0, VOCAB, (DECODE_PROMPT,), generator=g).tolist() for _ in range(8)]
+            for batch in (1, 8):
+                rk, ktoks = kvgate_decode(k, prompts[:batch])
+                rh, htoks = hf_decode(model, prompts[:batch])
+                equal = ktoks == htoks
+                same &= equal
+                rows.append((f"decode, batch {batch}, {DECODE_PROMPT}-token prompts", rk, rh, f"tokens/s over {DECODE_TOKENS} tokens after the first", equal))
+        finally:
+            k.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    import transformers
+    shape = f"Llama {SHAPE['num_hidden_layers']} layers, hidden {SHAPE['hidden_size']}, {SHAPE['num_attention_heads']}/{SHAPE['num_key_value_heads']} heads, vocab {VOCAB}, f32"
+    print(f"| benchmark ({shape}; transformers {transformers.__version__}, torch {torch.__version__}, {args.threads} threads) | kvgate | transformers | kvgate / transformers | same tokens |")
+    print("| --- | --- | --- | --- | --- |")
+    for what, k_rate, h_rate, unit, equal in rows:
+        print(f"| {what} | {k_rate:.0f} | {h_rate:.0f} | {k_rate / h_rate:.2f}x | {'yes' if equal else 'NO'} |")
+    print(f"(rates in {rows[0][3]} and {rows[-1][3]}; median of {RUNS} after a warm-up)")
+    if not same:
+        sys.exit("kvgate and transformers produced different greedy tokens")
+
+
+if __name__ == "__main__":
+    main()
