@@ -187,6 +187,7 @@ def main():
     print("| --- | --- | --- | --- | --- |")
     for what, k_rate, h_rate, unit, equal in rows:
         print(f"| {what} | {k_rate:.0f} | {h_rate:.0f} | {k_rate / h_rate:.2f}x | {'yes' if equal else 'NO'} |")
+    print()
     print(f"(rates in {rows[0][3]} and {rows[-1][3]}; median of {RUNS} after a warm-up)")
     if not same:
         sys.exit("kvgate and transformers produced different greedy tokens")
