@@ -347,7 +347,8 @@ impl Frame {
     pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, FrameError> {
         let mut r = Reader { b: body, at: 0 };
         let frame = match kind {
-            KIND_PAGE => Frame::Page(PageView::decode_body(body)?.to_owned()),
+            // Checks its own length, trailing bytes included.
+            KIND_PAGE => return Ok(Frame::Page(PageView::decode_body(body)?.to_owned())),
             KIND_COMMIT => Frame::Commit(CommitFrame {
                 handoff: HandoffId(r.u128()?),
                 total_tokens: r.u32()?,
@@ -383,7 +384,7 @@ impl Frame {
             }
             other => return Err(FrameError::UnknownKind(other)),
         };
-        if !matches!(frame, Frame::Page(_)) && r.at != body.len() {
+        if r.at != body.len() {
             return Err(FrameError::Malformed("trailing bytes after the frame body"));
         }
         Ok(frame)

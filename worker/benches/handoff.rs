@@ -86,6 +86,15 @@ async fn best_tcp(bytes: usize) -> Duration {
     took
 }
 
+/// The median of `runs(bytes)` best-TCP transfers of `bytes`.
+async fn best_tcp_median(bytes: usize) -> Duration {
+    let mut times = Vec::new();
+    for _ in 0..runs(bytes) {
+        times.push(best_tcp(bytes).await);
+    }
+    median(times)
+}
+
 async fn handoff(l: KvLayout, tokens: usize, checks: bool) -> Duration {
     let pages = l.pages_for(tokens);
     let prefill_pool = KvPool::host(l, pages).unwrap();
@@ -222,11 +231,7 @@ async fn main() {
         let mib = bytes as f64 / (1 << 20) as f64;
         let rate = |d: Duration| format!("{:.0} MiB/s, {:.0} pages/s ({:.1} ms)", mib / d.as_secs_f64(), pages as f64 / d.as_secs_f64(), d.as_secs_f64() * 1e3);
         let copy = memcpy(bytes, page);
-        let mut tcp = Vec::new();
-        for _ in 0..runs(bytes) {
-            tcp.push(best_tcp(bytes).await);
-        }
-        let tcp = median(tcp);
+        let tcp = best_tcp_median(bytes).await;
         let on = handoff(l, tokens, true).await;
         let off = handoff(l, tokens, false).await;
         let what = format!("{name} layout, {tokens}-token prompt ({mib:.0} MiB, {pages} pages of {} KiB)", page >> 10);
@@ -264,11 +269,7 @@ async fn main() {
     let mut curve = Vec::new();
     for tokens in [1024usize, 2048, 4096, 8192] {
         let bytes = LLAMA_8B.page_bytes() * LLAMA_8B.pages_for(tokens);
-        let mut tcp = Vec::new();
-        for _ in 0..runs(bytes) {
-            tcp.push(best_tcp(bytes).await);
-        }
-        let (tcp, on) = (median(tcp), handoff(LLAMA_8B, tokens, true).await);
+        let (tcp, on) = (best_tcp_median(bytes).await, handoff(LLAMA_8B, tokens, true).await);
         let pages = LLAMA_8B.pages_for(tokens);
         println!(
             "| handoff time, {pages} pages of 2 MiB (8B-shaped, {tokens} tokens) | {:.1} ms (best TCP {:.1} ms, {:.2}x) | {:.0} pages/s with every check |",

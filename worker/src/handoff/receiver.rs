@@ -158,19 +158,19 @@ async fn read_page(stream: &mut BufReader<TcpStream>, header: &[u8; HEADER_LEN],
             format!("kv_port_malformed: a page frame of {body_len} bytes declares a {len}-byte payload (a page is {} bytes)", page.len()),
         );
     }
-    let mut mac = table.page_mac(fields.handoff);
-    let mut xxh3 = mac.is_some().then(Xxh3::new);
-    if let Some(m) = &mut mac {
-        m.update(header);
-        m.update(&fields_bytes);
-    }
+    // The MAC and the payload's checksum, both fed as the bytes arrive (none with checks off).
+    let mut hashes = table.page_mac(fields.handoff).map(|mut mac| {
+        mac.update(header);
+        mac.update(&fields_bytes);
+        (mac, Xxh3::new())
+    });
     for chunk in page[..len].chunks_mut(CHUNK) {
         if let Err(e) = stream.read_exact(chunk).await {
             return Read::Closed(e);
         }
-        if let (Some(m), Some(x)) = (&mut mac, &mut xxh3) {
-            m.update(chunk);
-            x.update(chunk);
+        if let Some((mac, sum)) = &mut hashes {
+            mac.update(chunk);
+            sum.update(chunk);
         }
     }
     let mut trailer = [0u8; PAGE_TRAILER_LEN];
@@ -178,15 +178,15 @@ async fn read_page(stream: &mut BufReader<TcpStream>, header: &[u8; HEADER_LEN],
         return Read::Closed(e);
     }
     let (checksum, tag) = trailer.split_at(8);
-    if let Some(m) = &mut mac {
-        m.update(checksum);
+    if let Some((mac, _)) = &mut hashes {
+        mac.update(checksum);
     }
     Read::Page(ReceivedPage {
         fields,
         checksum: u64::from_le_bytes(checksum.try_into().expect("8 bytes")),
         mac: Mac(tag.try_into().expect("a MAC")),
-        computed_mac: mac.map(|m| m.finish()),
-        payload_xxh3: xxh3.map_or(0, |x| x.digest()),
+        computed_mac: hashes.as_ref().map(|(mac, _)| mac.finish()),
+        payload_xxh3: hashes.map_or(0, |(_, sum)| sum.digest()),
     })
 }
 
@@ -227,16 +227,16 @@ async fn connection(stream: TcpStream, table: &Reservations, timeout: Duration) 
             }
             Read::Frame(header, body) => match Frame::decode_body(header[6], &body) {
                 Err(e) => Err(refused(PortRefusal::Malformed, format!("kv_port_malformed: {e}"))),
-                Ok(Frame::Ack(_)) => Err(refused(PortRefusal::Malformed, "kv_port_malformed: decode does not accept acks".into())),
-                Ok(Frame::Page(_)) => unreachable!("page frames are read by read_page"),
-                Ok(Frame::Commit(c)) => {
-                    let authentic = table.authenticate(&Frame::Commit(c.clone()), &header, &body);
-                    let accepted = table.accept_commit(&c, authentic).map(|_| true);
+                // Pages never get here: read_frame hands them to read_page.
+                Ok(ref frame @ Frame::Commit(ref c)) => {
+                    let authentic = table.authenticate(frame, &header, &body);
+                    let accepted = table.accept_commit(c, authentic).map(|_| true);
                     if authentic {
                         bound = Some(c.handoff);
                     }
                     accepted
                 }
+                Ok(_) => Err(refused(PortRefusal::Malformed, "kv_port_malformed: decode does not accept acks".into())),
             },
         };
         let stream = stream.get_mut();

@@ -61,11 +61,6 @@ impl Transfer {
     }
 }
 
-/// A page's checksum: xxh3-64 of its payload.
-pub fn payload_checksum(payload: &[u8]) -> u64 {
-    xxh3_64(payload)
-}
-
 /// The digest a commit must carry: xxh3 over the page checksums in index order.
 pub fn digest(checksums: impl IntoIterator<Item = u64>) -> u64 {
     let bytes: Vec<u8> = checksums.into_iter().flat_map(u64::to_le_bytes).collect();
@@ -75,7 +70,7 @@ pub fn digest(checksums: impl IntoIterator<Item = u64>) -> u64 {
 /// A page frame may be written: it is the reservation's page at its index, the index is new, it
 /// carries the tokens that index must hold, and its payload is a whole page matching its checksum.
 /// `payload_xxh3` is the xxh3-64 of the payload as received (the receiver computes it while the
-/// page arrives; see [`payload_checksum`]).
+/// page arrives, chunk by chunk).
 pub fn check_page(rules: &Rules, t: &Transfer, view: &PageView, payload_xxh3: u64) -> Result<(), Refused> {
     let f = view.fields;
     let i = f.index as usize;

@@ -333,7 +333,8 @@ impl PoolGuard<'_> {
         Ok((k, v))
     }
 
-    /// The raw bytes of the lease's `index`-th page (what a handoff frame carries).
+    /// The raw bytes of the lease's `index`-th page (the tests read pages this way).
+    #[cfg(test)]
     pub fn page_bytes(&mut self, lease: &Lease, index: usize) -> Result<Vec<u8>, KvError> {
         let mut out = vec![0u8; self.layout.page_bytes()];
         self.copy_page(lease, index, &mut out)?;
