@@ -1,4 +1,5 @@
-//! A control plane, a node agent that runs the worker image as real `kvgate-worker` processes,
+//! A control plane, a node agent that runs the kvgate images (built from the debug binaries) as
+//! OCI containers under runc,
 //! and the operator as a real process: what every end-to-end test starts from.
 
 #![allow(dead_code)]
@@ -13,9 +14,6 @@ use serde_json::Value;
 
 // Every test binary that uses this module runs in a network namespace of its own.
 kvgate_testenv::own_network_namespace!();
-
-pub const WORKER_IMAGE: &str = "ghcr.io/kvgate/kvgate-worker";
-pub const OPERATOR_IMAGE: &str = "ghcr.io/kvgate/kvgate-operator";
 
 pub fn workspace_bin(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug").join(name);
@@ -77,10 +75,8 @@ pub fn cluster() -> &'static ControlPlane {
     AGENT.get_or_init(|| {
         cp.kubectl_ok(&["apply", "-f", repo("crds").to_str().unwrap()]);
         cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/inferencedeployments.kvgate.dev", "--timeout=30s"]);
-        let worker = workspace_bin("kvgate-worker");
-        let operator = PathBuf::from(env!("CARGO_BIN_EXE_kvgate-operator"));
-        cp.node_agent(&workspace_bin("kvgate-node-agent"), "node-1", &[(WORKER_IMAGE, &worker), (OPERATOR_IMAGE, &operator)])
-            .unwrap_or_else(|e| panic!("node agent: {e:#}"))
+        let images = kvgate_testenv::images::debug_table().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
+        cp.node_agent(&workspace_bin("kvgate-node-agent"), "node-1", &images).unwrap_or_else(|e| panic!("node agent: {e:#}"))
     });
     cp
 }

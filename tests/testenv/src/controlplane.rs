@@ -217,9 +217,10 @@ impl ControlPlane {
     }
 
     /// Starts a node agent (`kvgate-node-agent` at `agent`) that runs pods whose images are in
-    /// `images` (`name=path`), stopped when the returned process is dropped. Its pods' files (logs,
-    /// `network.json`) are under `node_dir(node)`.
-    pub fn node_agent(&self, agent: &Path, node: &str, images: &[(&str, &Path)]) -> anyhow::Result<Proc> {
+    /// `images` (name, then `oci:LAYOUT:TAG` or a host binary's path; see `node::images`), stopped
+    /// when the returned process is dropped. Its pods' files (logs, `network.json`, bundles) are
+    /// under `node_dir(node)`.
+    pub fn node_agent(&self, agent: &Path, node: &str, images: &[(&str, String)]) -> anyhow::Result<Proc> {
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
             format!("--server={}", self.pod_server()),
@@ -232,7 +233,7 @@ impl ControlPlane {
         ];
         for (name, path) in images {
             args.push("--image".into());
-            args.push(format!("{name}={}", path.display()));
+            args.push(format!("{name}={path}"));
         }
         let mut p = Proc::spawn(node, agent, &args, &self.dir)?;
         wait_until("the node agent's Node", Duration::from_secs(30), || {

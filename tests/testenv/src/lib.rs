@@ -6,6 +6,7 @@
 pub mod certs;
 pub mod controlplane;
 pub mod http;
+pub mod images;
 pub mod metrics;
 pub mod netfault;
 pub mod netns;

@@ -13,21 +13,18 @@ use serde_json::Value;
 
 kvgate_testenv::own_network_namespace!();
 
-fn workspace_bin(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug").join(name);
-    assert!(p.is_file(), "{} not found: build it with `cargo build --workspace`", p.display());
-    p
-}
-
 /// The control plane with one node agent, shared by this file's tests.
+static AGENT: OnceLock<Proc> = OnceLock::new();
+
 fn cluster() -> &'static ControlPlane {
-    static AGENT: OnceLock<Proc> = OnceLock::new();
     let cp = ControlPlane::shared();
     AGENT.get_or_init(|| {
-        let worker = workspace_bin("kvgate-worker");
-        let kubectl = kvgate_testenv::controlplane::kubectl_path();
-        let python = which("python3");
-        let images = [("kvgate/worker", worker.as_path()), ("kvgate/kubectl", kubectl.as_path()), ("kvgate/python", python.as_path())];
+        let table = kvgate_testenv::images::debug_table().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
+        let (worker, operator) = (table[0].1.clone(), table[1].1.clone());
+        let kubectl = kvgate_testenv::controlplane::kubectl_path().display().to_string();
+        let python = which("python3").display().to_string();
+        // The worker image runs under runc; the tools have no image and run as host processes.
+        let images = [("kvgate/worker", worker), ("kvgate/operator", operator), ("kvgate/kubectl", kubectl), ("kvgate/python", python)];
         cp.node_agent(Path::new(env!("CARGO_BIN_EXE_kvgate-node-agent")), "node-1", &images).unwrap_or_else(|e| panic!("node agent: {e:#}"))
     });
     cp
@@ -53,7 +50,20 @@ fn json(cp: &ControlPlane, args: &[&str]) -> Value {
 }
 
 fn eventually(cp: &ControlPlane, what: &str, timeout: Duration, check: impl FnMut() -> bool) {
-    kvgate_testenv::wait::eventually(what, timeout, Duration::from_millis(250), check, || cp.logs());
+    kvgate_testenv::wait::eventually(what, timeout, Duration::from_millis(250), check, || {
+        let pods =
+            cp.kubectl(&["get", "pods", "-A", "-o", "custom-columns=NS:.metadata.namespace,NAME:.metadata.name,STATE:.status.containerStatuses[*].state"]);
+        let agent = AGENT.get().map(|a| kvgate_testenv::process::tail(&a.log, 40)).unwrap_or_default();
+        let containers: String = std::fs::read_dir(cp.node_dir("node-1"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|pod| std::fs::read_dir(pod.path()).into_iter().flatten().flatten())
+            .filter(|f| f.path().extension().is_some_and(|e| e == "log"))
+            .map(|f| format!("--- {} ---\n{}\n", f.path().display(), kvgate_testenv::process::tail(&f.path(), 10)))
+            .collect();
+        format!("{}\n--- pods ---\n{}\n--- node agent ---\n{agent}\n{containers}", cp.logs(), String::from_utf8_lossy(&pods.stdout))
+    });
 }
 
 fn ready(pod: &Value) -> bool {
@@ -282,15 +292,19 @@ fn a_process_runs_with_its_service_accounts_permissions() {
 }
 
 /// The pod's processes: those whose working directory is the pod's directory on the node.
-fn pod_processes(cp: &ControlPlane, ns: &str, pod: &str) -> Vec<i32> {
+/// The pid of a pod's container, as runc (under the node agent's `--root`) reports it.
+fn container_pid(cp: &ControlPlane, ns: &str, pod: &str, container: &str) -> i32 {
     let uid = json(cp, &["-n", ns, "get", "pod", pod])["metadata"]["uid"].as_str().unwrap().to_string();
-    let dir = cp.node_dir("node-1").join(uid);
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir))
-        .collect()
+    let out = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(cp.node_dir("node-1").join("runc"))
+        .args(["state", &format!("{uid}-{container}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "runc state: {}", String::from_utf8_lossy(&out.stderr));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(state["status"], "running", "{state}");
+    state["pid"].as_i64().unwrap() as i32
 }
 
 #[test]
@@ -335,10 +349,9 @@ fn kubectl_logs_shows_follows_and_keeps_the_previous_run_of_a_worker() {
     let mut first = String::new();
     std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
     assert!(first.contains(listening), "{first}");
-    let pids = pod_processes(cp, &ns, "w");
-    assert_eq!(pids.len(), 1, "one worker process in the pod's directory: {pids:?}");
+    let pid = container_pid(cp, &ns, "w", "worker");
     // SAFETY: signalling the pod's own worker process.
-    unsafe { libc::kill(pids[0], libc::SIGTERM) };
+    unsafe { libc::kill(pid, libc::SIGTERM) };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut rest = String::new();
@@ -366,4 +379,52 @@ fn kubectl_logs_shows_follows_and_keeps_the_previous_run_of_a_worker() {
     assert!(last.contains("shutting down"), "{last}");
     let limited = cp.kubectl_ok(&["-n", &ns, "logs", "w", "--limit-bytes=10"]);
     assert_eq!(limited, listening[..10], "--limit-bytes");
+}
+
+/// A field of `/proc/PID/status` (e.g. `Uid`, `CapEff`).
+fn proc_status(pid: i32, field: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines().find_map(|l| l.strip_prefix(&format!("{field}:"))).unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status")).trim().to_string()
+}
+
+#[test]
+fn the_images_run_under_runc_as_nonroot_on_a_read_only_root_with_no_capabilities() {
+    let cp = cluster();
+    let ns = cp.restricted_namespace("image");
+    // The restricted profile, as the operator renders its pods; /tmp is an emptyDir.
+    let security = "securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: [ALL] } }";
+    apply(
+        cp,
+        &ns,
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{ name: w }}\nspec:\n  securityContext: {{ runAsNonRoot: true, seccompProfile: {{ type: RuntimeDefault }} }}\n  volumes: [{{ name: tmp, emptyDir: {{}} }}]\n  containers:\n  - name: worker\n    image: kvgate/worker:test\n    args: [local, --colocated, --listen=0.0.0.0:8082, --context-window=64, --kv-pool-tokens=256]\n    volumeMounts: [{{ name: tmp, mountPath: /tmp }}]\n    {security}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{ name: op }}\nspec:\n  restartPolicy: Never\n  securityContext: {{ runAsNonRoot: true, seccompProfile: {{ type: RuntimeDefault }} }}\n  containers:\n  - name: operator\n    image: kvgate/operator:test\n    args: [--version]\n    {security}\n"
+        ),
+    );
+    let mut ip = String::new();
+    eventually(cp, "the worker serving /healthz", Duration::from_secs(60), || {
+        ip = json(cp, &["-n", &ns, "get", "pod", "w"])["status"]["podIP"].as_str().unwrap_or_default().to_string();
+        !ip.is_empty() && http_ok(&ip)
+    });
+    let pod = json(cp, &["-n", &ns, "get", "pod", "w"]);
+    assert!(pod["status"]["containerStatuses"][0]["imageID"].as_str().unwrap().contains("@sha256:"), "{pod}");
+    let pid = container_pid(cp, &ns, "w", "worker");
+    assert_eq!(proc_status(pid, "Uid"), "65532\t65532\t65532\t65532");
+    assert_eq!(proc_status(pid, "Gid"), "65532\t65532\t65532\t65532");
+    for caps in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(proc_status(pid, caps), "0000000000000000", "{caps}");
+    }
+    assert_eq!(proc_status(pid, "NoNewPrivs"), "1");
+    // The container's root (mount point "/" in its own mount namespace) is read-only; /tmp is not.
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let options = |point: &str| mounts.lines().map(|l| l.split(' ').collect::<Vec<_>>()).filter(|f| f[4] == point).map(|f| f[5].to_string()).next_back();
+    assert!(options("/").is_some_and(|o| o.split(',').any(|x| x == "ro")), "root not read-only:\n{mounts}");
+    assert!(options("/tmp").is_some_and(|o| o.split(',').any(|x| x == "rw")), "/tmp not writable:\n{mounts}");
+    // Its own pid namespace: the worker is pid 1 there.
+    assert_eq!(proc_status(pid, "NSpid").split_whitespace().last(), Some("1"));
+
+    eventually(cp, "the operator image printing its version", Duration::from_secs(60), || {
+        json(cp, &["-n", &ns, "get", "pod", "op"])["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    });
+    let version = container_log(cp, &ns, "op", "operator");
+    assert_eq!(version.trim(), format!("kvgate-operator {}", env!("CARGO_PKG_VERSION")));
 }

@@ -41,8 +41,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let agent = std::env::current_exe()?.with_file_name("kvgate-node-agent");
     let cp = tokio::task::spawn_blocking(ControlPlane::start).await??;
-    // The images the chart and the operator name run as these local binaries.
-    let images = [("ghcr.io/kvgate/kvgate-worker", worker.as_path()), ("ghcr.io/kvgate/kvgate-operator", operator.as_path())];
+    // The images the chart and the operator name: OCI images of these binaries, run by runc.
+    let images = tokio::task::spawn_blocking(kvgate_testenv::images::debug_table).await??;
     let node = cp.node_agent(&agent, "dev-node", &images)?;
 
     let out = value("--out").pop().map(std::path::PathBuf::from).unwrap_or_else(|| root.join("target/dev-cluster"));
@@ -61,7 +61,7 @@ async fn main() -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&cp.kubeconfig)?.replace(&cp.server, &format!("https://{}", api_relay.addr));
     std::fs::write(&kubeconfig, text)?;
     println!(
-        "kvgate dev cluster is up: API server https://{}, node dev-node (images ghcr.io/kvgate/kvgate-worker and -operator run from target/debug)",
+        "kvgate dev cluster is up: API server https://{}, node dev-node (images ghcr.io/kvgate/kvgate-worker and -operator built from target/debug, run by runc)",
         api_relay.addr
     );
     println!("  export KUBECONFIG={}", kubeconfig.canonicalize()?.display());

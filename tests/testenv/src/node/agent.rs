@@ -1,6 +1,6 @@
 //! Registers a Node, keeps its Lease and Ready condition fresh, binds pending pods to itself,
-//! runs them as local processes (each in its own network namespace, see `network`, and cgroup,
-//! see `cgroups`), reports their status, and serves their logs on the kubelet's port
+//! runs their containers as OCI containers with runc (see `pod`; each pod in its own network
+//! namespace, see `network`, and cgroup, see `cgroups`), reports their status, and serves their logs on the kubelet's port
 //! (`kubelet_api`).
 
 use std::collections::{BTreeSet, HashMap};
@@ -20,7 +20,9 @@ use super::images::ImageTable;
 use super::kubelet_api::{self, KubeletTls};
 use super::logs::LogIndex;
 use super::network::{self, PodNetwork};
-use super::pod::PodRt;
+use super::oci_image::ImageStore;
+use super::pod::{PodRt, Runtime};
+use super::runc::Runc;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -45,6 +47,7 @@ pub struct NodeAgent {
     network: PodNetwork,
     /// The parent of the pods' cgroups, or why limits cannot be enforced on this machine.
     cgroups: Result<Cgroups, String>,
+    runtime: Runtime,
     logs: LogIndex,
     /// Where the kubelet API listens (advertised in the Node's `daemonEndpoints`).
     kubelet_port: u16,
@@ -61,7 +64,12 @@ impl NodeAgent {
         if let Err(e) = &cgroups {
             tracing::warn!(error = e, "pod resource limits cannot be enforced on this machine; pods that set limits will not start");
         }
-        Ok(NodeAgent { client, cfg, pods: HashMap::new(), network, cgroups, logs: LogIndex::default(), kubelet_port: 0 })
+        let runc = Runc::new(cfg.dir.join("runc"));
+        if let Err(e) = &runc {
+            tracing::warn!(error = e, "containers of OCI images will not start");
+        }
+        let runtime = Runtime { images: cfg.images.clone(), store: ImageStore::new(cfg.dir.join("images")), runc };
+        Ok(NodeAgent { client, cfg, pods: HashMap::new(), network, cgroups, runtime, logs: LogIndex::default(), kubelet_port: 0 })
     }
 
     async fn register(&self) -> anyhow::Result<()> {
@@ -158,7 +166,7 @@ impl NodeAgent {
             if rt.volumes_missing() {
                 rt.set_volumes(super::volumes::prepare(&self.client, &pod, rt.dir(), rt.token.as_deref()).await);
             }
-            rt.tick(&pod, &self.cfg.images).await;
+            rt.tick(&pod, &self.runtime).await;
             let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or_default());
             self.logs.update(ns, name, &uid, rt.dir(), rt.running());
             let status = rt.status(&pod);
@@ -217,11 +225,13 @@ impl NodeAgent {
         };
         let kubeconfig = match &token {
             Some(token) => {
+                use base64::Engine;
                 let path = dir.join("kubeconfig");
+                let ca = std::fs::read(&self.cfg.ca_file)?;
                 let text = format!(
-                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: sa\n    namespace: {}\ncurrent-context: c\n",
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: sa\n    namespace: {}\ncurrent-context: c\n",
                     self.cfg.server,
-                    self.cfg.ca_file.display(),
+                    base64::engine::general_purpose::STANDARD.encode(ca),
                     pod.metadata.namespace.as_deref().unwrap_or("default"),
                 );
                 std::fs::write(&path, text).ok().map(|_| path)

@@ -94,8 +94,9 @@ impl Cgroups {
                     write(&memory, "memory.limit_in_bytes", bytes.to_string())?;
                 }
                 if let Some(m) = limits.millicpu {
-                    write(&cpu, "cpu.cfs_period_us", CFS_PERIOD_US.to_string())?;
-                    write(&cpu, "cpu.cfs_quota_us", (m * CFS_PERIOD_US / 1000).max(1000).to_string())?;
+                    let (quota, period) = cfs_quota(m);
+                    write(&cpu, "cpu.cfs_period_us", period.to_string())?;
+                    write(&cpu, "cpu.cfs_quota_us", quota.to_string())?;
                 }
             }
             Version::V2 => {
@@ -103,7 +104,8 @@ impl Cgroups {
                     write(&memory, "memory.max", bytes.to_string())?;
                 }
                 if let Some(m) = limits.millicpu {
-                    write(&cpu, "cpu.max", format!("{} {CFS_PERIOD_US}", (m * CFS_PERIOD_US / 1000).max(1000)))?;
+                    let (quota, period) = cfs_quota(m);
+                    write(&cpu, "cpu.max", format!("{quota} {period}"))?;
                 }
             }
         }
@@ -126,14 +128,17 @@ impl PodCgroup {
         self.procs.clone()
     }
 
-    /// How many processes the kernel's OOM killer has killed in this cgroup.
-    pub fn oom_kills(&self) -> u64 {
-        let file = match self.version {
-            Version::V1 => "memory.oom_control",
-            Version::V2 => "memory.events",
-        };
-        let text = fs::read_to_string(self.memory.join(file)).unwrap_or_default();
-        text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+    /// A count that grows when the pod's memory limit is hit: v2's `oom_kill` (hierarchical,
+    /// so it counts kills in the containers' cgroups below); in v1, where `oom_kill` counts only
+    /// the victim's own cgroup (a container's, which runc removes when it exits), the kills here
+    /// plus `memory.failcnt`, the times usage hit this cgroup's limit.
+    pub fn oom_events(&self) -> u64 {
+        let read = |file: &str| fs::read_to_string(self.memory.join(file)).unwrap_or_default();
+        let oom_kill = |text: String| text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0u64);
+        match self.version {
+            Version::V1 => oom_kill(read("memory.oom_control")) + read("memory.failcnt").trim().parse().unwrap_or(0u64),
+            Version::V2 => oom_kill(read("memory.events")),
+        }
     }
 
     /// Kills what is left in the cgroup and removes it.
@@ -169,17 +174,34 @@ pub fn enter(procs: &[CString]) -> std::io::Result<()> {
 pub fn pod_limits(pod: &k8s_openapi::api::core::v1::Pod) -> Result<Limits, String> {
     let mut limits = Limits::default();
     for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
-        let Some(l) = c.resources.as_ref().and_then(|r| r.limits.as_ref()) else { continue };
-        if let Some(q) = l.get("memory") {
-            let bytes = quantity(&q.0).ok_or_else(|| format!("container {}: resources.limits.memory {:?} is not a quantity", c.name, q.0))?;
-            *limits.memory.get_or_insert(0) += bytes as u64;
+        let l = container_limits(c)?;
+        if let Some(bytes) = l.memory {
+            *limits.memory.get_or_insert(0) += bytes;
         }
-        if let Some(q) = l.get("cpu") {
-            let cpus = quantity(&q.0).ok_or_else(|| format!("container {}: resources.limits.cpu {:?} is not a quantity", c.name, q.0))?;
-            *limits.millicpu.get_or_insert(0) += (cpus * 1000.0).ceil() as u64;
+        if let Some(m) = l.millicpu {
+            *limits.millicpu.get_or_insert(0) += m;
         }
     }
     Ok(limits)
+}
+
+/// One container's `resources.limits` (its own cgroup's, below the pod's).
+pub fn container_limits(c: &k8s_openapi::api::core::v1::Container) -> Result<Limits, String> {
+    let mut limits = Limits::default();
+    let Some(l) = c.resources.as_ref().and_then(|r| r.limits.as_ref()) else { return Ok(limits) };
+    if let Some(q) = l.get("memory") {
+        limits.memory = Some(quantity(&q.0).ok_or_else(|| format!("container {}: resources.limits.memory {:?} is not a quantity", c.name, q.0))? as u64);
+    }
+    if let Some(q) = l.get("cpu") {
+        let cpus = quantity(&q.0).ok_or_else(|| format!("container {}: resources.limits.cpu {:?} is not a quantity", c.name, q.0))?;
+        limits.millicpu = Some((cpus * 1000.0).ceil() as u64);
+    }
+    Ok(limits)
+}
+
+/// CFS quota for `millicpu` thousandths of a CPU per `CFS_PERIOD_US`.
+pub fn cfs_quota(millicpu: u64) -> (u64, u64) {
+    ((millicpu * CFS_PERIOD_US / 1000).max(1000), CFS_PERIOD_US)
 }
 
 /// A Kubernetes quantity (`512Mi`, `2G`, `500m`, `1.5`) as a number.

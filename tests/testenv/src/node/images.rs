@@ -1,10 +1,21 @@
-//! The node agent's "registry": an explicit table from image names to local binaries.
+//! The node agent's "registry": an explicit table from image names to OCI image layouts (run as
+//! OCI containers by runc, see `runc`) or, for tools of the agent's own tests that have no image
+//! (python3, kubectl), host binaries run as processes in the pod's namespaces.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// What an image name maps to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Image {
+    /// An OCI image layout (as `make images` writes it) and the tag to run.
+    Oci { layout: PathBuf, tag: String },
+    /// A binary on the host, run as a process (no root filesystem of its own).
+    Host(PathBuf),
+}
+
 #[derive(Debug, Clone, Default)]
-pub struct ImageTable(BTreeMap<String, PathBuf>);
+pub struct ImageTable(BTreeMap<String, Image>);
 
 /// `registry/repo:tag` or `repo@sha256:...` without the tag or digest.
 pub fn repository(image: &str) -> &str {
@@ -17,17 +28,31 @@ pub fn repository(image: &str) -> &str {
 }
 
 impl ImageTable {
-    /// Parses `NAME=PATH` entries; NAME is matched with or without its tag.
+    /// Parses `NAME=oci:LAYOUT:TAG` (an OCI image layout) and `NAME=PATH` (a host binary)
+    /// entries; NAME is matched with or without its tag.
     pub fn parse(entries: &[String]) -> anyhow::Result<Self> {
         let mut map = BTreeMap::new();
         for e in entries {
-            let (name, path) = e.split_once('=').ok_or_else(|| anyhow::anyhow!("--image wants NAME=PATH, got `{e}`"))?;
-            map.insert(name.to_string(), PathBuf::from(path));
+            let (name, value) = e.split_once('=').ok_or_else(|| anyhow::anyhow!("--image wants NAME=oci:LAYOUT:TAG or NAME=PATH, got `{e}`"))?;
+            let image = match value.strip_prefix("oci:") {
+                Some(oci) => {
+                    let (layout, tag) = oci.rsplit_once(':').ok_or_else(|| anyhow::anyhow!("--image {name}: `{value}` names no tag (oci:LAYOUT:TAG)"))?;
+                    let layout = PathBuf::from(layout);
+                    anyhow::ensure!(
+                        layout.join("index.json").is_file(),
+                        "--image {name}: {} is not an OCI image layout (no index.json); build it with `make images`",
+                        layout.display()
+                    );
+                    Image::Oci { layout, tag: tag.to_string() }
+                }
+                None => Image::Host(PathBuf::from(value)),
+            };
+            map.insert(name.to_string(), image);
         }
         Ok(ImageTable(map))
     }
 
-    pub fn resolve(&self, image: &str) -> Result<PathBuf, String> {
+    pub fn resolve(&self, image: &str) -> Result<Image, String> {
         self.0
             .get(image)
             .or_else(|| self.0.get(repository(image)))
@@ -46,7 +71,19 @@ mod tests {
         assert_eq!(repository("localhost:5000/worker"), "localhost:5000/worker");
         assert_eq!(repository("worker@sha256:abc"), "worker");
         let t = ImageTable::parse(&["kvgate/worker=/bin/true".into()]).unwrap();
-        assert_eq!(t.resolve("kvgate/worker:9").unwrap(), PathBuf::from("/bin/true"));
+        assert_eq!(t.resolve("kvgate/worker:9").unwrap(), Image::Host(PathBuf::from("/bin/true")));
         assert!(t.resolve("nginx:1").unwrap_err().contains("kvgate/worker"));
+    }
+
+    #[test]
+    fn oci_entries_name_a_layout_and_a_tag() {
+        let dir = std::env::temp_dir().join(format!("kvgate-images-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("index.json"), "{}").unwrap();
+        let t = ImageTable::parse(&[format!("kvgate/worker=oci:{}:0.1.0", dir.display())]).unwrap();
+        assert_eq!(t.resolve("kvgate/worker:test").unwrap(), Image::Oci { layout: dir.clone(), tag: "0.1.0".into() });
+        assert!(ImageTable::parse(&[format!("w=oci:{}", dir.display())]).unwrap_err().to_string().contains("names no tag"));
+        assert!(ImageTable::parse(&["w=oci:/nonexistent:1".into()]).unwrap_err().to_string().contains("make images"));
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,15 +1,18 @@
 //! The node agent: plays the kubelet's part for a control plane without a container runtime.
 
 pub mod agent;
+pub mod bundle;
 pub mod cgroups;
 pub mod env;
 pub mod images;
 pub mod kubelet_api;
 pub mod logs;
 pub mod network;
+pub mod oci_image;
 pub mod pod;
 pub mod probes;
+pub mod runc;
 pub mod volumes;
 
 pub use agent::{AgentConfig, NodeAgent};
-pub use images::ImageTable;
+pub use images::{Image, ImageTable};

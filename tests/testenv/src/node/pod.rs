@@ -1,5 +1,6 @@
-//! One pod on the node agent: its containers as local processes in the pod's network namespace
-//! and cgroup, their probes and restarts, and the status the kubelet would report.
+//! One pod on the node agent: its containers as OCI containers run by runc (or, for test tools
+//! without an image, host processes) in the pod's network namespace and cgroup, their probes and
+//! restarts, and the status the kubelet would report.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -16,9 +17,11 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::cgroups::{self, PodCgroup};
-use super::images::ImageTable;
+use super::images::{Image, ImageTable};
 use super::network::{self, Sandbox};
-use super::{env, logs, probes, volumes};
+use super::oci_image::ImageStore;
+use super::runc::Runc;
+use super::{bundle, env, logs, probes, volumes};
 
 #[derive(Debug, Clone)]
 enum State {
@@ -41,8 +44,12 @@ struct ContainerRt {
     state: State,
     ready: bool,
     started_at: Option<Instant>,
-    /// The pod cgroup's OOM kill count when this run started: a SIGKILL with more is OOMKilled.
-    oom_kills_at_start: u64,
+    /// The pod cgroup's OOM events when this run started: a SIGKILL with more is OOMKilled.
+    oom_events_at_start: u64,
+    /// Set while the container runs under runc: how to signal it.
+    runc_id: Option<(Runc, String)>,
+    /// The image's digest (`imageID` in the status), for OCI images.
+    image_id: String,
     backoff_until: Option<Instant>,
     readiness: Probing,
     liveness: Probing,
@@ -65,6 +72,20 @@ pub struct PodRt {
     started: Time,
     pub last_status: Option<Value>,
 }
+
+/// Where the kubeconfig the agent writes for a pod appears inside its containers.
+const POD_KUBECONFIG: &str = "/var/run/secrets/kvgate.dev/kubeconfig";
+
+/// How containers are run: the image table, unpacked images, and runc (or why it is missing).
+#[derive(Debug)]
+pub struct Runtime {
+    pub images: ImageTable,
+    pub store: ImageStore,
+    pub runc: Result<Runc, String>,
+}
+
+/// A container ready to spawn: the command, runc's handle on it, and its `imageID`.
+type Launch = (Command, Option<(Runc, String)>, String);
 
 fn now() -> Time {
     Time(Timestamp::now())
@@ -91,7 +112,9 @@ impl PodRt {
                 state: State::Waiting { reason: "ContainerCreating".into(), message: String::new() },
                 ready: false,
                 started_at: None,
-                oom_kills_at_start: 0,
+                oom_events_at_start: 0,
+                runc_id: None,
+                image_id: String::new(),
                 backoff_until: None,
                 readiness: Probing::default(),
                 liveness: Probing::default(),
@@ -122,7 +145,7 @@ impl PodRt {
         self.volumes = volumes;
     }
 
-    fn start(&mut self, i: usize, pod: &Pod, images: &ImageTable) {
+    fn start(&mut self, i: usize, pod: &Pod, rt: &Runtime) {
         let ip = self.ip.to_string();
         let c = &mut self.containers[i];
         let cgroup = match &self.cgroup {
@@ -132,39 +155,40 @@ impl PodRt {
                 return;
             }
         };
-        let netns = match std::fs::File::open(&self.sandbox.netns) {
-            Ok(f) => f,
-            Err(e) => {
-                c.state = State::Waiting { reason: "CreateContainerError".into(), message: format!("pod sandbox {}: {e}", self.sandbox.netns.display()) };
-                return;
-            }
-        };
-        let program = match images.resolve(c.spec.image.as_deref().unwrap_or("")) {
-            Ok(p) => p,
+        if let Err(e) = std::fs::metadata(&self.sandbox.netns) {
+            c.state = State::Waiting { reason: "CreateContainerError".into(), message: format!("pod sandbox {}: {e}", self.sandbox.netns.display()) };
+            return;
+        }
+        let image = match rt.images.resolve(c.spec.image.as_deref().unwrap_or("")) {
+            Ok(image) => image,
             Err(message) => {
                 c.state = State::Waiting { reason: "ErrImagePull".into(), message };
                 return;
             }
         };
-        let binds = match self.volumes.as_ref().map_err(Clone::clone).and_then(|v| volumes::binds(&c.spec, v)) {
-            Ok(b) => b,
-            Err(message) => {
-                c.state = State::Waiting { reason: "CreateContainerConfigError".into(), message };
-                return;
-            }
-        };
-        let vars = match env::build(pod, &c.spec, &ip) {
+        let mut vars = match env::build(pod, &c.spec, &ip) {
             Ok(v) => v,
             Err(message) => {
                 c.state = State::Waiting { reason: "CreateContainerConfigError".into(), message };
                 return;
             }
         };
-        // `command` replaces the image's entrypoint: its first word names the binary, which the
-        // image table already resolved, so only the rest are arguments.
-        let mut argv: Vec<String> = c.spec.command.iter().flatten().skip(1).cloned().collect();
-        argv.extend(c.spec.args.iter().flatten().cloned());
-        let argv: Vec<String> = argv.iter().map(|a| env::expand(a, &vars)).collect();
+        // Marks the container's processes as part of this test world (see `netns::sweep`).
+        if let Some(world) = std::env::var_os(crate::netns::WORLD) {
+            vars.insert(crate::netns::WORLD.into(), world.to_string_lossy().into_owned());
+        }
+        let launch = match image {
+            Image::Oci { layout, tag } => self.oci_container(i, pod, rt, &layout, &tag, vars),
+            Image::Host(program) => self.host_process(i, &program, vars),
+        };
+        let c = &mut self.containers[i];
+        let (mut cmd, runc_id, image_id) = match launch {
+            Ok(l) => l,
+            Err((reason, message)) => {
+                c.state = State::Waiting { reason: reason.into(), message };
+                return;
+            }
+        };
         // A restart keeps the last run's output for `kubectl logs --previous`, as the kubelet does.
         if matches!(c.state, State::Terminated { .. })
             && let Err(e) = logs::rotate(&self.dir, &c.spec.name)
@@ -179,57 +203,120 @@ impl PodRt {
                 return;
             }
         };
-        let mut cmd = Command::new(&program);
-        cmd.args(&argv)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", &self.dir)
-            .envs(&vars)
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file);
         // Containers stay in the agent's process group, so whoever stops the agent's group
         // (the test harness does at exit) stops every pod with it: no orphans.
-        if let Some(k) = &self.kubeconfig {
-            cmd.env("KUBECONFIG", k);
-        }
-        // Marks the process as part of this test world (see `netns::sweep`).
-        if let Some(world) = std::env::var_os(crate::netns::WORLD) {
-            cmd.env(crate::netns::WORLD, world);
-        }
+        cmd.stdin(Stdio::null()).stdout(file.try_clone().expect("log file")).stderr(file);
         let procs: Vec<CString> = cgroup.map(PodCgroup::procs).unwrap_or_default();
-        let netns_fd = netns.as_raw_fd();
-        // SAFETY: only syscalls in the forked child (setns; open/write of cgroup.procs; unshare
-        // and mount for volumes), on values prepared before the fork.
+        // SAFETY: only open/write of cgroup.procs in the forked child, on paths made before.
         unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                cgroups::enter(&procs)?;
-                volumes::enter(&binds)
-            });
+            cmd.pre_exec(move || cgroups::enter(&procs));
         }
-        let oom_kills = cgroup.map_or(0, PodCgroup::oom_kills);
-        let spawned = cmd.spawn();
-        drop(netns);
-        match spawned {
+        let oom_events = cgroup.map_or(0, PodCgroup::oom_events);
+        match cmd.spawn() {
             Ok(child) => {
                 c.child = Some(child);
+                c.runc_id = runc_id;
+                c.image_id = image_id;
                 c.state = State::Running { started: now() };
                 c.started_at = Some(Instant::now());
-                c.oom_kills_at_start = oom_kills;
+                c.oom_events_at_start = oom_events;
                 c.ready = false;
                 c.readiness = Probing::default();
                 c.liveness = Probing::default();
             }
-            Err(e) => c.state = State::Waiting { reason: "RunContainerError".into(), message: format!("{}: {e}", program.display()) },
+            Err(e) => c.state = State::Waiting { reason: "RunContainerError".into(), message: format!("{:?}: {e}", cmd.get_program()) },
         }
     }
 
+    /// `runc run` of an OCI bundle written for container `i`: the image's root filesystem
+    /// (shared and read-only, or a private copy when the root is writable), its process resolved
+    /// from the pod spec, the pod's volumes, `/etc/hosts` and kubeconfig bound in, the pod's
+    /// network namespace, and a cgroup below the pod's (runc starts inside the pod's cgroup).
+    fn oci_container(
+        &self,
+        i: usize,
+        pod: &Pod,
+        rt: &Runtime,
+        layout: &Path,
+        tag: &str,
+        mut vars: BTreeMap<String, String>,
+    ) -> Result<Launch, (&'static str, String)> {
+        let c = &self.containers[i];
+        let runc = rt.runc.as_ref().map_err(|e| ("CreateContainerError", e.clone()))?;
+        let image = rt.store.unpack(layout, tag).map_err(|e| ("ErrImagePull", e))?;
+        let config_error = |e: String| ("CreateContainerConfigError", e);
+        let mut mounts = self.volumes.as_ref().map_err(Clone::clone).and_then(|v| volumes::mounts(&c.spec, v)).map_err(config_error)?;
+        let hosts = self.dir.join("hosts");
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        std::fs::write(&hosts, format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{}\t{name}\n", self.ip))
+            .map_err(|e| ("CreateContainerError", e.to_string()))?;
+        mounts.push(bundle::Mount { source: hosts, destination: "/etc/hosts".into(), read_only: true });
+        if let Some(k) = &self.kubeconfig {
+            mounts.push(bundle::Mount { source: k.clone(), destination: POD_KUBECONFIG.into(), read_only: true });
+            vars.insert("KUBECONFIG".into(), POD_KUBECONFIG.into());
+        }
+        let process = bundle::process(pod, &c.spec, &image.config, &vars).map_err(config_error)?;
+        let dir = self.dir.join("bundles").join(&c.spec.name);
+        let io = |e: std::io::Error| ("CreateContainerError", format!("bundle {}: {e}", dir.display()));
+        let rootfs = if process.read_only_root {
+            image.rootfs.clone()
+        } else {
+            // A writable root is the container's own: a fresh copy of the image each run.
+            let copy = dir.join("rootfs");
+            let _ = std::fs::remove_dir_all(&copy);
+            std::fs::create_dir_all(&dir).map_err(io)?;
+            let out = Command::new("cp").arg("-a").arg(&image.rootfs).arg(&copy).output().map_err(io)?;
+            if !out.status.success() {
+                return Err(("CreateContainerError", format!("copying the image's root filesystem: {}", String::from_utf8_lossy(&out.stderr).trim())));
+            }
+            copy
+        };
+        let id = format!("{}-{}", self.uid, c.spec.name);
+        let limits = cgroups::container_limits(&c.spec).map_err(config_error)?;
+        let spec = bundle::spec(&process, &name, &rootfs, &mounts, &self.sandbox.netns, &id, limits);
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        std::fs::write(dir.join("config.json"), spec.to_string()).map_err(io)?;
+        runc.delete(&id);
+        let mut cmd = runc.run(&dir, &id);
+        cmd.env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).current_dir(&dir);
+        if let Some(world) = std::env::var_os(crate::netns::WORLD) {
+            cmd.env(crate::netns::WORLD, world);
+        }
+        Ok((cmd, Some((runc.clone(), id)), format!("oci-layout://{}@{}", layout.display(), image.digest)))
+    }
+
+    /// A host binary (a test tool without an image) as a process in the pod's network and mount
+    /// namespaces, with the volumes bound in.
+    fn host_process(&self, i: usize, program: &Path, vars: BTreeMap<String, String>) -> Result<Launch, (&'static str, String)> {
+        let c = &self.containers[i];
+        let binds = self.volumes.as_ref().map_err(Clone::clone).and_then(|v| volumes::binds(&c.spec, v)).map_err(|e| ("CreateContainerConfigError", e))?;
+        let netns =
+            std::fs::File::open(&self.sandbox.netns).map_err(|e| ("CreateContainerError", format!("pod sandbox {}: {e}", self.sandbox.netns.display())))?;
+        // `command` replaces the image's entrypoint: its first word names the binary, which the
+        // image table already resolved, so only the rest are arguments.
+        let mut argv: Vec<String> = c.spec.command.iter().flatten().skip(1).cloned().collect();
+        argv.extend(c.spec.args.iter().flatten().cloned());
+        let argv: Vec<String> = argv.iter().map(|a| env::expand(a, &vars)).collect();
+        let mut cmd = Command::new(program);
+        cmd.args(&argv).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).env("HOME", &self.dir).envs(&vars).current_dir(&self.dir);
+        if let Some(k) = &self.kubeconfig {
+            cmd.env("KUBECONFIG", k);
+        }
+        // SAFETY: only syscalls in the forked child (setns; unshare and mount for volumes), on
+        // values prepared before the fork; the fd is moved into the closure and outlives it.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                volumes::enter(&binds)
+            });
+        }
+        Ok((cmd, None, String::new()))
+    }
+
     /// Starts what should run, notices exits, restarts per policy, and runs due probes.
-    pub async fn tick(&mut self, pod: &Pod, images: &ImageTable) {
+    pub async fn tick(&mut self, pod: &Pod, rt: &Runtime) {
         let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_else(|| "Always".into());
         for i in 0..self.containers.len() {
             let c = &mut self.containers[i];
@@ -242,8 +329,8 @@ impl PodRt {
                     State::Running { started } => started.clone(),
                     _ => now(),
                 };
-                let oom_killed = status.signal() == Some(libc::SIGKILL)
-                    && self.cgroup.as_ref().ok().and_then(Option::as_ref).is_some_and(|cg| cg.oom_kills() > c.oom_kills_at_start);
+                let oom_killed = exit_code == 128 + libc::SIGKILL
+                    && self.cgroup.as_ref().ok().and_then(Option::as_ref).is_some_and(|cg| cg.oom_events() > c.oom_events_at_start);
                 let reason = match exit_code {
                     0 => "Completed",
                     _ if oom_killed => "OOMKilled",
@@ -251,6 +338,9 @@ impl PodRt {
                 };
                 c.state = State::Terminated { exit_code, reason: reason.into(), started, finished: now() };
                 c.child = None;
+                if let Some((runc, id)) = c.runc_id.take() {
+                    runc.delete(&id);
+                }
                 c.ready = false;
                 let restart = policy == "Always" || (policy == "OnFailure" && exit_code != 0);
                 if restart {
@@ -270,7 +360,7 @@ impl PodRt {
                 if c.backoff_until.take().is_some() {
                     c.restarts += 1;
                 }
-                self.start(i, pod, images);
+                self.start(i, pod, rt);
             }
             self.probe(i).await;
         }
@@ -287,10 +377,7 @@ impl PodRt {
                 c.liveness.failures += 1;
                 if c.liveness.failures >= p.failure_threshold.unwrap_or(3) {
                     tracing::info!(container = c.spec.name, reason, "liveness probe failed; restarting");
-                    if let Some(child) = c.child.as_mut() {
-                        // SAFETY: signalling the container's own process.
-                        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-                    }
+                    c.signal(libc::SIGKILL);
                 }
             } else {
                 c.liveness.failures = 0;
@@ -364,7 +451,7 @@ impl PodRt {
                     }
                 };
                 json!({
-                    "name": c.spec.name, "image": c.spec.image, "imageID": "", "ready": c.ready,
+                    "name": c.spec.name, "image": c.spec.image, "imageID": c.image_id, "ready": c.ready,
                     "restartCount": c.restarts, "started": matches!(c.state, State::Running { .. }), "state": state,
                 })
             })
@@ -390,10 +477,7 @@ impl PodRt {
     pub fn stop(&mut self, grace: Duration) {
         let deadline = Instant::now() + grace;
         for c in &mut self.containers {
-            if let Some(child) = &c.child {
-                // SAFETY: signalling the container's own process.
-                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            }
+            c.signal(libc::SIGTERM);
         }
         for c in &mut self.containers {
             if let Some(mut child) = c.child.take() {
@@ -403,9 +487,15 @@ impl PodRt {
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                // SAFETY: as above; the child is not reaped yet, so the pid is still ours.
-                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-                let _ = child.wait();
+                if let Some((runc, id)) = c.runc_id.take() {
+                    let _ = runc.kill(&id, "KILL");
+                    let _ = child.wait();
+                    runc.delete(&id);
+                } else {
+                    // SAFETY: the child is not reaped yet, so the pid is still ours.
+                    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                    let _ = child.wait();
+                }
             }
         }
     }
@@ -426,6 +516,26 @@ impl PodRt {
     /// Container name -> whether it runs now (for the log endpoint's `follow`).
     pub fn running(&self) -> BTreeMap<String, bool> {
         self.containers.iter().map(|c| (c.spec.name.clone(), c.child.is_some())).collect()
+    }
+}
+
+impl ContainerRt {
+    /// Signals the container's process: through runc for an OCI container (SIGKILL cannot be
+    /// forwarded by runc), directly for a host process.
+    fn signal(&self, signal: i32) {
+        let Some(child) = &self.child else { return };
+        match &self.runc_id {
+            Some((runc, id)) => {
+                let name = if signal == libc::SIGKILL { "KILL" } else { "TERM" };
+                if let Err(e) = runc.kill(id, name) {
+                    tracing::debug!(container = self.spec.name, error = e, "runc kill");
+                }
+            }
+            // SAFETY: signalling the container's own process, not reaped yet.
+            None => unsafe {
+                libc::kill(child.id() as i32, signal);
+            },
+        }
     }
 }
 

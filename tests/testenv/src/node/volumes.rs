@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::api::Api;
 
+use super::bundle::Mount;
+
 /// Materializes the pod's volumes; a name -> directory map, or why a volume cannot be had.
 pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option<&str>) -> Result<BTreeMap<String, PathBuf>, String> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -63,6 +65,10 @@ pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option
         };
         if let Some((files, mode)) = files {
             std::fs::create_dir_all(&path).map_err(|e| format!("volume {}: {e}", v.name))?;
+            if v.empty_dir.is_some() {
+                // Writable by whichever user the containers run as, as the kubelet makes it.
+                let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777));
+            }
             for (key, bytes) in files {
                 let file = path.join(&key);
                 std::fs::write(&file, bytes).map_err(|e| format!("volume {}: {key}: {e}", v.name))?;
@@ -82,16 +88,27 @@ pub struct Bind {
     read_only: bool,
 }
 
-/// The container's mounts; creates each mount point on the host (an empty directory, harmless).
-pub fn binds(c: &Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Vec<Bind>, String> {
+/// The container's volume mounts: each volume's directory at its `mountPath`.
+pub fn mounts(c: &Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Vec<Mount>, String> {
     c.volume_mounts
         .iter()
         .flatten()
         .map(|m| {
             let source = volumes.get(&m.name).ok_or_else(|| format!("volumeMount {}: no volume of that name", m.name))?;
-            std::fs::create_dir_all(&m.mount_path).map_err(|e| format!("volumeMount {}: {}: {e}", m.name, m.mount_path))?;
+            Ok(Mount { source: source.clone(), destination: m.mount_path.clone(), read_only: m.read_only == Some(true) })
+        })
+        .collect()
+}
+
+/// The mounts of a container run as a host process; creates each mount point on the host (an
+/// empty directory, harmless).
+pub fn binds(c: &Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Vec<Bind>, String> {
+    mounts(c, volumes)?
+        .into_iter()
+        .map(|m| {
+            std::fs::create_dir_all(&m.destination).map_err(|e| format!("volumeMount {}: {e}", m.destination))?;
             let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
-            Ok(Bind { source: c(source)?, target: c(Path::new(&m.mount_path))?, read_only: m.read_only == Some(true) })
+            Ok(Bind { source: c(&m.source)?, target: c(Path::new(&m.destination))?, read_only: m.read_only })
         })
         .collect()
 }
