@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run demo test test-deps lint generate bench fuzz controlplane tools images dev-cluster
+.PHONY: run demo test test-deps lint generate bench fuzz controlplane tools images images-docker dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
@@ -63,11 +63,17 @@ tools:
 	bash tests/tools/build.sh
 	bash tests/cni/build.sh
 
-## Container images (needs a container engine: docker or podman).
+## Container images without a container engine: pinned Debian packages and the release binaries,
+## packed with umoci into OCI layouts and exported with skopeo (target/images/; scripts/images.sh).
+images:
+	$(CARGO) build --release --locked -p kvgate-worker -p kvgate-operator
+	bash scripts/images.sh $(if $(filter 0,$(IMAGE_ARCHIVES)),--no-archives)
+
+## The same images from images/*.Dockerfile where docker or podman exists (and the -cuda worker).
 ENGINE ?= $(shell command -v docker || command -v podman)
 VERSION ?= 0.1.0
-images:
-	@test -n "$(ENGINE)" || { echo "no docker or podman here: images are built where a container engine exists"; exit 1; }
+images-docker:
+	@test -n "$(ENGINE)" || { echo "no docker or podman here: make images builds the images without one"; exit 1; }
 	$(ENGINE) build -f images/operator.Dockerfile -t ghcr.io/kvgate/kvgate-operator:$(VERSION) .
 	$(ENGINE) build -f images/worker.Dockerfile -t ghcr.io/kvgate/kvgate-worker:$(VERSION) .
 	$(ENGINE) build -f images/worker-cuda.Dockerfile -t ghcr.io/kvgate/kvgate-worker:$(VERSION)-cuda .

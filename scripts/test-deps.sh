@@ -7,6 +7,8 @@
 #   curl: worker/tests/readme.rs runs the README's commands as written.
 #   python3-venv: scripts/py-deps.sh's virtual environment (the official openai client and
 #   lm-evaluation-harness, which worker/tests/clients.rs runs against the worker).
+#   runc: the node agent runs pods' containers with it.
+#   umoci, skopeo: scripts/images.sh builds the kvgate images (the tests run them under runc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
@@ -16,6 +18,7 @@ command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(
 command -v python3 >/dev/null || missing+=(python3)
 command -v curl >/dev/null || missing+=(curl)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+for tool in runc umoci skopeo; do command -v $tool >/dev/null || missing+=($tool); done
 [ ${#missing[@]} -eq 0 ] && exec bash scripts/py-deps.sh
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "missing Debian packages: ${missing[*]}; install them with: apt-get install ${missing[*]}" >&2

@@ -64,6 +64,9 @@ pub fn restricted() -> (PodSecurityContext, SecurityContext) {
         run_as_non_root: Some(true),
         run_as_user: Some(65532),
         run_as_group: Some(65532),
+        // The kubelet gives this group the mounted Secret's files (mode 0400 becomes 0440, group
+        // 65532): the worker reads its handoff secret as a non-root user; others cannot.
+        fs_group: Some(65532),
         seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
         ..Default::default()
     };

@@ -2,7 +2,8 @@
 //! service-account token volume the API server adds to pods) become directories under the pod's
 //! directory, `hostPath` is used as is, and each container sees them at their
 //! `mountPath` through its own mount namespace (bind mounts, read-only where asked), as a real
-//! container would.
+//! container would. A pod's `fsGroup` owns its secret, configMap and projected files and may read
+//! them, as the kubelet arranges.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -19,6 +20,7 @@ use super::bundle::Mount;
 pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option<&str>) -> Result<BTreeMap<String, PathBuf>, String> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut out = BTreeMap::new();
+    let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|c| c.fs_group).and_then(|g| u32::try_from(g).ok());
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let path = dir.join("volumes").join(&v.name);
         let files: Option<(BTreeMap<String, Vec<u8>>, i32)> = if let Some(s) = &v.secret {
@@ -73,6 +75,11 @@ pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option
                 let file = path.join(&key);
                 std::fs::write(&file, bytes).map_err(|e| format!("volume {}: {key}: {e}", v.name))?;
                 let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode as u32));
+                if let Some(group) = fs_group {
+                    // As the kubelet applies fsGroup: the pod's group owns the file and may read it.
+                    let _ = std::os::unix::fs::chown(&file, Some(0), Some(group));
+                    let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode as u32 | 0o440));
+                }
             }
             out.insert(v.name.clone(), path);
         }
