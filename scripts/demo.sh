@@ -20,11 +20,11 @@ helm=target/tools/bin/helm
 kubectl() { target/controlplane/bin/kubectl "$@"; }
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-step "kubectl apply -f crds/"
-kubectl apply -f crds/
-kubectl wait --for=condition=Established crd/inferencedeployments.kvgate.dev --timeout=30s
-step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace"
+step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace (the CRD comes with it)"
 $helm install kvgate charts/kvgate -n kvgate-system --create-namespace --wait --timeout 120s
+kubectl wait --for=condition=Established crd/inferencedeployments.kvgate.dev --timeout=30s
+step "helm test kvgate -n kvgate-system"
+$helm test kvgate -n kvgate-system
 step "kubectl -n demo apply -f examples/tiny.yaml -f examples/incident.yaml"
 kubectl create namespace demo
 # The API server's own PodSecurity admission refuses any pod here that is not `restricted`.

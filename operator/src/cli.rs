@@ -26,6 +26,25 @@ pub enum Command {
     Run(RunArgs),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crd,
+    /// Ask every ready endpoint of a Service for a path over HTTP; exit 0 only if there is one
+    /// and all answer 200 (the chart's `helm test`: the image has no shell and no curl).
+    Check {
+        /// The Service (its EndpointSlices are read with the pod's ServiceAccount).
+        #[arg(long)]
+        service: String,
+        /// Its namespace.
+        #[arg(long, env = "POD_NAMESPACE")]
+        namespace: String,
+        /// The endpoint port's name.
+        #[arg(long, default_value = "metrics")]
+        port_name: String,
+        /// The path to GET.
+        #[arg(long, default_value = "/readyz")]
+        path: String,
+        /// Seconds to wait for each answer.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
+    },
 }
 
 #[derive(Debug, Args, Clone)]

@@ -2,6 +2,7 @@
 //! workloads, and gates every rollout on the KV pool its pods measure.
 
 pub mod capacity;
+pub mod check;
 pub mod cli;
 pub mod conditions;
 pub mod crd;

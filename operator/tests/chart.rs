@@ -36,6 +36,32 @@ fn helm_ok(cp: Option<&ControlPlane>, args: &[&str]) -> String {
     out
 }
 
+/// A tool `make tools` builds into target/tools/bin/.
+fn tool(name: &str) -> PathBuf {
+    let p = repo("target/tools/bin").join(name);
+    assert!(p.is_file(), "{} not found: build it with `make tools` (make test does)", p.display());
+    p
+}
+
+/// The checks charts/kvgate/README.md explains under "Findings left": (kube-score, checkov).
+fn explained_findings() -> (Vec<String>, Vec<String>) {
+    let readme = std::fs::read_to_string(repo("charts/kvgate/README.md")).unwrap();
+    let (mut kube_score, mut checkov) = (Vec::new(), Vec::new());
+    for line in readme.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() > 3 && cells[1].starts_with('`') {
+            let id = cells[1].trim_matches('`').to_string();
+            match cells[2] {
+                "kube-score" => kube_score.push(id),
+                "checkov" => checkov.push(id),
+                _ => {}
+            }
+        }
+    }
+    assert!(!kube_score.is_empty() && !checkov.is_empty(), "no findings table in charts/kvgate/README.md");
+    (kube_score, checkov)
+}
+
 fn chart() -> String {
     repo("charts/kvgate").display().to_string()
 }
@@ -93,6 +119,38 @@ fn the_chart_lints_renders_and_validates_on_the_api_server() {
             }
         }
     }
+    let schemas = cp.dir.join("schemas");
+    let openapi: Value = serde_json::from_str(&cp.kubectl_ok(&["get", "--raw", "/openapi/v2"])).unwrap();
+    assert!(support::schemas::write(&openapi, &schemas) > 100);
+    for values in values_files() {
+        let mut args = vec!["template".to_string(), "kvgate".into(), chart(), "-n".into(), "kvgate-system".into()];
+        args.extend(values.iter().flat_map(|v| ["-f".to_string(), v.clone()]));
+        let rendered = cp.dir.join("rendered.yaml");
+        std::fs::write(&rendered, helm_ok(None, &args.iter().map(String::as_str).collect::<Vec<_>>())).unwrap();
+        let which = values.as_deref().unwrap_or("the default values");
+        let out = Command::new(tool("kubeconform")).args(["-strict", "-summary", "-schema-location"]).arg(support::schemas::location(&schemas)).arg(&rendered).output().unwrap();
+        assert!(out.status.success(), "kubeconform ({which}):\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let (kube_score, checkov) = explained_findings();
+        let mut ks = Command::new(tool("kube-score"));
+        ks.args(["score", "--output-format", "ci", "--exit-one-on-warning"]);
+        for id in &kube_score {
+            ks.args(["--ignore-test", id]);
+        }
+        let out = ks.arg(&rendered).output().unwrap();
+        let findings: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with("[OK]") && !l.starts_with("[SKIPPED]")).map(String::from).collect();
+        assert!(out.status.success() && findings.is_empty(), "kube-score ({which}) found what charts/kvgate/README.md does not explain:\n{}", findings.join("\n"));
+        let out = Command::new(repo("target/pyenv/bin/checkov"))
+            .args(["--framework", "kubernetes", "--compact", "--quiet", "--skip-download", "--skip-check", &checkov.join(","), "-f"])
+            .arg(&rendered)
+            .output()
+            .expect("checkov not found in target/pyenv: run `make test-deps`");
+        assert!(out.status.success(), "checkov ({which}) found what charts/kvgate/README.md does not explain:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
+    // chart-testing's lint: helm lint, yamllint with its lintconf, yamale with its Chart.yaml schema.
+    let path = format!("{}:{}:{}", repo("target/tools/bin").display(), repo("target/pyenv/bin").display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(tool("ct")).args(["lint", "--config"]).arg(repo("ct.yaml")).current_dir(repo("")).env("PATH", path).env("CT_CONFIG_DIR", repo("target/tools/ct")).output().unwrap();
+    assert!(out.status.success(), "ct lint:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+
     // Typos in values fail (values.schema.json).
     let (ok, _, err) = helm(None, &["template", "kv", &chart(), "--set", "replicaCont=2"]);
     assert!(!ok && err.contains("replicaCont"), "{err}");
@@ -103,7 +161,7 @@ fn the_chart_ships_the_generated_crds_rules_and_dashboards() {
     let same = |a: &str, b: &str| {
         assert_eq!(std::fs::read_to_string(repo(a)).unwrap(), std::fs::read_to_string(repo(b)).unwrap(), "{b} differs from {a}: run `make generate`")
     };
-    same("crds/kvgate.dev_inferencedeployments.yaml", "charts/kvgate/crds/kvgate.dev_inferencedeployments.yaml");
+    same("crds/kvgate.dev_inferencedeployments.yaml", "charts/kvgate/files/crds/kvgate.dev_inferencedeployments.yaml");
     same("dashboards/alerts.yaml", "charts/kvgate/files/alerts.yaml");
     for d in ["integrity", "capacity", "serving", "operator"] {
         same(&format!("dashboards/{d}.json"), &format!("charts/kvgate/files/dashboards/{d}.json"));
@@ -132,6 +190,57 @@ fn the_operator_deployment_is_locked_down_and_tags_default_to_the_app_version() 
     assert!(args.as_array().unwrap().iter().any(|a| a == "--leader-elect"), "{args}");
 }
 
+#[test]
+fn the_values_platform_teams_expect_render_as_documented() {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let docs = render(
+        None,
+        &[
+            &format!("image.digest={digest}"),
+            "podLabels.team=llm",
+            "priorityClassName=system-cluster-critical",
+            "extraArgs[0]=--identity=$(POD_NAME)",
+            "extraEnv[0].name=EXTRA",
+            "extraEnv[0].value=1",
+            "topologySpreadConstraints[0].maxSkew=1",
+            "topologySpreadConstraints[0].topologyKey=kubernetes.io/hostname",
+            "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+            "podDisruptionBudget.enabled=true",
+            "operatorNetworkPolicy.enabled=true",
+            "fullnameOverride=kvg",
+            "podSecurityContext.runAsUser=70000",
+        ],
+    );
+    let dep = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    assert_eq!(dep["metadata"]["name"], "kvg");
+    let pod = &dep["spec"]["template"];
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(c["image"], format!("ghcr.io/kvgate/kvgate-operator@{digest}"));
+    assert_eq!(pod["metadata"]["labels"]["team"], "llm");
+    assert_eq!(pod["spec"]["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["spec"]["securityContext"]["runAsUser"], 70000);
+    assert!(c["args"].as_array().unwrap().iter().any(|a| a == "--identity=$(POD_NAME)"));
+    assert!(c["env"].as_array().unwrap().iter().any(|e| e["name"] == "EXTRA" && e["value"] == "1"));
+    let spread = &pod["spec"]["topologySpreadConstraints"][0];
+    assert_eq!(spread["labelSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"], "the spread selects the operator's pods");
+    let pdb = docs.iter().find(|d| d["kind"] == "PodDisruptionBudget").unwrap();
+    assert_eq!((&pdb["spec"]["minAvailable"], &pdb["spec"]["selector"]["matchLabels"]), (&serde_json::json!(1), &dep["spec"]["selector"]["matchLabels"]));
+    let policy = docs.iter().find(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "kvg-operator").unwrap();
+    assert_eq!(policy["spec"]["podSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"]);
+    assert!(policy["spec"]["ingress"].is_null() || policy["spec"]["ingress"].as_array().unwrap().is_empty(), "no metricsFrom: nothing may connect");
+    // The CRD ships with the chart, kept on uninstall unless crds.keep=false; crds.enabled=false drops it.
+    let crd = docs.iter().find(|d| d["kind"] == "CustomResourceDefinition").unwrap();
+    assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+    assert_eq!(crd["spec"], serde_yaml::from_str::<Value>(&std::fs::read_to_string(repo("crds/kvgate.dev_inferencedeployments.yaml")).unwrap()).unwrap()["spec"]);
+    assert!(render(None, &["crds.keep=false"]).iter().any(|d| d["kind"] == "CustomResourceDefinition" && d["metadata"]["annotations"]["helm.sh/resource-policy"].is_null()));
+    assert!(!render(None, &["crds.enabled=false"]).iter().any(|d| d["kind"] == "CustomResourceDefinition"));
+    // nameOverride names everything after it.
+    assert!(render(None, &["nameOverride=gate"]).iter().any(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "kv-gate"));
+    // A malformed digest is refused by the values schema, naming the field.
+    let (ok, _, err) = helm(None, &["template", "kv", &chart(), "--set", "image.digest=latest"]);
+    assert!(!ok && err.contains("digest"), "{err}");
+}
+
 type Rules = BTreeMap<(String, String), BTreeSet<String>>;
 
 fn rules_of(role: &Value) -> Rules {
@@ -154,7 +263,8 @@ fn expected(list: &[(&str, &str, &[&str])]) -> Rules {
 #[test]
 fn the_chart_grants_exactly_the_permissions_the_operator_uses() {
     for (set, watch_kind) in [(vec![], "ClusterRole"), (vec!["watchNamespace=llm"], "Role")] {
-        let docs = render(None, &set);
+        // The `helm test` hook has a Role of its own (list EndpointSlices); the operator's are these.
+        let docs: Vec<Value> = render(None, &set).into_iter().filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null()).collect();
         let watch = docs.iter().find(|d| d["kind"] == watch_kind && !d["metadata"]["name"].as_str().unwrap().ends_with("-leader-election")).unwrap();
         assert_eq!(rules_of(watch), expected(rbac::WATCHED_NAMESPACES), "{watch_kind} differs from operator/src/rbac.rs");
         let leader = docs.iter().find(|d| d["kind"] == "Role" && d["metadata"]["name"].as_str().unwrap().ends_with("-leader-election")).unwrap();
@@ -170,7 +280,25 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     let cp = cluster();
     let release_ns = cp.restricted_namespace("kvgate-system");
     let chart = chart();
+    // The CRD was applied from crds/ (as the other tests need it): adopt it as the chart README's
+    // upgrade notes say, so the release owns (and upgrades) it from now on.
+    let crd = "crd/inferencedeployments.kvgate.dev";
+    cp.kubectl_ok(&["label", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite"]);
+    cp.kubectl_ok(&["annotate", crd, "meta.helm.sh/release-name=kvgate", &format!("meta.helm.sh/release-namespace={release_ns}"), "--overwrite"]);
     helm_ok(Some(cp), &["install", "kvgate", &chart, "-n", &release_ns, "--wait", "--timeout", "120s"]);
+    let owned = get_json(cp, &["get", crd]);
+    assert_eq!(owned["metadata"]["annotations"]["helm.sh/resource-policy"], "keep", "{}", owned["metadata"]);
+    // `helm test`: the operator image's `check` finds the operator pods through the Service's
+    // EndpointSlices and gets 200 from /readyz, running as a restricted pod under its own identity.
+    let out = helm_ok(Some(cp), &["test", "kvgate", "-n", &release_ns, "--timeout", "120s"]);
+    assert!(out.contains("kvgate-test-ready") && out.contains("Succeeded"), "{out}");
+    // With no operator pod ready, the same test fails and says why.
+    cp.kubectl_ok(&["-n", &release_ns, "scale", "deployment/kvgate", "--replicas=0"]);
+    eventually(cp, &release_ns, "no operator pod left", Duration::from_secs(60), || {
+        get_json(cp, &["-n", &release_ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate-operator"])["items"].as_array().is_some_and(Vec::is_empty)
+    });
+    let (ok, out, err) = helm(Some(cp), &["test", "kvgate", "-n", &release_ns, "--timeout", "60s", "--logs"]);
+    assert!(!ok && format!("{out}{err}").contains("no ready endpoint"), "{out}\n{err}");
     let ns = cp.restricted_namespace("demo");
     cp.kubectl_ok(&["-n", &ns, "apply", "-f", repo("examples/tiny.yaml").to_str().unwrap(), "-f", repo("examples/incident.yaml").to_str().unwrap()]);
     eventually(cp, &ns, "tiny Available and incident Refused by the chart's operator", Duration::from_secs(180), || {

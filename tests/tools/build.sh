@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the helm client (v3.22.0, pinned by go.mod) the chart tests use into target/tools/bin/.
+# Builds the helm client (v3.22.0, pinned by go.mod) and the chart linters (ct, kube-score,
+# kubeconform; lint/go.mod) the chart tests use into target/tools/bin/.
 # Idempotent: Go's build cache makes a second run with nothing changed take seconds.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,3 +21,17 @@ done
 with_progress "building helm (helm.sh/helm/v3/cmd/helm, Kubernetes 1.$minor from client-go $client_go)" \
   go build -trimpath -ldflags "$ldflags" -o "$out/helm" helm.sh/helm/v3/cmd/helm
 "$out/helm" version --short
+
+# The chart linters (tests/tools/lint/go.mod pins them; their own module so their dependencies
+# never move helm's): chart-testing's `ct` with its default lint and schema configuration (from
+# its module, into target/tools/ct/; the chart tests set CT_CONFIG_DIR there), kube-score and
+# kubeconform.
+cd "$here/lint"
+with_progress "building ct, kube-score and kubeconform" bash -c '
+  go build -trimpath -o "$1/ct" github.com/helm/chart-testing/v3/ct &&
+  go build -trimpath -o "$1/kube-score" github.com/zegl/kube-score/cmd/kube-score &&
+  go build -trimpath -o "$1/kubeconform" github.com/yannh/kubeconform/cmd/kubeconform' _ "$out"
+ct_etc="$(go list -m -f '{{.Dir}}' github.com/helm/chart-testing/v3)/etc"
+mkdir -p "$out/../ct"
+install -m 0644 "$ct_etc/chart_schema.yaml" "$ct_etc/lintconf.yaml" "$out/../ct/"
+"$out/ct" version | head -1

@@ -3,8 +3,11 @@
 //! `cargo xtask generate` (`make generate`) writes them all; `cargo xtask check` writes nothing
 //! and fails naming each stale file (a test runs it). Generated: the CRD YAML (from
 //! `operator/src/crd.rs`) in `crds/` and in the chart, the dashboards (from
-//! `dashboards/generate.py`) and the alert rules in the chart, and the table of handoff refusal
-//! reasons in `docs/handoff-protocol.md` (from `proto/src/refusal.rs`).
+//! `dashboards/generate.py`) and the alert rules in the chart, the table of handoff refusal
+//! reasons in `docs/handoff-protocol.md` (from `proto/src/refusal.rs`), and the values table of
+//! `charts/kvgate/README.md` (from the `# --` comments of `charts/kvgate/values.yaml`).
+
+mod values_table;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,6 +18,9 @@ const DASHBOARDS: [&str; 4] = ["integrity", "capacity", "serving", "operator"];
 const REASONS_DOC: &str = "docs/handoff-protocol.md";
 const BEGIN: &str = "<!-- generated:refusal-reasons (cargo xtask generate; from proto/src/refusal.rs) -->\n";
 const END: &str = "<!-- end:refusal-reasons -->\n";
+const CHART_README: &str = "charts/kvgate/README.md";
+const VALUES_BEGIN: &str = "<!-- generated:values (cargo xtask generate; from values.yaml) -->\n";
+const VALUES_END: &str = "<!-- end:values -->\n";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repository").to_path_buf()
@@ -27,19 +33,21 @@ fn read(path: &str) -> anyhow::Result<String> {
 /// Every generated file that is written from Rust, as (path, wanted contents).
 fn outputs() -> anyhow::Result<Vec<(String, String)>> {
     let crds = kvgate_operator::crdgen::yaml()?;
-    let mut out = vec![(kvgate_operator::crdgen::FILE.to_string(), crds.clone()), (format!("charts/kvgate/{}", kvgate_operator::crdgen::FILE), crds)];
+    let mut out = vec![(kvgate_operator::crdgen::FILE.to_string(), crds.clone()), (format!("charts/kvgate/files/{}", kvgate_operator::crdgen::FILE), crds)];
     out.push(("charts/kvgate/files/alerts.yaml".into(), read("dashboards/alerts.yaml")?));
     for d in DASHBOARDS {
         out.push((format!("charts/kvgate/files/dashboards/{d}.json"), read(&format!("dashboards/{d}.json"))?));
     }
-    out.push((REASONS_DOC.into(), with_reasons_table(&read(REASONS_DOC)?)?));
+    out.push((REASONS_DOC.into(), between(REASONS_DOC, &read(REASONS_DOC)?, BEGIN, END, &kvgate_proto::refusal::markdown_table())?));
+    let values = values_table::markdown(&read("charts/kvgate/values.yaml")?);
+    out.push((CHART_README.into(), between(CHART_README, &read(CHART_README)?, VALUES_BEGIN, VALUES_END, &values)?));
     Ok(out)
 }
 
-/// The document with the text between its markers replaced by the current table.
-fn with_reasons_table(doc: &str) -> anyhow::Result<String> {
-    let (Some(b), Some(e)) = (doc.find(BEGIN), doc.find(END)) else { bail!("{REASONS_DOC} lacks the markers {BEGIN:?} and {END:?}") };
-    Ok(format!("{}{BEGIN}{}{}", &doc[..b], kvgate_proto::refusal::markdown_table(), &doc[e..]))
+/// `doc` (the file `path`) with the text between its markers `begin` and `end` replaced.
+fn between(path: &str, doc: &str, begin: &str, end: &str, text: &str) -> anyhow::Result<String> {
+    let (Some(b), Some(e)) = (doc.find(begin), doc.find(end)) else { bail!("{path} lacks the markers {begin:?} and {end:?}") };
+    Ok(format!("{}{begin}{text}{}", &doc[..b], &doc[e..]))
 }
 
 fn dashboards(check: bool) -> anyhow::Result<bool> {
