@@ -107,7 +107,9 @@ fn the_chart_lints_renders_and_validates_on_the_api_server() {
         let mut args = vec!["lint".to_string(), "--strict".to_string(), chart()];
         args.extend(values.iter().flat_map(|v| ["-f".to_string(), v.clone()]));
         helm_ok(None, &args.iter().map(String::as_str).collect::<Vec<_>>());
-        let docs = render(values.as_deref(), &[]);
+        // The `helm test` pod is checked by kubeconform below and run by `helm test`; a dry run
+        // of it alone would miss its ServiceAccount, which only exists once installed.
+        let docs: Vec<Value> = render(values.as_deref(), &[]).into_iter().filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null()).collect();
         assert!(!docs.is_empty());
         let path = cp.dir.join(format!("rendered-{}.json", docs.len()));
         std::fs::write(&path, serde_json::to_string(&serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": docs })).unwrap()).unwrap();
@@ -128,7 +130,12 @@ fn the_chart_lints_renders_and_validates_on_the_api_server() {
         let rendered = cp.dir.join("rendered.yaml");
         std::fs::write(&rendered, helm_ok(None, &args.iter().map(String::as_str).collect::<Vec<_>>())).unwrap();
         let which = values.as_deref().unwrap_or("the default values");
-        let out = Command::new(tool("kubeconform")).args(["-strict", "-summary", "-schema-location"]).arg(support::schemas::location(&schemas)).arg(&rendered).output().unwrap();
+        let out = Command::new(tool("kubeconform"))
+            .args(["-strict", "-summary", "-schema-location"])
+            .arg(support::schemas::location(&schemas))
+            .arg(&rendered)
+            .output()
+            .unwrap();
         assert!(out.status.success(), "kubeconform ({which}):\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         let (kube_score, checkov) = explained_findings();
         let mut ks = Command::new(tool("kube-score"));
@@ -137,8 +144,13 @@ fn the_chart_lints_renders_and_validates_on_the_api_server() {
             ks.args(["--ignore-test", id]);
         }
         let out = ks.arg(&rendered).output().unwrap();
-        let findings: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with("[OK]") && !l.starts_with("[SKIPPED]")).map(String::from).collect();
-        assert!(out.status.success() && findings.is_empty(), "kube-score ({which}) found what charts/kvgate/README.md does not explain:\n{}", findings.join("\n"));
+        let findings: Vec<String> =
+            String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with("[OK]") && !l.starts_with("[SKIPPED]")).map(String::from).collect();
+        assert!(
+            out.status.success() && findings.is_empty(),
+            "kube-score ({which}) found what charts/kvgate/README.md does not explain:\n{}",
+            findings.join("\n")
+        );
         let out = Command::new(repo("target/pyenv/bin/checkov"))
             .args(["--framework", "kubernetes", "--compact", "--quiet", "--skip-download", "--skip-check", &checkov.join(","), "-f"])
             .arg(&rendered)
@@ -148,7 +160,14 @@ fn the_chart_lints_renders_and_validates_on_the_api_server() {
     }
     // chart-testing's lint: helm lint, yamllint with its lintconf, yamale with its Chart.yaml schema.
     let path = format!("{}:{}:{}", repo("target/tools/bin").display(), repo("target/pyenv/bin").display(), std::env::var("PATH").unwrap_or_default());
-    let out = Command::new(tool("ct")).args(["lint", "--config"]).arg(repo("ct.yaml")).current_dir(repo("")).env("PATH", path).env("CT_CONFIG_DIR", repo("target/tools/ct")).output().unwrap();
+    let out = Command::new(tool("ct"))
+        .args(["lint", "--config"])
+        .arg(repo("ct.yaml"))
+        .current_dir(repo(""))
+        .env("PATH", path)
+        .env("CT_CONFIG_DIR", repo("target/tools/ct"))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "ct lint:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 
     // Typos in values fail (values.schema.json).
@@ -201,7 +220,7 @@ fn the_values_platform_teams_expect_render_as_documented() {
             "priorityClassName=system-cluster-critical",
             "extraArgs[0]=--identity=$(POD_NAME)",
             "extraEnv[0].name=EXTRA",
-            "extraEnv[0].value=1",
+            "extraEnv[0].value=on",
             "topologySpreadConstraints[0].maxSkew=1",
             "topologySpreadConstraints[0].topologyKey=kubernetes.io/hostname",
             "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
@@ -220,7 +239,7 @@ fn the_values_platform_teams_expect_render_as_documented() {
     assert_eq!(pod["spec"]["priorityClassName"], "system-cluster-critical");
     assert_eq!(pod["spec"]["securityContext"]["runAsUser"], 70000);
     assert!(c["args"].as_array().unwrap().iter().any(|a| a == "--identity=$(POD_NAME)"));
-    assert!(c["env"].as_array().unwrap().iter().any(|e| e["name"] == "EXTRA" && e["value"] == "1"));
+    assert!(c["env"].as_array().unwrap().iter().any(|e| e["name"] == "EXTRA" && e["value"] == "on"));
     let spread = &pod["spec"]["topologySpreadConstraints"][0];
     assert_eq!(spread["labelSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"], "the spread selects the operator's pods");
     let pdb = docs.iter().find(|d| d["kind"] == "PodDisruptionBudget").unwrap();
@@ -231,8 +250,15 @@ fn the_values_platform_teams_expect_render_as_documented() {
     // The CRD ships with the chart, kept on uninstall unless crds.keep=false; crds.enabled=false drops it.
     let crd = docs.iter().find(|d| d["kind"] == "CustomResourceDefinition").unwrap();
     assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
-    assert_eq!(crd["spec"], serde_yaml::from_str::<Value>(&std::fs::read_to_string(repo("crds/kvgate.dev_inferencedeployments.yaml")).unwrap()).unwrap()["spec"]);
-    assert!(render(None, &["crds.keep=false"]).iter().any(|d| d["kind"] == "CustomResourceDefinition" && d["metadata"]["annotations"]["helm.sh/resource-policy"].is_null()));
+    assert_eq!(
+        crd["spec"],
+        serde_yaml::from_str::<Value>(&std::fs::read_to_string(repo("crds/kvgate.dev_inferencedeployments.yaml")).unwrap()).unwrap()["spec"]
+    );
+    assert!(
+        render(None, &["crds.keep=false"])
+            .iter()
+            .any(|d| d["kind"] == "CustomResourceDefinition" && d["metadata"]["annotations"]["helm.sh/resource-policy"].is_null())
+    );
     assert!(!render(None, &["crds.enabled=false"]).iter().any(|d| d["kind"] == "CustomResourceDefinition"));
     // nameOverride names everything after it.
     assert!(render(None, &["nameOverride=gate"]).iter().any(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "kv-gate"));
@@ -263,8 +289,8 @@ fn expected(list: &[(&str, &str, &[&str])]) -> Rules {
 #[test]
 fn the_chart_grants_exactly_the_permissions_the_operator_uses() {
     for (set, watch_kind) in [(vec![], "ClusterRole"), (vec!["watchNamespace=llm"], "Role")] {
-        // The `helm test` hook has a Role of its own (list EndpointSlices); the operator's are these.
-        let docs: Vec<Value> = render(None, &set).into_iter().filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null()).collect();
+        // The `helm test` pod has a Role of its own (list EndpointSlices); the operator's are the others.
+        let docs: Vec<Value> = render(None, &set).into_iter().filter(|d| !d["metadata"]["name"].as_str().unwrap_or("").ends_with("-test")).collect();
         let watch = docs.iter().find(|d| d["kind"] == watch_kind && !d["metadata"]["name"].as_str().unwrap().ends_with("-leader-election")).unwrap();
         assert_eq!(rules_of(watch), expected(rbac::WATCHED_NAMESPACES), "{watch_kind} differs from operator/src/rbac.rs");
         let leader = docs.iter().find(|d| d["kind"] == "Role" && d["metadata"]["name"].as_str().unwrap().ends_with("-leader-election")).unwrap();
@@ -292,13 +318,6 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     // EndpointSlices and gets 200 from /readyz, running as a restricted pod under its own identity.
     let out = helm_ok(Some(cp), &["test", "kvgate", "-n", &release_ns, "--timeout", "120s"]);
     assert!(out.contains("kvgate-test-ready") && out.contains("Succeeded"), "{out}");
-    // With no operator pod ready, the same test fails and says why.
-    cp.kubectl_ok(&["-n", &release_ns, "scale", "deployment/kvgate", "--replicas=0"]);
-    eventually(cp, &release_ns, "no operator pod left", Duration::from_secs(60), || {
-        get_json(cp, &["-n", &release_ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate-operator"])["items"].as_array().is_some_and(Vec::is_empty)
-    });
-    let (ok, out, err) = helm(Some(cp), &["test", "kvgate", "-n", &release_ns, "--timeout", "60s", "--logs"]);
-    assert!(!ok && format!("{out}{err}").contains("no ready endpoint"), "{out}\n{err}");
     let ns = cp.restricted_namespace("demo");
     cp.kubectl_ok(&["-n", &ns, "apply", "-f", repo("examples/tiny.yaml").to_str().unwrap(), "-f", repo("examples/incident.yaml").to_str().unwrap()]);
     eventually(cp, &ns, "tiny Available and incident Refused by the chart's operator", Duration::from_secs(180), || {
@@ -318,6 +337,15 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
         pods["items"].as_array().is_some_and(|a| a.len() == 2 && a.iter().all(|p| condition_true(p, "Ready"))) && lease["spec"]["holderIdentity"].is_string()
     });
 
+    // With no operator pod ready, `helm test` fails and says why.
+    cp.kubectl_ok(&["-n", &release_ns, "scale", "deployment/kvgate", "--replicas=0"]);
+    eventually(cp, &release_ns, "no operator pod left", Duration::from_secs(60), || {
+        get_json(cp, &["-n", &release_ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate-operator"])["items"].as_array().is_some_and(Vec::is_empty)
+    });
+    let (ok, out, err) = helm(Some(cp), &["test", "kvgate", "-n", &release_ns, "--timeout", "60s"]);
+    let log = cp.kubectl(&["-n", &release_ns, "logs", "kvgate-test-ready"]);
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(!ok && log.contains("has no ready endpoint with a port named metrics"), "{out}\n{err}\n{log}");
     helm_ok(Some(cp), &["uninstall", "kvgate", "-n", &release_ns, "--wait", "--timeout", "60s"]);
     let left = cp.kubectl_ok(&["get", "clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/instance=kvgate", "-o", "name"]);
     assert!(left.trim().is_empty(), "left behind: {left}");

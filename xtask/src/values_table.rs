@@ -44,7 +44,12 @@ pub fn rows(values: &str) -> Vec<Row> {
         let mut default = value.trim().to_string();
         if default.is_empty() {
             // A block: the lines below that are indented deeper, joined.
-            let block: Vec<&str> = lines[i + 1..].iter().take_while(|l| l.trim().is_empty() || indent(l) > depth).map(|l| l.trim()).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+            let block: Vec<&str> = lines[i + 1..]
+                .iter()
+                .take_while(|l| l.trim().is_empty() || indent(l) > depth)
+                .map(|l| l.trim())
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .collect();
             default = block.join("; ");
         }
         out.push(Row { key: path.iter().map(|(_, k)| k.as_str()).collect::<Vec<_>>().join("."), default, description });
