@@ -295,14 +295,23 @@ fn a_process_runs_with_its_service_accounts_permissions() {
 /// The pid of a pod's container, as runc (under the node agent's `--root`) reports it.
 fn container_pid(cp: &ControlPlane, ns: &str, pod: &str, container: &str) -> i32 {
     let uid = json(cp, &["-n", ns, "get", "pod", pod])["metadata"]["uid"].as_str().unwrap().to_string();
-    let out = std::process::Command::new("runc")
-        .arg("--root")
-        .arg(cp.node_dir("node-1").join("runc"))
-        .args(["state", &format!("{uid}-{container}")])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "runc state: {}", String::from_utf8_lossy(&out.stderr));
-    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runc = |args: &[&str]| {
+        let out = std::process::Command::new("runc").arg("--root").arg(cp.node_dir("node-1").join("runc")).args(args).output().unwrap();
+        assert!(out.status.success(), "runc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    // Container IDs are `kvgate-ctr-<agent pid>-<pod uid>-<container>` (node::cgroups::container_name).
+    let suffix = format!("-{uid}-{container}");
+    let list = runc(&["list", "--format", "json"]);
+    let id = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["id"].as_str())
+        .find(|id| id.ends_with(&suffix))
+        .unwrap_or_else(|| panic!("no runc container for {suffix}: {list}"))
+        .to_string();
+    let state = runc(&["state", &id]);
     assert_eq!(state["status"], "running", "{state}");
     state["pid"].as_i64().unwrap() as i32
 }

@@ -64,6 +64,7 @@ impl Cgroups {
         for parent in dedup([&memory, &cpu]) {
             sweep(parent);
         }
+        sweep_containers();
         let me = Cgroups { version, memory: memory.join(&name), cpu: cpu.join(&name) };
         for dir in dedup([&me.memory, &me.cpu]) {
             fs::create_dir_all(dir).with_context(|| format!("creating cgroup {} (the node agent enforces pod limits and needs it writable)", dir.display()))?;
@@ -250,6 +251,34 @@ fn sweep(parent: &Path) {
         if !crate::process::alive(pid) {
             tracing::info!(cgroup = %entry.path().display(), "removing the cgroup of a node agent that exited");
             remove_tree(&entry.path());
+        }
+    }
+}
+
+/// The name of a container's cgroup (and its runc container ID). runc creates it below its own
+/// cgroup in every hierarchy: below the pod's for memory and cpu, at the top of the others (v1
+/// `pids`, `blkio`, ...), where the agent's pid in the name lets a later agent remove what an
+/// agent that was killed left (`sweep_containers`).
+pub fn container_name(pod_uid: &str, container: &str) -> String {
+    format!("kvgate-ctr-{}-{pod_uid}-{container}", std::process::id())
+}
+
+/// Removes the container cgroups (see `container_name`) of agents that no longer run, in every
+/// hierarchy mounted under /sys/fs/cgroup.
+fn sweep_containers() {
+    let hierarchies = fs::read_dir(ROOT).into_iter().flatten().flatten().map(|e| e.path()).chain([PathBuf::from(ROOT)]);
+    for hierarchy in hierarchies {
+        let Ok(entries) = fs::read_dir(&hierarchy) else { continue };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) =
+                name.to_str().and_then(|n| n.strip_prefix("kvgate-ctr-")).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if !crate::process::alive(pid) {
+                remove_tree(&entry.path());
+            }
         }
     }
 }

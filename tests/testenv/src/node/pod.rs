@@ -271,7 +271,7 @@ impl PodRt {
             }
             copy
         };
-        let id = format!("{}-{}", self.uid, c.spec.name);
+        let id = cgroups::container_name(&self.uid, &c.spec.name);
         let limits = cgroups::container_limits(&c.spec).map_err(config_error)?;
         let spec = bundle::spec(&process, &name, &rootfs, &mounts, &self.sandbox.netns, &id, limits);
         std::fs::create_dir_all(&dir).map_err(io)?;
