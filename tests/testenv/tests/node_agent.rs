@@ -1,4 +1,5 @@
-//! The node agent: Deployments become real local processes, each pod in its own network namespace
+//! The node agent: Deployments become OCI containers run by runc (the kvgate images; test tools
+//! as host processes), each pod in its own network namespace
 //! on a CNI bridge, listed in their Services' EndpointSlices; limits are cgroup limits and a pod
 //! over its memory is OOMKilled; readiness gates keep pods NotReady and out of those endpoints;
 //! restarts and bad images are reported; RBAC applies to what a pod runs.

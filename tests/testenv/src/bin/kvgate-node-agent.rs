@@ -1,4 +1,4 @@
-//! `kvgate-node-agent --kubeconfig K --server URL --ca-file CA --kubelet-cert C --kubelet-key K --image NAME=PATH ...`
+//! `kvgate-node-agent --kubeconfig K --server URL --ca-file CA --kubelet-cert C --kubelet-key K --image NAME=oci:LAYOUT:TAG ...`
 //! Plays the kubelet's part: see `kvgate_testenv::node`.
 
 use std::path::PathBuf;
@@ -17,8 +17,10 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH --kubelet-cert PATH --kubelet-key PATH [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=PATH]...\n\n\
+            "usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH --kubelet-cert PATH --kubelet-key PATH [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=oci:LAYOUT:TAG | NAME=PATH]...\n\n\
              --server is the API server as pods reach it; --cni-bin holds the CNI plugins bridge, host-local and loopback (default target/cni/bin, from `make tools`).\n\
+             --image maps an image name (matched with or without its tag) to an OCI image layout and tag (`make images`, scripts/images.sh), run as\n\
+             OCI containers by runc (unpacked under DIR/images, state under DIR/runc), or to a host binary run as a process in the pod's namespaces.\n\
              --kubelet-cert/--kubelet-key serve the kubelet API (containerLogs, for `kubectl logs`) on a port advertised in the Node's status;\n\
              only the API server's client certificate (CN kube-apiserver-kubelet-client, signed by --ca-file) is accepted there."
         );

@@ -1,4 +1,5 @@
-//! The node agent: plays the kubelet's part for a control plane without a container runtime.
+//! The node agent: plays the kubelet's part (with runc as its container runtime) for a control
+//! plane without nodes.
 
 pub mod agent;
 pub mod bundle;
