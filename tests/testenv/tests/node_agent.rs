@@ -424,6 +424,7 @@ fn the_images_run_under_runc_as_nonroot_on_a_read_only_root_with_no_capabilities
         assert_eq!(proc_status(pid, caps), "0000000000000000", "{caps}");
     }
     assert_eq!(proc_status(pid, "NoNewPrivs"), "1");
+    assert_eq!(proc_status(pid, "Seccomp"), "2", "seccompProfile RuntimeDefault: a filter is installed");
     // The container's root (mount point "/" in its own mount namespace) is read-only; /tmp is not.
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
     let options = |point: &str| mounts.lines().map(|l| l.split(' ').collect::<Vec<_>>()).filter(|f| f[4] == point).map(|f| f[5].to_string()).next_back();

@@ -32,6 +32,46 @@ const DEFAULT_CAPABILITIES: [&str; 14] = [
     "AUDIT_WRITE",
 ];
 
+/// What `seccompProfile: RuntimeDefault` gives a container here: every system call allowed but
+/// those a container has no business making (they change the machine, other namespaces or the
+/// kernel; the calls Docker's and containerd's default profiles refuse to unprivileged
+/// containers), which fail with EPERM. A deny list, where those runtimes ship an allow list.
+const RUNTIME_DEFAULT_DENIED: [&str; 33] = [
+    "acct",
+    "add_key",
+    "bpf",
+    "clock_adjtime",
+    "clock_settime",
+    "create_module",
+    "delete_module",
+    "finit_module",
+    "fsconfig",
+    "fsmount",
+    "fsopen",
+    "fspick",
+    "init_module",
+    "kexec_file_load",
+    "kexec_load",
+    "keyctl",
+    "lookup_dcookie",
+    "mount",
+    "move_mount",
+    "open_by_handle_at",
+    "open_tree",
+    "perf_event_open",
+    "pivot_root",
+    "quotactl",
+    "reboot",
+    "request_key",
+    "setns",
+    "settimeofday",
+    "swapoff",
+    "swapon",
+    "umount2",
+    "unshare",
+    "userfaultfd",
+];
+
 /// The container's process, resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Process {
@@ -45,6 +85,8 @@ pub struct Process {
     pub capabilities: Vec<String>,
     pub no_new_privileges: bool,
     pub read_only_root: bool,
+    /// `seccompProfile: RuntimeDefault` (the container's, else the pod's).
+    pub runtime_default_seccomp: bool,
 }
 
 /// A bind mount into the container.
@@ -100,6 +142,13 @@ pub fn process(pod: &Pod, c: &Container, image: &ImageConfig, vars: &BTreeMap<St
     capabilities.sort();
     capabilities.dedup();
 
+    let seccomp = sc.and_then(|s| s.seccomp_profile.as_ref()).or(pod_sc.and_then(|s| s.seccomp_profile.as_ref()));
+    let runtime_default_seccomp = match seccomp.map(|p| p.type_.as_str()) {
+        None | Some("Unconfined") => false,
+        Some("RuntimeDefault") => true,
+        Some(other) => return Err(format!("seccompProfile type {other} is not supported by the kvgate node agent (RuntimeDefault or Unconfined)")),
+    };
+
     let expand = |v: &Vec<String>| v.iter().map(|a| env::expand(a, vars)).collect::<Vec<_>>();
     let mut args = match &c.command {
         Some(command) => expand(command),
@@ -127,6 +176,7 @@ pub fn process(pod: &Pod, c: &Container, image: &ImageConfig, vars: &BTreeMap<St
         capabilities,
         no_new_privileges: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
         read_only_root: sc.and_then(|s| s.read_only_root_filesystem) == Some(true),
+        runtime_default_seccomp,
     })
 }
 
@@ -187,6 +237,11 @@ pub fn spec(p: &Process, hostname: &str, rootfs: &Path, mounts: &[Mount], netns:
             "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
                             "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"],
             "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+            "seccomp": p.runtime_default_seccomp.then(|| json!({
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"],
+                "syscalls": [{ "names": RUNTIME_DEFAULT_DENIED.as_slice(), "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM }],
+            })),
         },
     })
 }
@@ -213,9 +268,11 @@ mod tests {
 
     #[test]
     fn a_restricted_container_runs_as_its_user_with_nothing_granted() {
-        let (pod, c) = pod(r#"{"metadata":{"name":"w"},"spec":{"securityContext":{"runAsNonRoot":true,"fsGroup":2000,"supplementalGroups":[3000]},
+        let (pod, c) = pod(
+            r#"{"metadata":{"name":"w"},"spec":{"securityContext":{"runAsNonRoot":true,"fsGroup":2000,"supplementalGroups":[3000],"seccompProfile":{"type":"RuntimeDefault"}},
                "containers":[{"name":"c","args":["prefill","--listen=$(POD_IP):8080"],
-               "securityContext":{"allowPrivilegeEscalation":false,"readOnlyRootFilesystem":true,"capabilities":{"drop":["ALL"]}}}]}}"#);
+               "securityContext":{"allowPrivilegeEscalation":false,"readOnlyRootFilesystem":true,"capabilities":{"drop":["ALL"]}}}]}}"#,
+        );
         let vars = [("POD_IP".to_string(), "10.0.0.2".to_string())].into();
         let p = process(&pod, &c, &image(), &vars).unwrap();
         assert_eq!(p.args, ["/kvgate-worker", "prefill", "--listen=10.0.0.2:8080"]);
@@ -231,6 +288,7 @@ mod tests {
         assert_eq!(s["linux"]["namespaces"][5], json!({ "type": "network", "path": "/run/netns/x" }));
         assert_eq!(s["linux"]["resources"]["memory"]["limit"], 1u64 << 30);
         assert_eq!(s["linux"]["resources"]["cpu"], json!({ "quota": 50000, "period": 100000 }));
+        assert!(s["linux"]["seccomp"]["syscalls"][0]["names"].as_array().unwrap().contains(&json!("mount")), "RuntimeDefault filters system calls");
     }
 
     #[test]
@@ -258,5 +316,9 @@ mod tests {
             r#"{"metadata":{"name":"w"},"spec":{"containers":[{"name":"c","securityContext":{"capabilities":{"drop":["ALL"],"add":["NET_BIND_SERVICE"]}}}]}}"#,
         );
         assert_eq!(process(&pod_, &c, &image(), &BTreeMap::new()).unwrap().capabilities, ["CAP_NET_BIND_SERVICE"]);
+        let (pod_, c) = pod(
+            r#"{"metadata":{"name":"w"},"spec":{"containers":[{"name":"c","securityContext":{"seccompProfile":{"type":"Localhost","localhostProfile":"x.json"}}}]}}"#,
+        );
+        assert!(process(&pod_, &c, &image(), &BTreeMap::new()).unwrap_err().contains("Localhost"));
     }
 }
