@@ -8,8 +8,11 @@
 # Reproducible: every file's time is SOURCE_DATE_EPOCH (default: the commit's time), so the same
 # binary and packages give the same digest.
 #
-# usage: scripts/images.sh [--profile release|debug] [--out DIR] [--no-archives] [IMAGE...]
+# usage: scripts/images.sh [--profile release|debug] [--out DIR] [--no-archives] [--offline] [IMAGE...]
+#        scripts/images.sh --fetch       (only download and check the pinned packages; make test-deps)
 #        scripts/images.sh --relock      (pin the packages' current Debian versions)
+# The packages are kept in target/images/debs/. --offline never downloads (the tests build their
+# images inside the test world's network namespace, which reaches nothing outside 127.0.0.0/8).
 # IMAGE is kvgate-operator or kvgate-worker (default both); binaries come from target/PROFILE/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,8 @@ profile=release
 out=target/images
 archives=1
 relock=0
+fetch=0
+offline=0
 images=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,6 +30,8 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --no-archives) archives=0; shift ;;
     --relock) relock=1; shift ;;
+    --fetch) fetch=1; shift ;;
+    --offline) offline=1; shift ;;
     kvgate-operator|kvgate-worker) images+=("$1"); shift ;;
     *) echo "scripts/images.sh: unknown argument $1 (see the usage at the top of the script)" >&2; exit 2 ;;
   esac
@@ -46,7 +53,9 @@ if [ "$relock" = 1 ]; then
   exit 0
 fi
 
-for tool in umoci skopeo apt-get dpkg-deb; do
+tools="umoci skopeo apt-get dpkg-deb"
+[ "$fetch" = 1 ] && tools="apt-get"
+for tool in $tools; do
   command -v "$tool" >/dev/null || { echo "scripts/images.sh: $tool not found; install it with: apt-get install umoci skopeo (make test-deps does)" >&2; exit 1; }
 done
 
@@ -67,14 +76,19 @@ while read -r name ver sum; do
   case "$name" in ''|'#'*) continue ;; esac
   deb=$debs/${name}_${ver//:/%3a}.deb
   if [ ! -f "$deb" ] || [ "$(sha256sum "$deb" | cut -d' ' -f1)" != "$sum" ]; then
+    [ "$offline" = 0 ] || { echo "scripts/images.sh: $deb is missing and --offline forbids downloading it; fetch the pinned packages with: make test-deps (or bash scripts/images.sh --fetch)" >&2; exit 1; }
     (cd "$work" && apt-get download -q -o APT::Sandbox::User=root "$name=$ver" >/dev/null) || {
       echo "scripts/images.sh: cannot download $name=$ver (pinned in $lock); if the mirror moved on, run: bash scripts/images.sh --relock" >&2; exit 1; }
     mv "$work"/"${name}"_*.deb "$deb"
   fi
   got=$(sha256sum "$deb" | cut -d' ' -f1)
   [ "$got" = "$sum" ] || { echo "scripts/images.sh: $deb has sha256 $got, $lock pins $sum" >&2; exit 1; }
-  dpkg-deb -x "$deb" "$base"
+  [ "$fetch" = 1 ] || dpkg-deb -x "$deb" "$base"
 done <"$lock"
+if [ "$fetch" = 1 ]; then
+  echo "the pinned packages of $lock are in $debs"
+  exit 0
+fi
 # What maintainer scripts would have made: the CA bundle, the users, a writable /tmp.
 mkdir -p "$base/etc/ssl/certs" "$base/tmp" "$base/home/nonroot"
 find "$base/usr/share/ca-certificates" -name '*.crt' | LC_ALL=C sort | xargs cat >"$base/etc/ssl/certs/ca-certificates.crt"

@@ -19,11 +19,15 @@ command -v python3 >/dev/null || missing+=(python3)
 command -v curl >/dev/null || missing+=(curl)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 for tool in runc umoci skopeo; do command -v $tool >/dev/null || missing+=($tool); done
-[ ${#missing[@]} -eq 0 ] && exec bash scripts/py-deps.sh
+# The pinned Debian packages the kvgate images are made of (scripts/images.sh): fetched here, in
+# the host's network namespace, because the tests build their images inside the test world's.
+fetch_image_packages() { bash scripts/images.sh --fetch; }
+[ ${#missing[@]} -eq 0 ] && { fetch_image_packages && exec bash scripts/py-deps.sh; }
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "missing Debian packages: ${missing[*]}; install them with: apt-get install ${missing[*]}" >&2
   exit 1
 fi
 echo "installing ${missing[*]}"
 apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fetch_image_packages
 exec bash scripts/py-deps.sh

@@ -1,7 +1,8 @@
 //! The kvgate images the tests run: `scripts/images.sh --profile debug` packs the debug
 //! `kvgate-worker` and `kvgate-operator` (the binaries the tests just built) into OCI image
 //! layouts under `target/images-debug/`, the same way `make images` packs release binaries.
-//! Rebuilt only when a binary changed (a stamp of their sizes and times), once per process.
+//! Rebuilt only when a binary changed (a stamp of their sizes and times), once per process, from
+//! the Debian packages `make test-deps` fetched (the test world reaches no mirror).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,14 +49,14 @@ fn build() -> anyhow::Result<PathBuf> {
     }
     let status = Command::new("bash")
         .arg(root.join("scripts/images.sh"))
-        .args(["--profile", "debug", "--no-archives", "--out"])
+        .args(["--profile", "debug", "--no-archives", "--offline", "--out"])
         .arg(&out)
         .env("SOURCE_DATE_EPOCH", "0")
         .status()
         .context("running scripts/images.sh")?;
     anyhow::ensure!(
         status.success(),
-        "scripts/images.sh --profile debug failed ({status}); it needs umoci and apt-get access to the Debian mirror (make test-deps)"
+        "scripts/images.sh --profile debug --offline failed ({status}); it needs umoci and the pinned packages `make test-deps` fetches"
     );
     std::fs::write(&stamp_file, want)?;
     Ok(out)
