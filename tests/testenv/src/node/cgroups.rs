@@ -62,7 +62,7 @@ impl Cgroups {
             (Version::V1, memory, cpu)
         };
         for parent in dedup([&memory, &cpu]) {
-            sweep(parent);
+            sweep(parent, "kvgate-agent-");
         }
         sweep_containers();
         let me = Cgroups { version, memory: memory.join(&name), cpu: cpu.join(&name) };
@@ -242,14 +242,18 @@ fn dedup(dirs: [&PathBuf; 2]) -> Vec<&PathBuf> {
     if dirs[0] == dirs[1] { vec![dirs[0]] } else { dirs.to_vec() }
 }
 
-/// Removes `kvgate-agent-<pid>` children of `parent` whose agent exited.
-fn sweep(parent: &Path) {
+/// Removes the children of `parent` that an agent which exited left: named `PREFIX<pid>` or
+/// `PREFIX<pid>-...`, with `prefix` either `kvgate-agent-` (its parent cgroups) or `kvgate-ctr-`
+/// (its containers', see `container_name`).
+fn sweep(parent: &Path, prefix: &str) {
     let Ok(entries) = fs::read_dir(parent) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("kvgate-agent-")).and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
         if !crate::process::alive(pid) {
-            tracing::info!(cgroup = %entry.path().display(), "removing the cgroup of a node agent that exited");
+            tracing::info!(cgroup = %entry.path().display(), "removing a cgroup of a node agent that exited");
             remove_tree(&entry.path());
         }
     }
@@ -266,20 +270,8 @@ pub fn container_name(pod_uid: &str, container: &str) -> String {
 /// Removes the container cgroups (see `container_name`) of agents that no longer run, in every
 /// hierarchy mounted under /sys/fs/cgroup.
 fn sweep_containers() {
-    let hierarchies = fs::read_dir(ROOT).into_iter().flatten().flatten().map(|e| e.path()).chain([PathBuf::from(ROOT)]);
-    for hierarchy in hierarchies {
-        let Ok(entries) = fs::read_dir(&hierarchy) else { continue };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(pid) =
-                name.to_str().and_then(|n| n.strip_prefix("kvgate-ctr-")).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            if !crate::process::alive(pid) {
-                remove_tree(&entry.path());
-            }
-        }
+    for hierarchy in fs::read_dir(ROOT).into_iter().flatten().flatten().map(|e| e.path()).chain([PathBuf::from(ROOT)]) {
+        sweep(&hierarchy, "kvgate-ctr-");
     }
 }
 

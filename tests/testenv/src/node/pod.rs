@@ -146,41 +146,8 @@ impl PodRt {
     }
 
     fn start(&mut self, i: usize, pod: &Pod, rt: &Runtime) {
-        let ip = self.ip.to_string();
-        let c = &mut self.containers[i];
-        let cgroup = match &self.cgroup {
-            Ok(cg) => cg.as_ref(),
-            Err(message) => {
-                c.state = State::Waiting { reason: "CreateContainerError".into(), message: message.clone() };
-                return;
-            }
-        };
-        if let Err(e) = std::fs::metadata(&self.sandbox.netns) {
-            c.state = State::Waiting { reason: "CreateContainerError".into(), message: format!("pod sandbox {}: {e}", self.sandbox.netns.display()) };
-            return;
-        }
-        let image = match rt.images.resolve(c.spec.image.as_deref().unwrap_or("")) {
-            Ok(image) => image,
-            Err(message) => {
-                c.state = State::Waiting { reason: "ErrImagePull".into(), message };
-                return;
-            }
-        };
-        let mut vars = match env::build(pod, &c.spec, &ip) {
-            Ok(v) => v,
-            Err(message) => {
-                c.state = State::Waiting { reason: "CreateContainerConfigError".into(), message };
-                return;
-            }
-        };
-        // Marks the container's processes as part of this test world (see `netns::sweep`).
-        if let Some(world) = std::env::var_os(crate::netns::WORLD) {
-            vars.insert(crate::netns::WORLD.into(), world.to_string_lossy().into_owned());
-        }
-        let launch = match image {
-            Image::Oci { layout, tag } => self.oci_container(i, pod, rt, &layout, &tag, vars),
-            Image::Host(program) => self.host_process(i, &program, vars),
-        };
+        let launch = self.launch(i, pod, rt);
+        let cgroup = self.cgroup.as_ref().ok().and_then(Option::as_ref);
         let c = &mut self.containers[i];
         let (mut cmd, runc_id, image_id) = match launch {
             Ok(l) => l,
@@ -225,6 +192,26 @@ impl PodRt {
                 c.liveness = Probing::default();
             }
             Err(e) => c.state = State::Waiting { reason: "RunContainerError".into(), message: format!("{:?}: {e}", cmd.get_program()) },
+        }
+    }
+
+    /// Everything container `i` needs before it can be spawned, or the waiting reason and
+    /// message the kubelet would report.
+    fn launch(&self, i: usize, pod: &Pod, rt: &Runtime) -> Result<Launch, (&'static str, String)> {
+        let c = &self.containers[i];
+        if let Err(message) = &self.cgroup {
+            return Err(("CreateContainerError", message.clone()));
+        }
+        std::fs::metadata(&self.sandbox.netns).map_err(|e| ("CreateContainerError", format!("pod sandbox {}: {e}", self.sandbox.netns.display())))?;
+        let image = rt.images.resolve(c.spec.image.as_deref().unwrap_or("")).map_err(|e| ("ErrImagePull", e))?;
+        let mut vars = env::build(pod, &c.spec, &self.ip.to_string()).map_err(|e| ("CreateContainerConfigError", e))?;
+        // Marks the container's processes as part of this test world (see `netns::sweep`).
+        if let Some(world) = std::env::var_os(crate::netns::WORLD) {
+            vars.insert(crate::netns::WORLD.into(), world.to_string_lossy().into_owned());
+        }
+        match image {
+            Image::Oci { layout, tag } => self.oci_container(i, pod, rt, &layout, &tag, vars),
+            Image::Host(program) => self.host_process(i, &program, vars),
         }
     }
 
