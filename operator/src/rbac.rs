@@ -15,8 +15,9 @@ pub const WATCHED_NAMESPACES: &[(&str, &str, &[&str])] = &[
     ("rbac.authorization.k8s.io", "rolebindings", &["create", "patch"]),
     // The router's Role grants these; RBAC lets the operator grant only what it holds itself.
     ("discovery.k8s.io", "endpointslices", &["get", "list", "watch"]),
-    // The generated handoff Secret: read (does it exist?) and created once; never listed.
-    ("", "secrets", &["create"]),
+    // The handoff Secret: generated once (create); read by name (get) to verify the workers'
+    // signed capacity reports and to sign the canary's calls. Never listed or watched.
+    ("", "secrets", &["create", "get"]),
     // The rollout gate: pods listed and watched, their readiness-gate condition patched.
     ("", "pods", &["list", "watch"]),
     ("", "pods/status", &["patch"]),

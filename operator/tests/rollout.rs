@@ -225,6 +225,59 @@ fn prefill_and_decode_with_different_kv_layouts_are_refused() {
     assert_eq!(d["status"]["phase"], "Refused");
 }
 
+/// A pod the operator did not make, labelled as the deployment's prefill pod and running a real
+/// prefill worker that claims a big pool but holds another deployment's secret, serves a
+/// capacity report on its IP that the operator refuses: the MAC does not verify, its gate says
+/// `UnauthenticatedReport`, and it never becomes Ready (no traffic can reach it).
+#[test]
+fn a_report_signed_with_another_secret_does_not_get_a_pod_verified() {
+    let (cp, _) = env();
+    let ns = cp.restricted_namespace("forged");
+    apply_yaml(cp, &ns, &tiny("real", 128, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "real")["status"]["phase"] == "Available");
+    cp.kubectl_ok(&["-n", &ns, "create", "secret", "generic", "other", "--from-literal=secret=another-deployments-secret-0123456789"]);
+    // The real prefill pod, copied: same labels (but the ReplicaSet's hash, or the ReplicaSet would
+    // adopt and delete it), spec and readiness gate; another secret, a bigger pool.
+    let real = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=prefill"])["items"][0].clone();
+    let mut labels = real["metadata"]["labels"].clone();
+    labels.as_object_mut().unwrap().remove("pod-template-hash");
+    let mut fake = serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "forger", "labels": labels }, "spec": real["spec"] });
+    for v in fake["spec"]["volumes"].as_array_mut().unwrap() {
+        if v["secret"].is_object() {
+            v["secret"]["secretName"] = "other".into();
+        }
+    }
+    let args = fake["spec"]["containers"][0]["args"].as_array_mut().unwrap();
+    args.retain(|a| !a.as_str().unwrap().starts_with("--kv-pool-tokens"));
+    args.push("--kv-pool-tokens=100000".into());
+    apply_yaml(cp, &ns, &fake.to_string());
+
+    let gate = || {
+        let pod = get_json(cp, &["-n", &ns, "get", "pod", "forger"]);
+        pod["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "kvgate.dev/kv-pool-verified").cloned()
+    };
+    eventually(cp, &ns, "the forger's gate condition", LONG, || gate().is_some_and(|c| c["reason"] == "UnauthenticatedReport"));
+    let c = gate().unwrap();
+    assert_eq!(c["status"], "False", "{c}");
+    assert!(c["message"].as_str().unwrap().contains("does not verify as pod forger's"), "{c}");
+    // It does serve a report, one that would pass the window check, signed with its own secret.
+    let ip = get_json(cp, &["-n", &ns, "get", "pod", "forger"])["status"]["podIP"].as_str().unwrap().to_string();
+    let (status, body) = request("GET", &format!("http://{ip}:8081/v1/kv-pool?nonce={}", "ab".repeat(16)), None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""capacity_tokens":100000"#), "{body}");
+    // Seconds later it is still unverified and not Ready; the deployment's own pods are.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(gate().unwrap()["status"], "False");
+    let pod = get_json(cp, &["-n", &ns, "get", "pod", "forger"]);
+    let ready = pod["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").cloned().unwrap_or_default();
+    assert_eq!(ready["status"], "False", "{pod}");
+    let own = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=real,app.kubernetes.io/component in (prefill,decode)"]);
+    for p in own["items"].as_array().unwrap().iter().filter(|p| p["metadata"]["name"] != "forger") {
+        let c = p["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "kvgate.dev/kv-pool-verified").cloned().unwrap();
+        assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("True"), Some("KVPoolVerified")), "{p}");
+    }
+}
+
 #[test]
 fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
     let (cp, _) = env();

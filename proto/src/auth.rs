@@ -1,6 +1,6 @@
 //! Keys and MACs of a deployment's internal traffic, all derived from its handoff secret.
 //!
-//! One secret, three independent keys (BLAKE3 `derive_key`, one context string each), so a
+//! One secret, four independent keys (BLAKE3 `derive_key`, one context string each), so a
 //! value computed for one purpose is never valid for another:
 //!
 //! - **request key**: MACs of internal HTTP calls (router -> prefill, router -> decode), over
@@ -8,7 +8,10 @@
 //! - **reservation key**: the tag decode mints over a reservation, which prefill checks before it
 //!   dials the KV address the reservation names ([`DeploymentKey::reservation_tag`]);
 //! - **frame key**: the parent of one key per handoff id ([`DeploymentKey::frame_key`]) with which
-//!   every page and commit frame is MACed (keyed BLAKE3 over header and body).
+//!   every page and commit frame is MACed (keyed BLAKE3 over header and body);
+//! - **report key**: a worker's MAC over its capacity report, the nonce the operator sent and the
+//!   pod's own name ([`DeploymentKey::report_mac`]), so the operator verifies a pod only on a
+//!   report that pod's worker made just now.
 //!
 //! Whoever lacks the secret can neither call an internal endpoint, nor have prefill send KV
 //! anywhere, nor write or alter a page of a transfer, even when it sees every byte on the wire.
@@ -27,6 +30,9 @@ pub const SIGNATURE_HEADER: &str = "x-kvgate-signature";
 const REQUEST_CONTEXT: &str = "kvgate 2026-11 internal request v1";
 const RESERVATION_CONTEXT: &str = "kvgate 2026-11 reservation tag v1";
 const FRAME_CONTEXT: &str = "kvgate 2026-11 handoff frame v2";
+const REPORT_CONTEXT: &str = "kvgate 2026-12 capacity report v1";
+/// Header carrying the MAC of a capacity report asked for with a nonce.
+pub const REPORT_MAC_HEADER: &str = "x-kvgate-report-mac";
 
 /// A MAC, tag or key: compared in constant time, never printed in full.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -167,6 +173,7 @@ pub struct DeploymentKey {
     request: [u8; MAC_LEN],
     reservation: [u8; MAC_LEN],
     frame: [u8; MAC_LEN],
+    report: [u8; MAC_LEN],
 }
 
 impl fmt::Debug for DeploymentKey {
@@ -246,6 +253,7 @@ impl DeploymentKey {
             request: blake3::derive_key(REQUEST_CONTEXT, secret),
             reservation: blake3::derive_key(RESERVATION_CONTEXT, secret),
             frame: blake3::derive_key(FRAME_CONTEXT, secret),
+            report: blake3::derive_key(REPORT_CONTEXT, secret),
         })
     }
 
@@ -267,6 +275,18 @@ impl DeploymentKey {
             h.update(&p.to_le_bytes());
         }
         h.update(r.kv_addr.as_bytes());
+        Mac(*h.finalize().as_bytes())
+    }
+
+    /// The MAC a worker sends with its capacity report: over the operator's `nonce` (a replayed
+    /// report fails), the name of the pod it runs in (another pod's report fails) and the
+    /// report's exact bytes.
+    pub fn report_mac(&self, nonce: u128, pod: &str, body: &[u8]) -> Mac {
+        let mut h = blake3::Hasher::new_keyed(&self.report);
+        h.update(&nonce.to_le_bytes());
+        h.update(&(pod.len() as u64).to_le_bytes());
+        h.update(pod.as_bytes());
+        h.update(body);
         Mac(*h.finalize().as_bytes())
     }
 
@@ -310,6 +330,18 @@ mod tests {
 
     fn fields(pages: &[u32]) -> ReservationFields<'_> {
         ReservationFields { handoff: HandoffId(1), reserved_tokens: 100, max_tokens: 8, expires_ms: 5, pages, kv_addr: "10.0.0.1:8083" }
+    }
+
+    #[test]
+    fn a_report_mac_binds_nonce_pod_body_and_secret_and_no_other_key_matches() {
+        let k = key(1);
+        let m = k.report_mac(7, "p-0", b"{}");
+        assert!(m.verify(&k.report_mac(7, "p-0", b"{}")));
+        for other in [k.report_mac(8, "p-0", b"{}"), k.report_mac(7, "p-1", b"{}"), k.report_mac(7, "p-0", b"{ }"), key(2).report_mac(7, "p-0", b"{}")] {
+            assert!(!m.verify(&other));
+        }
+        // The pod name is length-prefixed: moving bytes between name and body changes the MAC.
+        assert!(!k.report_mac(7, "p-0{", b"}").verify(&k.report_mac(7, "p-0", b"{}")));
     }
 
     #[test]

@@ -194,6 +194,10 @@ pub struct EngineArgs {
     /// Declared context window: prompt + completion tokens one request may use.
     #[arg(long = flag::CONTEXT_WINDOW, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
     pub context_window: u64,
+    /// The pod this worker runs in (the operator sets POD_NAME from the downward API). Its
+    /// signed capacity reports name it, so one pod's report never verifies another pod.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
     #[command(flatten)]
     pub pool: PoolArgs,
 }

@@ -199,11 +199,13 @@ fn gates<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict])
         .filter_map(|(pod, verdict)| {
             let (status, reason, message) = match verdict {
                 PodVerdict::Pending => {
-                    let why = match &pod.report {
-                        Err(why) => why.clone(),
-                        Ok(_) => format!("waiting for the {} pods' capacity reports to compare fingerprints", pod.role.peer().as_str()),
+                    let (reason, why) = match &pod.report {
+                        Err(why) => (why.reason, why.message.clone()),
+                        Ok(_) => {
+                            ("AwaitingCapacityReport", format!("waiting for the {} pods' capacity reports to compare fingerprints", pod.role.peer().as_str()))
+                        }
                     };
-                    ("False", "AwaitingCapacityReport".to_string(), why)
+                    ("False", reason.to_string(), why)
                 }
                 PodVerdict::Verified { message } => ("True", "KVPoolVerified".to_string(), message.clone()),
                 PodVerdict::Failed { failure, message } => ("False", failure.reason().to_string(), message.clone()),

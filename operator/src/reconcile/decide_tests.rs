@@ -6,7 +6,7 @@ use kvgate_proto::CapacityReport;
 
 use super::*;
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, PROGRESSING, ROLLOUT_REFUSED};
-use crate::reconcile::observe::OwnedDeployment;
+use crate::reconcile::observe::{NoReport, OwnedDeployment};
 
 const WINDOW: u64 = 2048;
 
@@ -38,7 +38,7 @@ fn report(tokens: u64, layout: &str) -> CapacityReport {
 
 /// The pods and Deployments of one revision: one prefill, two decode, each reporting `tokens`
 /// (prefill) and 8192 (decode), all Ready when `ready`.
-fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Result<CapacityReport, String>, ready: bool) {
+fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Result<CapacityReport, NoReport>, ready: bool) {
     for (role, n, rep) in [(Role::Prefill, 1, prefill), (Role::Decode, 2, Ok(report(8192, "l")))] {
         for i in 0..n {
             let name = format!("{}-{i}", workers::deployment_name(d, role, rev));
@@ -79,7 +79,7 @@ fn first_rollout_waits_for_reports_then_serves_once_verified_and_ready() {
 
     // Pods exist, prefill's report cannot be read yet: its gate condition says why.
     let mut world = World::default();
-    revision(&mut world, &d, "r1", Err("GET http://10.0.0.1:8081/v1/kv-pool: connection refused".into()), false);
+    revision(&mut world, &d, "r1", Err(NoReport::waiting("GET http://10.0.0.1:8081/v1/kv-pool: connection refused")), false);
     let plan = pass(&mut d, "r1", &world);
     let prefill = &plan.pod_gates[0];
     assert_eq!((prefill.status, prefill.reason.as_str()), ("False", "AwaitingCapacityReport"));

@@ -33,8 +33,8 @@ pub struct Context {
     pub allowed_host_paths: Vec<String>,
     /// Consecutive failures per object, for the retry backoff.
     pub failures: Mutex<HashMap<String, u32>>,
-    /// Generated handoff Secrets known to exist (`namespace/name`): the operator may only create
-    /// Secrets, never read them, so it learns this from its own create (or its 409).
+    /// Generated handoff Secrets known to exist (`namespace/name`), learnt from the operator's own
+    /// create (or its 409), so each is created once.
     pub secrets_created: Mutex<std::collections::HashSet<String>>,
 }
 

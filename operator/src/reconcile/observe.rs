@@ -1,18 +1,19 @@
 //! Observe: everything one reconcile reads, and nothing it writes. The object itself (re-read,
 //! not the watch cache), the Deployments it owns, and the pods of its workers with their
-//! capacity reports and gate conditions.
+//! capacity reports (verified with the deployment's handoff secret) and gate conditions.
 
 use futures::future::join_all;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kvgate_proto::CapacityReport;
+use kvgate_proto::auth::DeploymentKey;
 
 use super::{Context, Error};
 use crate::crd::InferenceDeployment;
 use crate::gate::{self, Role};
-use crate::render::{labels, router};
+use crate::render::{labels, router, secret};
 
 /// A Deployment this InferenceDeployment owns for one revision of its workers.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,9 +29,23 @@ pub struct WorkerPod {
     pub name: String,
     pub role: Role,
     pub revision: String,
-    /// The pod's capacity report, or why there is none (not running yet, unreachable, not a report).
-    pub report: Result<CapacityReport, String>,
+    /// The pod's verified capacity report, or why there is none.
+    pub report: Result<CapacityReport, NoReport>,
     pub condition: Option<PodCondition>,
+}
+
+/// Why a pod has no report: not running yet, unreachable, not a report, or one that does not
+/// verify as this pod's (`reason` is the gate condition's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoReport {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl NoReport {
+    pub fn waiting(message: impl Into<String>) -> Self {
+        NoReport { reason: "AwaitingCapacityReport", message: message.into() }
+    }
 }
 
 /// The world as one reconcile found it.
@@ -79,6 +94,7 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Erro
         .collect();
     let mine = ListParams::default().labels(&format!("{}={name},{}", labels::INSTANCE, labels::REVISION));
 
+    let key = handoff_key(ctx, d, &ns).await;
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let listed = pods_api.list(&mine).await.map_err(Error::api("listing pods"))?;
     let workers: Vec<(Role, Pod)> = listed
@@ -93,8 +109,12 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Erro
             Some((role, p))
         })
         .collect();
+    let key = &key;
     let pods = join_all(workers.into_iter().map(|(role, pod)| async move {
-        let report = report(ctx, role, &pod).await;
+        let report = match key {
+            Ok(key) => report(ctx, role, &pod, key).await,
+            Err(why) => Err(NoReport::waiting(why.clone())),
+        };
         let condition = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == gate::CONDITION)).cloned();
         WorkerPod { revision: pod.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: pod.name_any(), role, report, condition }
     }))
@@ -102,12 +122,25 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Erro
     Ok(World { deployments, router_ready, pods })
 }
 
-async fn report(ctx: &Context, role: Role, pod: &Pod) -> Result<CapacityReport, String> {
+/// The deployment's handoff secret as MAC keys; without it no report can be verified.
+async fn handoff_key(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<DeploymentKey, String> {
+    let name = secret::secret_name(d);
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let found = api.get_opt(&name).await.map_err(|e| format!("reading the handoff Secret {name}: {e}"))?;
+    let bytes = found
+        .and_then(|s| s.data)
+        .and_then(|mut data| data.remove(secret::KEY))
+        .ok_or_else(|| format!("the handoff Secret {name} (key `{}`) does not exist yet, so no report can be verified", secret::KEY))?;
+    // A secret the workers would trim (`echo > file`) is the same secret here.
+    DeploymentKey::new(bytes.0.trim_ascii_end()).map_err(|e| format!("the handoff Secret {name}: {e}"))
+}
+
+async fn report(ctx: &Context, role: Role, pod: &Pod, key: &DeploymentKey) -> Result<CapacityReport, NoReport> {
     let status = pod.status.as_ref();
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     if phase != "Running" {
-        return Err(format!("the pod is {phase}, not Running"));
+        return Err(NoReport::waiting(format!("the pod is {phase}, not Running")));
     }
-    let ip = status.and_then(|s| s.pod_ip.as_deref()).ok_or_else(|| "the pod has no IP yet".to_string())?;
-    crate::capacity::read(&ctx.http, ip, role.port()).await.map_err(|e| e.to_string())
+    let ip = status.and_then(|s| s.pod_ip.as_deref()).ok_or_else(|| NoReport::waiting("the pod has no IP yet"))?;
+    crate::capacity::read(&ctx.http, ip, role.port(), &pod.name_any(), key).await.map_err(|e| NoReport { reason: e.reason(), message: e.to_string() })
 }

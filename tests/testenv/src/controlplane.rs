@@ -30,6 +30,25 @@ fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// A control plane's directory is `kvgate-cp-<pid of the process that started it>-<port>`.
+const DIR_PREFIX: &str = "kvgate-cp-";
+
+/// Removes the directories of control planes whose process has exited. A test binary's shared
+/// control plane is never dropped (a static), and each holds etcd's preallocated WAL and the
+/// node's unpacked images (hundreds of MB): without this, every run left them in the temp
+/// directory until the disk filled and etcd could not start.
+fn sweep_dirs(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let owner = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<i32>().ok());
+        if owner.is_some_and(|pid| !crate::process::alive(pid)) {
+            tracing::info!(dir = %entry.path().display(), "removing the directory of a control plane whose process exited");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct ControlPlane {
     pub dir: PathBuf,
@@ -60,8 +79,9 @@ impl ControlPlane {
     pub fn start() -> anyhow::Result<ControlPlane> {
         netns::require()?;
         netns::sweep();
+        sweep_dirs(&std::env::temp_dir());
         let started = Instant::now();
-        let dir = std::env::temp_dir().join(format!("kvgate-cp-{}-{}", std::process::id(), free_port()));
+        let dir = std::env::temp_dir().join(format!("{DIR_PREFIX}{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir)?;
         let certs = certs::generate(&dir)?;
         let (client, peer, secure, kcm_port) = (free_port(), free_port(), free_port(), free_port());
@@ -287,4 +307,24 @@ fn kubeconfig_text(server: &str, certs: &Certs) -> String {
         cert = certs.admin_cert.display(),
         key = certs.admin_key.display(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_directories_of_exited_processes_are_swept() {
+        let tmp = std::env::temp_dir().join(format!("kvgate-sweep-test-{}", std::process::id()));
+        let mut exited = Command::new("true").spawn().unwrap();
+        let dead = exited.id();
+        exited.wait().unwrap();
+        let [gone, kept, other] = [format!("{DIR_PREFIX}{dead}-1"), format!("{DIR_PREFIX}{}-2", std::process::id()), format!("kvgate-other-{dead}")];
+        for d in [&gone, &kept, &other] {
+            std::fs::create_dir_all(tmp.join(d).join("etcd")).unwrap();
+        }
+        sweep_dirs(&tmp);
+        assert!(!tmp.join(&gone).exists() && tmp.join(&kept).exists() && tmp.join(&other).exists());
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
 }

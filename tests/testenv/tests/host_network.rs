@@ -126,25 +126,41 @@ fn a_world_running_and_a_killed_world_leave_the_hosts_network_as_it_was() {
     let out = std::env::temp_dir().join(format!("kvgate-host-network-{}", std::process::id()));
     // Started from the host's namespace and not part of this binary's world: it makes its own,
     // as `make dev-cluster` does, and its relays listen in the host's namespace.
+    std::fs::create_dir_all(&out).unwrap();
+    let log = out.join("dev-cluster.log");
     let child = netns::in_host({
-        let out = out.clone();
+        let (out, log) = (out.clone(), std::fs::File::create(&log).unwrap());
         move || {
             Command::new(env!("CARGO_BIN_EXE_kvgate-dev-cluster"))
                 .arg("--out")
                 .arg(&out)
                 .args(["--forward", "default/w"])
                 .env_remove(WORLD)
-                .stdout(Stdio::null())
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
                 .process_group(0)
                 .spawn()
         }
     })
     .unwrap()
     .unwrap();
-    let world = World { child, out };
+    let mut world = World { child, out };
     let owner = world.child.id();
     let kubeconfig = world.out.join("kubeconfig");
-    eventually("the dev cluster's kubeconfig", Duration::from_secs(120), Duration::from_millis(250), || kubeconfig.is_file(), String::new);
+    // Up when the kubeconfig appears; a dev cluster that exits first has said why in its log.
+    let mut exited = None;
+    eventually(
+        "the dev cluster's kubeconfig",
+        Duration::from_secs(180),
+        Duration::from_millis(250),
+        || {
+            exited = world.child.try_wait().unwrap();
+            kubeconfig.is_file() || exited.is_some()
+        },
+        || format!("its output ({}):\n{}", log.display(), std::fs::read_to_string(&log).unwrap_or_default()),
+    );
+    assert!(exited.is_none(), "the dev cluster exited ({exited:?}) before it was up:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
 
     // The host reaches the API server and a Service's pod through 127.0.0.1 only.
     kubectl(&kubeconfig, &["apply", "-f", "-"], POD);
@@ -164,7 +180,6 @@ fn a_world_running_and_a_killed_world_leave_the_hosts_network_as_it_was() {
 
     // SIGKILL: no cleanup runs; etcd, the API server, the node agent and the pod outlive it.
     let agent = running.iter().find(|(_, cmd)| cmd.contains("kvgate-node-agent")).map(|(pid, _)| *pid).expect("the node agent");
-    let mut world = world;
     world.child.kill().unwrap();
     world.child.wait().unwrap();
     assert!(!world_processes(owner).is_empty(), "nothing was left behind to sweep");

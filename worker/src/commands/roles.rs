@@ -121,7 +121,7 @@ pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: 
         }
     });
     let summary = format!("{} (KV port {kv_addr})", describe("decode", &report, args.engine.context_window));
-    let state = AppState::for_engine(engine.clone(), report, registry.clone());
+    let state = AppState::for_engine(engine.clone(), report, registry.clone()).signed_by(&secret, &args.engine);
     let ready = state.ready.clone();
     let role = DecodeRole { engine, reservations: table, admission_timeout: Duration::from_millis(args.scheduler.admission_timeout_ms) };
     let app = server::ops(state).merge(internal(decode::routes(role), &secret, args.engine.context_window, registry, "decode"));
@@ -134,7 +134,7 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret
     }
     let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "prefill")?;
     let summary = describe("prefill", &report, args.engine.context_window);
-    let state = AppState::for_engine(engine.clone(), report, registry.clone());
+    let state = AppState::for_engine(engine.clone(), report, registry.clone()).signed_by(&secret, &args.engine);
     let ready = state.ready.clone();
     let role = PrefillRole {
         engine,
@@ -186,6 +186,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         window,
         metrics,
         report: None,
+        report_signer: None,
         ready: Arc::new(AtomicBool::new(true)),
         registry: registry.clone(),
     };

@@ -6,6 +6,7 @@ pub mod error;
 mod fields;
 mod generate;
 pub mod limits;
+pub mod report;
 pub mod tokenize;
 
 use std::net::SocketAddr;
@@ -90,6 +91,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The measured pool, for roles that have one.
     pub report: Option<Arc<CapacityReport>>,
+    /// Signs the report for whoever asks with a nonce (prefill and decode of a deployment).
+    pub report_signer: Option<report::ReportSigner>,
     pub ready: Arc<AtomicBool>,
     pub registry: prometheus::Registry,
 }
@@ -106,9 +109,16 @@ impl AppState {
             metrics: engine.metrics.clone(),
             backend: Backend::Engine(engine),
             report: Some(Arc::new(report)),
+            report_signer: None,
             ready: Arc::new(AtomicBool::new(true)),
             registry,
         }
+    }
+
+    /// Reports asked for with a nonce are signed with `secret` and this pod's name.
+    pub fn signed_by(self, secret: &crate::handoff::auth::Secret, engine: &crate::cli::EngineArgs) -> Self {
+        let signer = report::ReportSigner { secret: secret.clone(), pod: engine.pod_name.clone().unwrap_or_default() };
+        AppState { report_signer: Some(signer), ..self }
     }
 
     fn count(&self, code: u16) {
@@ -124,7 +134,6 @@ impl AppState {
 
 /// The OpenAI-compatible API plus the operational endpoints. Bodies may be as large as a
 /// prompt of the whole window needs (`limits::public_body`); larger ones get a JSON 413.
-/// The HTTP app: the OpenAI API and the operational endpoints.
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
@@ -141,7 +150,7 @@ pub fn app(state: AppState) -> Router {
 /// Capacity report, health and metrics only (prefill and decode roles).
 pub fn ops<S>(state: AppState) -> Router<S> {
     Router::new()
-        .route(KV_POOL_PATH, get(kv_pool))
+        .route(KV_POOL_PATH, get(report::kv_pool))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -261,22 +270,6 @@ async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
             "max_model_len": state.window
         }]
     }))
-}
-
-/// A worker's own measured pool; a router's, those of its prefill and decode peers.
-async fn kv_pool(State(state): State<AppState>) -> Response {
-    match (&state.report, &state.backend) {
-        (Some(r), _) => Json((**r).clone()).into_response(),
-        (None, Backend::Remote(remote)) => Json(remote.reports()).into_response(),
-        (None, Backend::Engine(_)) => ApiError {
-            status: StatusCode::NOT_FOUND,
-            kind: "invalid_request_error",
-            code: "no_kv_pool".into(),
-            param: None,
-            message: "this role holds no KV pool; ask a prefill or decode worker".into(),
-        }
-        .into_response(),
-    }
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {
