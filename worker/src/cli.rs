@@ -161,18 +161,24 @@ pub struct HandoffArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct FaultArgs {
-    /// Make prefill break the handoff protocol in one way, to prove decode catches it (tests
-    /// only): truncate-transfer, corrupt-page, drop-page, duplicate-page, wrong-auth,
-    /// wrong-fingerprint, die-mid-transfer, ignore-rejection.
-    #[arg(long, requires = "allow_fault_injection")]
+    /// Make prefill break the handoff protocol in one way, to prove decode or the operator's
+    /// canary catches it (tests only; builds without the `testing` feature ignore it):
+    /// truncate-transfer, corrupt-page, drop-page, duplicate-page, wrong-auth, wrong-fingerprint,
+    /// die-mid-transfer, ignore-rejection, wrong-layout. Test images set it through the
+    /// environment (KVGATE_INJECT_FAULT with KVGATE_ALLOW_FAULT_INJECTION=true).
+    #[arg(long, env = "KVGATE_INJECT_FAULT", requires = "allow_fault_injection")]
     pub inject_fault: Option<Fault>,
     /// Required with --inject-fault, so a fault cannot be switched on by accident.
-    #[arg(long)]
+    #[arg(long, env = "KVGATE_ALLOW_FAULT_INJECTION")]
     pub allow_fault_injection: bool,
     /// Inject the fault into every Nth handoff only (1: every one), so tests can check that the
     /// requests in between stay exact.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "KVGATE_FAULT_EVERY", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub fault_every: u64,
+    /// The first N handoffs are clean; the fault starts with handoff N+1 (a worker that goes bad
+    /// under traffic, after any canary).
+    #[arg(long, env = "KVGATE_FAULT_AFTER", default_value_t = 0)]
+    pub fault_after: u64,
 }
 
 #[derive(Debug, Args)]

@@ -161,3 +161,27 @@ async fn a_truncated_request_never_sees_the_previous_tenants_kv() {
     assert_eq!(decode_tokens(&w).await, 3.0 * 16.0, "only the three honest requests generated");
     assert_pools_empty(&w).await;
 }
+
+/// A fault no check can see: after two clean handoffs, prefill sends each page with its halves
+/// swapped (the KV of a layout it does not report). Every checksum, MAC and fingerprint holds,
+/// decode counts no mismatch and answers 200, and the output is wrong: what the operator's
+/// canary, which compares outputs, exists to catch. Also set through the environment, as the
+/// test images do.
+#[tokio::test]
+async fn wrong_layout_kv_after_n_handoffs_passes_every_check_but_changes_the_output() {
+    let colocated = Worker::colocated(&[]);
+    let want = colocated.complete(&prompt(), 16).await;
+    let mut cmd = std::process::Command::new(Worker::bin());
+    cmd.arg("local").args(["--listen", "127.0.0.1:0"]);
+    cmd.env("KVGATE_INJECT_FAULT", "wrong-layout").env("KVGATE_ALLOW_FAULT_INJECTION", "true").env("KVGATE_FAULT_AFTER", "2");
+    let w = Worker::from_command(cmd);
+    for n in 1..=2 {
+        assert_eq!(w.complete(&prompt(), 16).await, want, "handoff {n} is before the fault");
+    }
+    let (status, body) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 16, "temperature": 0})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(body["choices"][0]["text"], want.as_str(), "wrong KV gave the right output: the fault did nothing");
+    let (_, metrics) = w.get("/metrics").await;
+    assert_eq!(kvgate_testenv::metrics::family_sum(&metrics, "kvgate_handoff_mismatch_total"), 0.0, "a check saw it: {metrics}");
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 3.0);
+}

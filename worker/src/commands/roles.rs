@@ -142,6 +142,7 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret
         metrics: HandoffMetrics::new(registry, "prefill"),
         fault: args.faults.inject_fault,
         fault_every: args.faults.fault_every,
+        fault_after: args.faults.fault_after,
         handoffs: Default::default(),
         exit_on_death,
     };
@@ -232,7 +233,7 @@ mod tests {
 
     #[test]
     fn faults_need_a_testing_build_and_the_allow_flag() {
-        let args = |inject: bool, allow: bool| FaultArgs { inject_fault: inject.then_some(Fault::CorruptPage), allow_fault_injection: allow, fault_every: 1 };
+        let args = |inject: bool, allow: bool| FaultArgs { inject_fault: inject.then_some(Fault::CorruptPage), allow_fault_injection: allow, fault_every: 1, fault_after: 0 };
         let release = faults_allowed(&args(true, true), false).unwrap_err().to_string();
         assert!(release.contains("built without fault injection") && release.contains("`testing`"), "{release}");
         assert!(faults_allowed(&args(true, false), true).unwrap_err().to_string().contains("--allow-fault-injection"));

@@ -1,4 +1,5 @@
-//! Faults a prefill worker can be told to commit, so tests can prove decode catches each one.
+//! Faults a prefill worker can be told to commit, so tests can prove decode (or the operator's
+//! canary) catches each one.
 //! Refused unless `--allow-fault-injection` is also given.
 
 use std::str::FromStr;
@@ -21,10 +22,14 @@ pub enum Fault {
     DieMidTransfer,
     /// Reject a prompt that cannot fit, but still hand off a one-token placeholder for it.
     IgnoreRejection,
+    /// Send KV in a layout that is not the one reported (each page's two halves swapped, as K
+    /// and V mixed up would be): every checksum, MAC and fingerprint holds, the KV is wrong.
+    /// Only comparing outputs (the operator's canary) catches it.
+    WrongLayout,
 }
 
 impl Fault {
-    pub const ALL: [(&'static str, Fault); 8] = [
+    pub const ALL: [(&'static str, Fault); 9] = [
         ("truncate-transfer", Fault::TruncateTransfer),
         ("corrupt-page", Fault::CorruptPage),
         ("drop-page", Fault::DropPage),
@@ -33,6 +38,7 @@ impl Fault {
         ("wrong-fingerprint", Fault::WrongFingerprint),
         ("die-mid-transfer", Fault::DieMidTransfer),
         ("ignore-rejection", Fault::IgnoreRejection),
+        ("wrong-layout", Fault::WrongLayout),
     ];
 }
 
@@ -46,6 +52,12 @@ impl FromStr for Fault {
     }
 }
 
+/// Whether handoff number `n` (counted from 1) gets the fault: none of the first `after`, then
+/// every `every`th.
+pub fn hits(n: u64, after: u64, every: u64) -> bool {
+    n > after && (n - after) % every.max(1) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,5 +68,14 @@ mod tests {
             assert_eq!(name.parse::<Fault>(), Ok(f));
         }
         assert!("melt-gpu".parse::<Fault>().unwrap_err().contains("truncate-transfer"));
+    }
+
+    #[test]
+    fn a_fault_after_n_spares_the_first_n_handoffs() {
+        let hit: Vec<u64> = (1..=8).filter(|&n| hits(n, 3, 1)).collect();
+        assert_eq!(hit, [4, 5, 6, 7, 8]);
+        let hit: Vec<u64> = (1..=8).filter(|&n| hits(n, 2, 3)).collect();
+        assert_eq!(hit, [5, 8]);
+        assert_eq!((1..=4).filter(|&n| hits(n, 0, 1)).count(), 4);
     }
 }

@@ -139,6 +139,9 @@ impl Transfer<'_> {
             for range in layout.unwritten_byte_ranges(tokens as usize) {
                 payload[range].fill(0);
             }
+            if self.fault() == Some(Fault::WrongLayout) {
+                payload.rotate_left(page_bytes / 2);
+            }
             let corrupt = self.fault() == Some(Fault::CorruptPage) && i == n / 2;
             let (checksum, mac) = if self.integrity() { seal(&key, head, payload, corrupt) } else { (0, Mac([0; MAC_LEN])) };
             checksums.push(checksum);

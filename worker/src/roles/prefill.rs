@@ -15,7 +15,7 @@ use kvgate_proto::roles::{PrefillRequest, PrefillResponse, Sampling};
 
 use crate::engine::{Engine, Event, Mode, Prefilled, Rejection};
 use crate::handoff::sender::{SendError, SendOutcome, Transfer, check_reservation};
-use crate::handoff::{Fault, HandoffMetrics, Secret};
+use crate::handoff::{Fault, HandoffMetrics, Secret, faults};
 use crate::model::SamplingParams;
 use crate::server::api;
 use crate::server::error::ApiError;
@@ -26,8 +26,10 @@ pub struct PrefillRole {
     pub secret: Secret,
     pub metrics: HandoffMetrics,
     pub fault: Option<Fault>,
-    /// The fault hits handoffs number `fault_every`, `2 * fault_every`, ... (counted from 1).
+    /// The fault hits handoffs number `fault_after + fault_every`, `fault_after + 2 * fault_every`,
+    /// ... (counted from 1).
     pub fault_every: u64,
+    pub fault_after: u64,
     pub handoffs: Arc<AtomicU64>,
     /// A dedicated prefill process really exits for `die-mid-transfer`; `local` drops the
     /// connection instead (its other roles share the process).
@@ -55,7 +57,7 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
         Err(e) => return e.into_response(),
     };
     let n = role.handoffs.fetch_add(1, Ordering::SeqCst) + 1;
-    let fault = role.fault.filter(|_| n % role.fault_every == 0);
+    let fault = role.fault.filter(|_| faults::hits(n, role.fault_after, role.fault_every));
     let vocab = role.engine.model.vocab_size();
     if let Some(at) = req.prompt.iter().position(|t| *t as usize >= vocab) {
         let message = format!("prompt token {} at position {at} is outside the vocabulary of {vocab} tokens", req.prompt[at]);
