@@ -240,7 +240,7 @@ impl ControlPlane {
     /// `images` (name, then `oci:LAYOUT:TAG` or a host binary's path; see `node::images`), stopped
     /// when the returned process is dropped. Its pods' files (logs, `network.json`, bundles) are
     /// under `node_dir(node)`.
-    pub fn node_agent(&self, agent: &Path, node: &str, images: &[(&str, String)]) -> anyhow::Result<Proc> {
+    pub fn node_agent(&self, agent: &Path, node: &str, images: &[(String, String)]) -> anyhow::Result<Proc> {
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
             format!("--server={}", self.pod_server()),

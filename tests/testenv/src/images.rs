@@ -13,6 +13,23 @@ use anyhow::Context;
 pub const WORKER: &str = "ghcr.io/kvgate/kvgate-worker";
 pub const OPERATOR: &str = "ghcr.io/kvgate/kvgate-operator";
 
+/// Test-only worker images: the debug worker's layers under another tag whose configuration
+/// switches a fault on through the environment. The node agent maps `WORKER-<name>` to them, so
+/// a test deploys a faulty revision by naming the image (`spec.image`); no CRD field can turn a
+/// fault on, and release images are built without fault injection at all.
+pub const FAULTY_WORKERS: &[(&str, &[(&str, &str)])] = &[
+    // Prefill sends KV in a layout it does not report, from the first handoff: only comparing
+    // outputs (the canary) can tell.
+    ("wrong-layout", &[("KVGATE_INJECT_FAULT", "wrong-layout"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")]),
+    // Prefill corrupts a page of every handoff after its 20th: passes a canary, fails under traffic.
+    ("corrupt-after-20", &[("KVGATE_INJECT_FAULT", "corrupt-page"), ("KVGATE_ALLOW_FAULT_INJECTION", "true"), ("KVGATE_FAULT_AFTER", "20")]),
+];
+
+/// The image name of a test-only faulty worker (see `FAULTY_WORKERS`).
+pub fn faulty_worker(name: &str) -> String {
+    format!("{WORKER}-{name}:{}", tag())
+}
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -58,14 +75,29 @@ fn build() -> anyhow::Result<PathBuf> {
         status.success(),
         "scripts/images.sh --profile debug --offline failed ({status}); it needs umoci and the pinned packages `make test-deps` fetches"
     );
+    let layout = out.join("oci/kvgate-worker");
+    for (name, env) in FAULTY_WORKERS {
+        let mut umoci = Command::new("umoci");
+        umoci.args(["config", "--image"]).arg(format!("{}:{}", layout.display(), tag())).args(["--no-history", "--tag", &format!("{}-{name}", tag())]);
+        for (k, v) in *env {
+            umoci.arg(format!("--config.env={k}={v}"));
+        }
+        let status = umoci.status().context("running umoci config")?;
+        anyhow::ensure!(status.success(), "umoci config for the test image {WORKER}-{name} failed ({status})");
+    }
     std::fs::write(&stamp_file, want)?;
     Ok(out)
 }
 
 /// Image-table entries mapping both kvgate images to their debug layouts (`NAME=oci:DIR:TAG`).
-pub fn debug_table() -> anyhow::Result<Vec<(&'static str, String)>> {
+/// The test-only faulty workers (`FAULTY_WORKERS`) come with them.
+pub fn debug_table() -> anyhow::Result<Vec<(String, String)>> {
     let dir = debug_layouts()?;
-    Ok([(WORKER, "kvgate-worker"), (OPERATOR, "kvgate-operator")]
-        .map(|(name, image)| (name, format!("oci:{}:{}", dir.join("oci").join(image).display(), tag())))
-        .to_vec())
+    let layout = |image: &str| dir.join("oci").join(image).display().to_string();
+    let mut table: Vec<(String, String)> =
+        [(WORKER, "kvgate-worker"), (OPERATOR, "kvgate-operator")].iter().map(|(name, image)| (name.to_string(), format!("oci:{}:{}", layout(image), tag()))).collect();
+    for (name, _) in FAULTY_WORKERS {
+        table.push((format!("{WORKER}-{name}"), format!("oci:{}:{}-{name}", layout("kvgate-worker"), tag())));
+    }
+    Ok(table)
 }
