@@ -69,6 +69,10 @@ pub struct InferenceDeploymentSpec {
     /// Handoff between prefill and decode.
     #[serde(default)]
     pub handoff: HandoffSpec,
+    /// How a new revision is proven before it serves. Not part of the revision: changing it
+    /// starts no rollout.
+    #[serde(default)]
+    pub rollout: RolloutSpec,
 }
 
 impl InferenceDeploymentSpec {
@@ -235,6 +239,57 @@ fn timeout_ms() -> u64 {
     30_000
 }
 
+/// How a new revision is proven before it serves.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// The integrity canary every candidate revision passes before its pods take traffic.
+    #[serde(default)]
+    pub canary: CanarySpec,
+}
+
+/// The integrity canary: once every pod of a candidate revision measured a pool that holds the
+/// window, the operator drives fixed greedy prompts through every candidate prefill x decode
+/// pair over the same reserve -> prefill -> commit -> generate path the router uses. The revision
+/// takes traffic only if every pair answers, every pair gives the same tokens for a prompt
+/// (and, with the same model, the tokens the serving revision gives), and no candidate pod
+/// counts a handoff mismatch; otherwise it is refused with reason `CanaryFailed`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CanarySpec {
+    /// Prompts per pair, of lengths from one KV page up to maxPromptTokens. 0 turns the canary
+    /// off (the pool check alone gates the revision).
+    #[serde(default = "canary_prompts")]
+    #[schemars(range(min = 0, max = 16))]
+    pub prompts: u32,
+    /// The longest canary prompt in tokens (capped at contextWindow - maxTokens).
+    #[serde(default = "canary_max_prompt_tokens")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub max_prompt_tokens: u64,
+    /// Tokens generated per prompt: the output every pair must agree on.
+    #[serde(default = "canary_max_tokens")]
+    #[schemars(range(min = 1, max = 256))]
+    pub max_tokens: u32,
+}
+
+impl Default for CanarySpec {
+    fn default() -> Self {
+        CanarySpec { prompts: canary_prompts(), max_prompt_tokens: canary_max_prompt_tokens(), max_tokens: canary_max_tokens() }
+    }
+}
+
+fn canary_prompts() -> u32 {
+    3
+}
+
+fn canary_max_prompt_tokens() -> u64 {
+    4096
+}
+
+fn canary_max_tokens() -> u32 {
+    8
+}
+
 /// What the operator observed.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -264,6 +319,9 @@ pub struct InferenceDeploymentStatus {
     /// The last refused revision and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_revision: Option<RefusedRevision>,
+    /// The integrity canary's last run, for the revision it ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
     /// Prefill pods of the serving (or, before the first, the candidate) revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill: Option<RoleStatus>,
@@ -281,9 +339,21 @@ pub struct InferenceDeploymentStatus {
 pub struct RefusedRevision {
     /// The refused revision (a hash of everything that shapes its pods).
     pub revision: String,
-    /// KVPoolBelowContextWindow or FingerprintMismatch.
+    /// KVPoolBelowContextWindow, FingerprintMismatch, CanaryFailed or HostPathPolicy.
     pub reason: String,
     /// With the pod and both numbers, e.g. `prefill pod x measured 681280 tokens < contextWindow 1048576`.
+    pub message: String,
+}
+
+/// What the integrity canary found for one revision.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStatus {
+    /// The revision the canary ran on.
+    pub revision: String,
+    /// Whether every pair answered, agreed and counted no mismatch.
+    pub passed: bool,
+    /// What ran and what it found (the failing pair, prompt length and first differing token).
     pub message: String,
 }
 

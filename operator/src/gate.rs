@@ -122,6 +122,7 @@ mod tests {
             model: "tiny".into(),
             model_fingerprint: model.into(),
             layout_fingerprint: layout.into(),
+            vocab_size: Some(258),
         })
     }
 

@@ -1,6 +1,7 @@
 //! kvgate's operator: reconciles `InferenceDeployment`s into router, prefill and decode
 //! workloads, and gates every rollout on the KV pool its pods measure.
 
+pub mod canary;
 pub mod capacity;
 pub mod check;
 pub mod cli;

@@ -20,11 +20,14 @@ pub struct Metrics {
     pub context_window: IntGaugeVec,
     pub refused_now: IntGaugeVec,
     pub leader: IntGauge,
+    pub canaries: IntCounterVec,
+    pub canary_duration: Histogram,
 }
 
 /// Every label value a counter can take, so rates work from the first scrape.
 pub const RESULTS: [&str; 2] = ["success", "error"];
-pub const REFUSAL_REASONS: [&str; 3] = ["KVPoolBelowContextWindow", "FingerprintMismatch", crate::host_paths::REASON];
+pub const REFUSAL_REASONS: [&str; 4] = ["KVPoolBelowContextWindow", "FingerprintMismatch", crate::reconcile::decide::CANARY_FAILED, crate::host_paths::REASON];
+pub const CANARY_RESULTS: [&str; 2] = ["passed", "failed"];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -55,6 +58,14 @@ impl Metrics {
             &["namespace", "name", "reason"],
         )
         .unwrap();
+        let canaries =
+            IntCounterVec::new(Opts::new("kvgate_operator_canary_runs_total", "Integrity canaries run on candidate revisions, by result"), &["result"])
+                .unwrap();
+        let canary_duration = Histogram::with_opts(
+            HistogramOpts::new("kvgate_operator_canary_duration_seconds", "Time one integrity canary takes (every prompt through every pair)")
+                .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]),
+        )
+        .unwrap();
         let leader = IntGauge::new("kvgate_operator_leader", "1 while this replica holds the leader Lease (and reconciles)").unwrap();
         let build = IntGaugeVec::new(Opts::new("kvgate_build_info", "Build information; always 1"), &["component", "version"]).unwrap();
         build.with_label_values(&["operator", env!("CARGO_PKG_VERSION")]).set(1);
@@ -66,6 +77,8 @@ impl Metrics {
             Box::new(context_window.clone()),
             Box::new(refused_now.clone()),
             Box::new(leader.clone()),
+            Box::new(canaries.clone()),
+            Box::new(canary_duration.clone()),
             Box::new(build),
         ] {
             registry.register(c).unwrap();
@@ -76,7 +89,10 @@ impl Metrics {
         for r in REFUSAL_REASONS {
             refused.with_label_values(&[r]);
         }
-        Metrics { registry, reconciles, reconcile_duration, refused, pool_tokens, context_window, refused_now, leader }
+        for r in CANARY_RESULTS {
+            canaries.with_label_values(&[r]);
+        }
+        Metrics { registry, reconciles, reconcile_duration, refused, pool_tokens, context_window, refused_now, leader, canaries, canary_duration }
     }
 
     /// The per-deployment gauges, from its status: the window, the serving revision's smallest

@@ -278,6 +278,76 @@ fn a_report_signed_with_another_secret_does_not_get_a_pod_verified() {
     }
 }
 
+/// KV that passes every check and is still wrong: a candidate whose prefill sends pages in a
+/// layout it does not report (a test-only image). The operator's integrity canary compares the
+/// candidate's outputs with the serving revision's and refuses it `CanaryFailed` before its pods
+/// ever become Ready; a client running throughout gets 200 and the reference text every time.
+#[test]
+fn a_candidate_computing_wrong_but_checksummed_kv_is_refused_by_the_canary_before_any_traffic() {
+    let (cp, op) = env();
+    let ns = cp.restricted_namespace("canary");
+    apply_yaml(cp, &ns, &tiny("canary", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "canary")["status"]["phase"] == "Available");
+    // The first revision passed its own canary before it served.
+    let d = infd(cp, &ns, "canary");
+    let serving = d["status"]["currentRevision"].as_str().unwrap().to_string();
+    assert_eq!((d["status"]["canary"]["revision"].as_str(), d["status"]["canary"]["passed"].as_bool()), (Some(serving.as_str()), Some(true)), "{d}");
+    assert!(d["status"]["canary"]["message"].as_str().unwrap().contains("no handoff mismatch"), "{d}");
+    let failed_before = op.metric(r#"kvgate_operator_canary_runs_total{result="failed"}"#).unwrap_or(0.0);
+
+    let router = router_endpoints(cp, &ns, "canary").pop().expect("a ready router");
+    let prompt = "The same question from the same customer, asked again and again. ".repeat(2);
+    let (status, reference) = complete(&router, &prompt, 8).unwrap();
+    assert_eq!(status, 200, "{reference}");
+    let text = |body: &str| serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v["choices"][0]["text"].as_str().map(String::from));
+    let reference = text(&reference).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = std::thread::spawn({
+        let (stop, router, prompt) = (stop.clone(), router.clone(), prompt.clone());
+        move || {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                answers.push(complete(&router, &prompt, 8));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            answers
+        }
+    });
+
+    let faulty =
+        tiny("canary", 256, 1024, 1024, "").replace("spec:\n", &format!("spec:\n  image: {}\n", kvgate_testenv::images::faulty_worker("wrong-layout")));
+    apply_yaml(cp, &ns, &faulty);
+    eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "canary"), "RolloutRefused"));
+    let d = infd(cp, &ns, "canary");
+    let refused = &d["status"]["refusedRevision"];
+    assert_eq!(refused["reason"], "CanaryFailed", "{d}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(message.contains("prefill canary-prefill-") && message.contains("tokens: output token"), "{message}");
+    assert!(message.contains(&format!("but serving revision {serving}")), "compared with the serving revision: {message}");
+    assert_eq!(d["status"]["currentRevision"].as_str(), Some(serving.as_str()), "the serving revision still serves");
+    assert_eq!((d["status"]["canary"]["passed"].as_bool(), d["status"]["canary"]["message"].as_str()), (Some(false), Some(message)));
+    eventually(cp, &ns, "a CanaryFailed Event", Duration::from_secs(30), || {
+        let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=CanaryFailed"]);
+        evs["items"].as_array().is_some_and(|a| a.iter().any(|e| e["type"] == "Warning"))
+    });
+    assert!(op.metric(r#"kvgate_operator_canary_runs_total{result="failed"}"#).unwrap() >= failed_before + 1.0);
+    // The router never ran the unproven image.
+    let routers = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=router"]);
+    for p in routers["items"].as_array().unwrap() {
+        assert!(!p["spec"]["containers"][0]["image"].as_str().unwrap().contains("wrong-layout"), "{p}");
+    }
+    // Seconds of traffic after the refusal too, then the client's view: never a failure, never other text.
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    let answers = client.join().unwrap();
+    assert!(answers.len() >= 10, "the client ran throughout: {} requests", answers.len());
+    for (i, a) in answers.iter().enumerate() {
+        let (status, body) = a.clone().unwrap_or_else(|| panic!("request {i}: no answer"));
+        assert_eq!(status, 200, "request {i}: {body}");
+        assert_eq!(text(&body).as_deref(), Some(reference.as_str()), "request {i} got other text: {body}");
+    }
+}
+
 #[test]
 fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
     let (cp, _) = env();

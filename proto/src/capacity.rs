@@ -29,6 +29,9 @@ pub struct CapacityReport {
     pub model_fingerprint: String,
     /// Hash of the KV layout (layers, heads, head size, page size, dtype); must agree too.
     pub layout_fingerprint: String,
+    /// Tokens in the model's vocabulary (the operator's canary prompts stay below it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<u32>,
 }
 
 /// What a router serves on [`KV_POOL_PATH`]: the last report it read from each peer (`report`
@@ -74,6 +77,7 @@ mod tests {
             model: "tiny".into(),
             model_fingerprint: "m".into(),
             layout_fingerprint: "l".into(),
+            vocab_size: Some(258),
         }
     }
 

@@ -6,6 +6,21 @@ use crate::auth::ReservationFields;
 use crate::handoff::HandoffId;
 use crate::logprobs::TokenLogprobs;
 
+/// Decode: reserve pages for a whole sequence (router and the operator's canary call it).
+pub const RESERVE_PATH: &str = "/internal/v1/reserve";
+/// Prefill: compute a prompt's KV and send it into a reservation.
+pub const PREFILL_PATH: &str = "/internal/v1/prefill";
+
+/// Decode: give a reservation's pages back.
+pub fn cancel_path(id: &str) -> String {
+    format!("/internal/v1/handoffs/{id}/cancel")
+}
+
+/// Decode: generate from a committed handoff (an NDJSON stream of [`StreamLine`]s).
+pub fn generate_path(id: &str) -> String {
+    format!("/internal/v1/handoffs/{id}/generate")
+}
+
 /// Router -> decode: reserve pages for a whole sequence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReserveRequest {

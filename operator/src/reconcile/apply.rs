@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::decide::Plan;
 use super::{Context, Error, MANAGER, event};
-use crate::crd::InferenceDeployment;
+use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
 use crate::render::{router, secret, workers};
 
@@ -66,7 +66,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         delete::<Deployment>(client, &ns, dep).await?;
     }
     if let Some(window) = plan.router_window {
-        apply::<Deployment>(client, &ns, &router::deployment(d, image, window)).await?;
+        apply::<Deployment>(client, &ns, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window)).await?;
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for gate in &plan.pod_gates {
@@ -93,16 +93,21 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     }
     ctx.metrics.export(&ns, &name, d.spec.context_window, &plan.status);
     if Some(&plan.status) != d.status.as_ref() {
-        let api: Api<InferenceDeployment> = Api::namespaced(client.clone(), &ns);
-        let body = json!({ "apiVersion": InferenceDeployment::api_version(&()), "kind": InferenceDeployment::kind(&()), "status": plan.status });
-        api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(Error::api("writing status"))?;
+        status(ctx, d, &plan.status).await?;
     }
     Ok(())
 }
 
-/// Creates the generated handoff Secret once; never rewrites it. The operator holds only
-/// `create` on Secrets (no `get`: it would read every Secret of every namespace it watches), so
-/// an existing Secret is recognised by the create's 409, once per operator process.
+/// Writes the whole status (server-side apply: fields left out would be dropped).
+pub async fn status(ctx: &Context, d: &InferenceDeployment, status: &InferenceDeploymentStatus) -> Result<(), Error> {
+    let api: Api<InferenceDeployment> = Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_else(|| "default".into()));
+    let body = json!({ "apiVersion": InferenceDeployment::api_version(&()), "kind": InferenceDeployment::kind(&()), "status": status });
+    api.patch_status(&d.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(Error::api("writing status"))?;
+    Ok(())
+}
+
+/// Creates the generated handoff Secret once; never rewrites it. An existing Secret is
+/// recognised by the create's 409, once per operator process.
 async fn ensure_secret(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<(), Error> {
     if d.spec.handoff.secret_name.is_some() {
         return Ok(());

@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::observe::{WorkerPod, World};
 use super::status::{self, Observed};
+use crate::canary::{CanaryRun, Endpoint};
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
 use crate::gate::{self, PodReport, PodVerdict, Role, Verdict};
 use crate::render::workers;
@@ -68,6 +69,9 @@ pub struct Plan {
     pub delete: Vec<String>,
     /// The router Deployment, admitting this window; `None`: leave it as it is.
     pub router_window: Option<u64>,
+    /// The image the router runs: the serving revision's (`None` before one serves: the
+    /// spec's). An image no revision has proven never fronts traffic.
+    pub router_image: Option<String>,
     pub pod_gates: Vec<PodGate>,
     pub events: Vec<Announcement>,
     /// A refusal decided now: counted once under this reason.
@@ -75,6 +79,9 @@ pub struct Plan {
     pub status: InferenceDeploymentStatus,
     /// Nothing is in flight: the spec's revision serves or stands refused.
     pub settled: bool,
+    /// The integrity canary to run now (after this plan is applied), its result recorded in
+    /// `status.canary` for the next pass to act on.
+    pub canary: Option<CanaryRun>,
 }
 
 /// What `decide` needs besides the observed world.
@@ -96,6 +103,11 @@ pub fn decide(i: Inputs<'_>) -> Plan {
     let refused_before = prev.refused_revision.as_ref().is_some_and(|r| r.revision == rev);
     let refused_already = refused_before || host_path_refusal.is_some();
     let (candidate, candidate_verdicts) = verify(world, rev, window);
+    let canary_spec = &d.spec.rollout.canary;
+    let canary_result = prev.canary.as_ref().filter(|c| c.revision == rev);
+    // Until the canary passed, a verified candidate pod's gate stays False: it takes no traffic.
+    let canary_pending = Some(rev) != current.as_deref() && canary_spec.prompts > 0 && !canary_result.is_some_and(|c| c.passed);
+    let mut canary = None;
 
     let mut refused = prev.refused_revision.clone();
     let mut refused_reason = None;
@@ -117,6 +129,24 @@ pub fn decide(i: Inputs<'_>) -> Plan {
                 scale_to_zero = true;
                 let keeps = current.as_ref().map_or("no revision serves yet".to_string(), |c| format!("revision {c} keeps serving"));
                 events.push(warning("RolloutRefused", "RolloutGate", format!("revision {rev} refused: {message}; {keeps}")));
+            }
+            Verdict::Verified if canary_result.is_some_and(|c| !c.passed) => {
+                let message = canary_result.map(|c| c.message.clone()).unwrap_or_default();
+                let reason = CANARY_FAILED;
+                refused = Some(RefusedRevision { revision: rev.into(), reason: reason.into(), message: message.clone() });
+                refused_reason = Some(reason.to_string());
+                scale_to_zero = true;
+                let keeps = current.as_ref().map_or("no revision serves yet".to_string(), |c| format!("revision {c} keeps serving"));
+                events.push(warning(
+                    "RolloutRefused",
+                    "IntegrityCanary",
+                    format!("revision {rev} refused before any traffic: the integrity canary failed: {message}; {keeps}"),
+                ));
+            }
+            Verdict::Verified if canary_pending => {
+                if all_pods(d, &candidate) {
+                    canary = canary_run(d, world, rev, current.as_deref());
+                }
             }
             Verdict::Verified if full_strength(d, &candidate, |r| world.ready(&workers::deployment_name(d, r, rev))) => {
                 events.push(Announcement {
@@ -141,18 +171,21 @@ pub fn decide(i: Inputs<'_>) -> Plan {
             .collect(),
     };
     let delete = world.deployments.iter().filter(|dep| dep.revision != rev && Some(&dep.revision) != serving.as_ref()).map(|dep| dep.name.clone()).collect();
-    // The router admits what the serving revision was verified for.
+    // The router admits what the serving revision was verified for, and runs its image.
     let router_window = serving_window.unwrap_or(window);
+    let router_image = serving.as_ref().and_then(|s| world.deployments.iter().filter(|dep| &dep.revision == s).find_map(|dep| dep.image.clone()));
 
     // Status describes the serving revision, or before there is one, the candidate; the pods of
     // both get their gate condition.
     let shown = serving.clone().unwrap_or_else(|| rev.to_string());
-    let mut pod_gates = gates(world.pods_of(rev), &candidate_verdicts);
+    let held = (canary_pending && !refused_already && refused_reason.is_none())
+        .then(|| format!("KV pool verified; the integrity canary of revision {rev} runs before this pod takes traffic"));
+    let mut pod_gates = gates(world.pods_of(rev), &candidate_verdicts, held.as_deref());
     let shown_pods = if shown == rev {
         candidate.clone()
     } else {
         let (shown_pods, verdicts) = verify(world, &shown, router_window);
-        pod_gates.extend(gates(world.pods_of(&shown), &verdicts));
+        pod_gates.extend(gates(world.pods_of(&shown), &verdicts, None));
         shown_pods
     };
     let observed = Observed {
@@ -164,10 +197,64 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         shown_pods,
         ready: [Role::Prefill, Role::Decode].map(|r| world.ready(&workers::deployment_name(d, r, &shown))),
         router_ready: world.router_ready.unwrap_or(0),
+        canary_running: held.is_some(),
     };
     let status = status::compute(d, &prev, &observed);
     let settled = serving.as_deref() == Some(rev) || refused.as_ref().is_some_and(|r| r.revision == rev);
-    Plan { workers, delete, router_window: host_path_refusal.is_none().then_some(router_window), pod_gates, events, refused_reason, status, settled }
+    Plan {
+        workers,
+        delete,
+        router_window: host_path_refusal.is_none().then_some(router_window),
+        router_image,
+        pod_gates,
+        events,
+        refused_reason,
+        status,
+        settled,
+        canary,
+    }
+}
+
+/// The refusal reason of a revision whose integrity canary failed.
+pub const CANARY_FAILED: &str = "CanaryFailed";
+
+/// Every desired pod of both roles exists and passed the pool check (Ready or not: candidate
+/// pods are not Ready before the canary).
+fn all_pods(d: &InferenceDeployment, v: &Verification) -> bool {
+    [Role::Prefill, Role::Decode].into_iter().all(|r| {
+        let want = d.spec.worker(r).replicas;
+        want > 0 && v.pods.get(&r).copied().unwrap_or(0) == want && v.verified.get(&r).copied().unwrap_or(0) == want
+    })
+}
+
+/// The canary for revision `rev`: its pods, and a serving pair to compare with when the
+/// serving revision reports the same model and KV layout.
+fn canary_run(d: &InferenceDeployment, world: &World, rev: &str, serving: Option<&str>) -> Option<CanaryRun> {
+    let endpoint = |p: &WorkerPod| Some(Endpoint { pod: p.name.clone(), ip: p.ip.clone()? });
+    let of = |rev: &str, role: Role| world.pods_of(rev).filter(|p| p.role == role).filter_map(endpoint).collect::<Vec<_>>();
+    let (prefill, decode) = (of(rev, Role::Prefill), of(rev, Role::Decode));
+    let report = world.pods_of(rev).find_map(|p| p.report.as_ref().ok())?;
+    let same_model = |p: &&WorkerPod| {
+        p.report.as_ref().is_ok_and(|r| r.model_fingerprint == report.model_fingerprint && r.layout_fingerprint == report.layout_fingerprint)
+            && p.condition.as_ref().is_some_and(|c| c.status == "True")
+    };
+    let reference = serving.and_then(|s| {
+        let pick = |role: Role| world.pods_of(s).filter(|p| p.role == role).find(same_model).and_then(endpoint);
+        Some((s.to_string(), pick(Role::Prefill)?, pick(Role::Decode)?))
+    });
+    let spec = &d.spec.rollout.canary;
+    let max_tokens = spec.max_tokens.min(d.spec.context_window.saturating_sub(1).max(1) as u32);
+    Some(CanaryRun {
+        revision: rev.to_string(),
+        prefill,
+        decode,
+        reference,
+        prompts: spec.prompts,
+        page_size: report.page_size,
+        max_prompt_tokens: spec.max_prompt_tokens.min(d.spec.context_window - u64::from(max_tokens)).max(1),
+        vocab: report.vocab_size.unwrap_or(2),
+        max_tokens,
+    })
 }
 
 fn warning(reason: &'static str, action: &'static str, note: String) -> Announcement {
@@ -193,8 +280,9 @@ fn verify(world: &World, revision: &str, context_window: u64) -> (Verification, 
     (v, verdicts)
 }
 
-/// The gate condition of each pod whose condition differs from its verdict.
-fn gates<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict]) -> Vec<PodGate> {
+/// The gate condition of each pod whose condition differs from its verdict; `held`: verified
+/// pods stay `False` (`AwaitingCanary`) with this message.
+fn gates<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict], held: Option<&str>) -> Vec<PodGate> {
     pods.zip(verdicts)
         .filter_map(|(pod, verdict)| {
             let (status, reason, message) = match verdict {
@@ -207,7 +295,10 @@ fn gates<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict])
                     };
                     ("False", reason.to_string(), why)
                 }
-                PodVerdict::Verified { message } => ("True", "KVPoolVerified".to_string(), message.clone()),
+                PodVerdict::Verified { message } => match held {
+                    Some(why) => ("False", "AwaitingCanary".to_string(), format!("{message}; {why}")),
+                    None => ("True", "KVPoolVerified".to_string(), message.clone()),
+                },
                 PodVerdict::Failed { failure, message } => ("False", failure.reason().to_string(), message.clone()),
             };
             let existing = pod.condition.as_ref();

@@ -15,6 +15,8 @@ fn deployment(window: u64) -> InferenceDeployment {
         "model": { "name": "tiny" }, "contextWindow": window,
         "prefill": { "replicas": 1, "kvPool": { "tokens": 8192 } },
         "decode": { "replicas": 2, "kvPool": { "tokens": 8192 } },
+        // Off here; the canary's transitions have their own tests below, with it on.
+        "rollout": { "canary": { "prompts": 0 } },
     });
     let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
     d.metadata.namespace = Some("ns".into());
@@ -33,6 +35,7 @@ fn report(tokens: u64, layout: &str) -> CapacityReport {
         model: "tiny".into(),
         model_fingerprint: "m".into(),
         layout_fingerprint: layout.into(),
+        vocab_size: Some(258),
     }
 }
 
@@ -42,9 +45,11 @@ fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Resu
     for (role, n, rep) in [(Role::Prefill, 1, prefill), (Role::Decode, 2, Ok(report(8192, "l")))] {
         for i in 0..n {
             let name = format!("{}-{i}", workers::deployment_name(d, role, rev));
-            world.pods.push(WorkerPod { name, role, revision: rev.into(), report: rep.clone(), condition: None });
+            let ip = Some(format!("10.0.{}.{i}", role.port() - 8080));
+            world.pods.push(WorkerPod { name, role, revision: rev.into(), ip, report: rep.clone(), condition: None });
         }
-        world.deployments.push(OwnedDeployment { name: workers::deployment_name(d, role, rev), revision: rev.into(), ready: if ready { n } else { 0 } });
+        let image = Some(format!("worker:{rev}"));
+        world.deployments.push(OwnedDeployment { name: workers::deployment_name(d, role, rev), revision: rev.into(), ready: if ready { n } else { 0 }, image });
     }
     world.router_ready = Some(1);
 }
@@ -171,6 +176,7 @@ fn an_update_refused_while_the_old_revision_keeps_serving_untouched() {
     assert_eq!(sizes(&plan), [(Role::Prefill, "r2", 0), (Role::Decode, "r2", 0)], "only the candidate is scaled");
     assert!(plan.delete.is_empty(), "the serving revision's Deployments stay: {:?}", plan.delete);
     assert_eq!((plan.status.current_revision.as_deref(), plan.router_window), (Some("r1"), Some(WINDOW)), "the router keeps r1's window");
+    assert_eq!(plan.router_image.as_deref(), Some("worker:r1"), "and r1's image");
     assert!(plan.events[0].note.ends_with("; revision r1 keeps serving"), "{}", plan.events[0].note);
     assert_eq!(phase(&plan), "Refused");
     assert_eq!(condition(&plan, AVAILABLE), (true, "Serving".into()));
@@ -239,4 +245,76 @@ fn a_host_path_outside_the_allowed_directories_creates_nothing() {
     let again = decide(Inputs { d: &d, revision: "r1", host_path_refusal: Some(message), world: &World::default() });
     assert_eq!((again.refused_reason, again.events.len()), (None, 0), "refused once");
     assert!(conditions::is_true(&again.status.conditions, ROLLOUT_REFUSED));
+}
+
+fn canary_on(d: &mut InferenceDeployment) {
+    d.spec.rollout.canary = crate::crd::CanarySpec::default();
+}
+
+fn canary_result(d: &mut InferenceDeployment, rev: &str, passed: bool, message: &str) {
+    d.status.as_mut().unwrap().canary = Some(crate::crd::CanaryStatus { revision: rev.into(), passed, message: message.into() });
+}
+
+#[test]
+fn a_first_revision_takes_no_traffic_until_its_canary_passed() {
+    let mut d = deployment(WINDOW);
+    canary_on(&mut d);
+    let mut world = World::default();
+    revision(&mut world, &d, "r1", Ok(report(8192, "l")), false);
+    let plan = pass(&mut d, "r1", &world);
+    // Every pool verified: the gates stay False while the canary runs over all 1 x 2 pairs.
+    assert!(plan.pod_gates.iter().all(|g| g.status == "False" && g.reason == "AwaitingCanary"), "{:?}", plan.pod_gates);
+    assert_eq!(phase(&plan), "Canary");
+    let run = plan.canary.clone().expect("a canary to run");
+    assert_eq!((run.revision.as_str(), run.prefill.len(), run.decode.len(), run.reference.clone()), ("r1", 1, 2, None));
+    assert_eq!((run.prompts, run.page_size, run.vocab, run.max_tokens), (3, 16, 258, 8));
+    assert_eq!(run.max_prompt_tokens, WINDOW - 8, "the longest prompt leaves room for the generated tokens");
+    assert_eq!(run.decode[1].ip, "10.0.2.1");
+
+    // Passed: the gates open; once Ready at full strength the revision serves.
+    canary_result(&mut d, "r1", true, "3 prompts ... no handoff mismatch");
+    let plan = pass(&mut d, "r1", &world_with_conditions(&world, &plan));
+    assert!(plan.canary.is_none());
+    assert!(plan.pod_gates.iter().all(|g| g.status == "True"), "{:?}", plan.pod_gates);
+    let mut ready = World::default();
+    revision(&mut ready, &d, "r1", Ok(report(8192, "l")), true);
+    let plan = pass(&mut d, "r1", &world_with_conditions(&ready, &plan));
+    assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Available"));
+    assert_eq!(plan.status.canary.as_ref().map(|c| c.passed), Some(true), "the canary's result stays in status");
+}
+
+#[test]
+fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_reference() {
+    let (mut d, world) = serving_r1();
+    let mut world = world_with_conditions(&world, &pass(&mut d.clone(), "r1", &world));
+    canary_on(&mut d);
+    d.spec.decode.kv_pool.tokens = Some(16_384);
+    revision(&mut world, &d, "r2", Ok(report(8192, "l")), false);
+    let plan = pass(&mut d, "r2", &world);
+    let run = plan.canary.clone().expect("a canary to run");
+    let (rev, prefill, decode) = run.reference.clone().expect("r1 has the same model and layout");
+    assert_eq!((rev.as_str(), prefill.pod.as_str(), decode.pod.as_str()), ("r1", "llm-prefill-r1-0", "llm-decode-r1-0"));
+
+    let message = "pair prefill llm-prefill-r2-0 x decode llm-decode-r2-1, prompt of 128 tokens: output token 2 is token id 7, but serving revision r1 (prefill llm-prefill-r1-0 x decode llm-decode-r1-0) gave token id 9";
+    canary_result(&mut d, "r2", false, message);
+    let plan = pass(&mut d, "r2", &world);
+    let refused = plan.status.refused_revision.clone().unwrap();
+    assert_eq!((refused.revision.as_str(), refused.reason.as_str(), refused.message.as_str()), ("r2", "CanaryFailed", message));
+    assert_eq!(plan.refused_reason.as_deref(), Some("CanaryFailed"));
+    assert_eq!(sizes(&plan), [(Role::Prefill, "r2", 0), (Role::Decode, "r2", 0)]);
+    assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Refused"));
+    assert!(plan.events[0].note.contains("integrity canary failed") && plan.events[0].note.ends_with("revision r1 keeps serving"), "{:?}", plan.events);
+    assert!(plan.canary.is_none(), "not run again");
+
+    // A serving revision of another layout is no reference: its outputs may differ by design.
+    let (mut d, world) = serving_r1();
+    canary_on(&mut d);
+    let mut world = world_with_conditions(&world, &pass(&mut d.clone(), "r1", &world));
+    d.spec.prefill.kv_pool.dtype = "bf16".into();
+    revision(&mut world, &d, "r3", Ok(report(8192, "l-bf16")), false);
+    for p in world.pods.iter_mut().filter(|p| p.revision == "r3") {
+        p.report = Ok(report(8192, "l-bf16"));
+    }
+    let plan = pass(&mut d, "r3", &world);
+    assert_eq!(plan.canary.expect("a canary").reference, None);
 }

@@ -79,6 +79,9 @@ pub enum Error {
     /// The API server could not be reached or failed (network, 5xx, timeouts).
     #[error("{what}: {source}")]
     Api { what: String, source: kube::Error },
+    /// The integrity canary could not start (its handoff secret is gone).
+    #[error("the integrity canary cannot run: {0}")]
+    Canary(String),
 }
 
 impl Error {
@@ -100,6 +103,7 @@ impl Error {
             Error::Conflict { .. } => "Conflict",
             Error::Rejected { .. } => "ObjectRejected",
             Error::Api { .. } => "ApiUnavailable",
+            Error::Canary(_) => "CanaryNotRun",
         }
     }
 
@@ -108,7 +112,7 @@ impl Error {
     pub fn retry_after(&self, failures: u32) -> Duration {
         match self {
             Error::Conflict { .. } => Duration::from_secs(1),
-            Error::Api { .. } => backoff(failures),
+            Error::Api { .. } | Error::Canary(_) => backoff(failures),
             Error::Forbidden { .. } | Error::Rejected { .. } => backoff(failures).max(Duration::from_secs(60)),
         }
     }

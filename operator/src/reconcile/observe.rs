@@ -21,6 +21,8 @@ pub struct OwnedDeployment {
     pub name: String,
     pub revision: String,
     pub ready: i32,
+    /// The worker image its pods run.
+    pub image: Option<String>,
 }
 
 /// A worker pod (not terminating), what it reported and the gate condition it carries.
@@ -29,6 +31,8 @@ pub struct WorkerPod {
     pub name: String,
     pub role: Role,
     pub revision: String,
+    /// The pod's IP, once it has one.
+    pub ip: Option<String>,
     /// The pod's verified capacity report, or why there is none.
     pub report: Result<CapacityReport, NoReport>,
     pub condition: Option<PodCondition>,
@@ -89,7 +93,8 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Erro
         .iter()
         .filter_map(|dep| {
             let revision = dep.labels().get(labels::REVISION)?.clone();
-            Some(OwnedDeployment { revision, ready: ready(dep), name: dep.name_any() })
+            let image = dep.spec.template.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone());
+            Some(OwnedDeployment { revision, ready: ready(dep), name: dep.name_any(), image })
         })
         .collect();
     let mine = ListParams::default().labels(&format!("{}={name},{}", labels::INSTANCE, labels::REVISION));
@@ -116,14 +121,15 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Erro
             Err(why) => Err(NoReport::waiting(why.clone())),
         };
         let condition = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == gate::CONDITION)).cloned();
-        WorkerPod { revision: pod.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: pod.name_any(), role, report, condition }
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+        WorkerPod { revision: pod.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: pod.name_any(), role, ip, report, condition }
     }))
     .await;
     Ok(World { deployments, router_ready, pods })
 }
 
 /// The deployment's handoff secret as MAC keys; without it no report can be verified.
-async fn handoff_key(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<DeploymentKey, String> {
+pub async fn handoff_key(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<DeploymentKey, String> {
     let name = secret::secret_name(d);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let found = api.get_opt(&name).await.map_err(|e| format!("reading the handoff Secret {name}: {e}"))?;

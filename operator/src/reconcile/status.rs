@@ -22,6 +22,8 @@ pub struct Observed {
     /// Ready pods of `shown()`: prefill, decode.
     pub ready: [i32; 2],
     pub router_ready: i32,
+    /// The candidate's pools are verified and its pods wait for the integrity canary.
+    pub canary_running: bool,
 }
 
 impl Observed {
@@ -84,7 +86,11 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     } else {
         let v = &o.candidate;
         let count = |r: Role| format!("{}/{}", v.verified.get(&r).copied().unwrap_or(0), d.spec.worker(r).replicas);
-        ("VerifyingKVPools", format!("revision {}: {} prefill and {} decode pods verified", o.spec_revision, count(Role::Prefill), count(Role::Decode)))
+        if o.canary_running {
+            ("IntegrityCanary", format!("revision {}: every pod's KV pool verified; the integrity canary runs before any pod takes traffic", o.spec_revision))
+        } else {
+            ("VerifyingKVPools", format!("revision {}: {} prefill and {} decode pods verified", o.spec_revision, count(Role::Prefill), count(Role::Decode)))
+        }
     };
     conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation);
 
@@ -114,6 +120,8 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         "Refused"
     } else if rolled_out && available {
         "Available"
+    } else if o.canary_running {
+        "Canary"
     } else {
         "Progressing"
     };
@@ -126,6 +134,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         current_context_window: o.serving_window,
         candidate_revision: (!rolled_out && refused_now.is_none()).then(|| o.spec_revision.clone()),
         refused_revision: o.refused.clone(),
+        canary: prev.canary.clone(),
         prefill: Some(prefill),
         decode: Some(decode),
         router: Some(router),

@@ -94,8 +94,10 @@ fn build() -> anyhow::Result<PathBuf> {
 pub fn debug_table() -> anyhow::Result<Vec<(String, String)>> {
     let dir = debug_layouts()?;
     let layout = |image: &str| dir.join("oci").join(image).display().to_string();
-    let mut table: Vec<(String, String)> =
-        [(WORKER, "kvgate-worker"), (OPERATOR, "kvgate-operator")].iter().map(|(name, image)| (name.to_string(), format!("oci:{}:{}", layout(image), tag()))).collect();
+    let mut table: Vec<(String, String)> = [(WORKER, "kvgate-worker"), (OPERATOR, "kvgate-operator")]
+        .iter()
+        .map(|(name, image)| (name.to_string(), format!("oci:{}:{}", layout(image), tag())))
+        .collect();
     for (name, _) in FAULTY_WORKERS {
         table.push((format!("{WORKER}-{name}"), format!("oci:{}:{}-{name}", layout("kvgate-worker"), tag())));
     }

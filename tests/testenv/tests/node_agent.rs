@@ -25,7 +25,8 @@ fn cluster() -> &'static ControlPlane {
         let kubectl = kvgate_testenv::controlplane::kubectl_path().display().to_string();
         let python = which("python3").display().to_string();
         // The worker image runs under runc; the tools have no image and run as host processes.
-        let images = [("kvgate/worker", worker), ("kvgate/operator", operator), ("kvgate/kubectl", kubectl), ("kvgate/python", python)].map(|(n, i)| (n.to_string(), i));
+        let images =
+            [("kvgate/worker", worker), ("kvgate/operator", operator), ("kvgate/kubectl", kubectl), ("kvgate/python", python)].map(|(n, i)| (n.to_string(), i));
         cp.node_agent(Path::new(env!("CARGO_BIN_EXE_kvgate-node-agent")), "node-1", &images).unwrap_or_else(|e| panic!("node agent: {e:#}"))
     });
     cp

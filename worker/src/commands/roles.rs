@@ -233,7 +233,12 @@ mod tests {
 
     #[test]
     fn faults_need_a_testing_build_and_the_allow_flag() {
-        let args = |inject: bool, allow: bool| FaultArgs { inject_fault: inject.then_some(Fault::CorruptPage), allow_fault_injection: allow, fault_every: 1, fault_after: 0 };
+        let args = |inject: bool, allow: bool| FaultArgs {
+            inject_fault: inject.then_some(Fault::CorruptPage),
+            allow_fault_injection: allow,
+            fault_every: 1,
+            fault_after: 0,
+        };
         let release = faults_allowed(&args(true, true), false).unwrap_err().to_string();
         assert!(release.contains("built without fault injection") && release.contains("`testing`"), "{release}");
         assert!(faults_allowed(&args(true, false), true).unwrap_err().to_string().contains("--allow-fault-injection"));

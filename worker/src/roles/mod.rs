@@ -7,14 +7,5 @@ pub mod peers;
 pub mod prefill;
 pub mod router;
 
-/// Internal endpoints (not part of the public API).
-pub const RESERVE_PATH: &str = "/internal/v1/reserve";
-pub const PREFILL_PATH: &str = "/internal/v1/prefill";
-
-pub fn cancel_path(id: &str) -> String {
-    format!("/internal/v1/handoffs/{id}/cancel")
-}
-
-pub fn generate_path(id: &str) -> String {
-    format!("/internal/v1/handoffs/{id}/generate")
-}
+/// Internal endpoints (not part of the public API); the operator's canary calls them too.
+pub use kvgate_proto::roles::{PREFILL_PATH, RESERVE_PATH, cancel_path, generate_path};

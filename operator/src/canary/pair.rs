@@ -1,0 +1,74 @@
+//! One canary prompt through one prefill x decode pair, as the router sends a request: decode
+//! reserves pages, prefill computes the prompt's KV into them, decode generates greedily from the
+//! verified handoff. Every call is signed with the deployment's request key.
+
+use std::time::Duration;
+
+use kvgate_proto::auth::{DeploymentKey, SIGNATURE_HEADER, now_ms};
+use kvgate_proto::contract::{DECODE_PORT, PREFILL_PORT};
+use kvgate_proto::roles::{self, GenerateRequest, PrefillRequest, Reservation, ReserveRequest, Sampling, StreamLine};
+
+/// A worker pod the canary calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub pod: String,
+    pub ip: String,
+}
+
+const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0, seed: None, logprobs: None, prompt_logprobs: false };
+/// Longest a whole canary request may take (a long prompt on a CPU worker takes seconds).
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn post(http: &reqwest::Client, key: &DeploymentKey, ip: &str, port: u16, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, String> {
+    let bytes = serde_json::to_vec(body).expect("role bodies serialize");
+    let signature = key.sign_request("POST", path, now_ms(), rand::random(), &bytes).to_string();
+    let url = format!("http://{ip}:{port}{path}");
+    http.post(&url)
+        .timeout(TIMEOUT)
+        .header(SIGNATURE_HEADER, signature)
+        .header("content-type", "application/json")
+        .body(bytes)
+        .send()
+        .await
+        .map_err(|e| format!("POST {url}: {e}"))
+}
+
+/// The answer's body when it is not a success: `HTTP 502: {...}`.
+async fn refused(resp: reqwest::Response, what: &str) -> Result<reqwest::Response, String> {
+    if resp.status().is_success() {
+        return Ok(resp);
+    }
+    let status = resp.status().as_u16();
+    let body = resp.text().await.unwrap_or_default();
+    Err(format!("{what}: HTTP {status}: {}", body.trim()))
+}
+
+/// The tokens decode generated for `prompt`, or why there are none.
+pub async fn generate(
+    http: &reqwest::Client,
+    key: &DeploymentKey,
+    prefill: &Endpoint,
+    decode: &Endpoint,
+    prompt: &[u32],
+    max_tokens: u32,
+) -> Result<Vec<u32>, String> {
+    let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens };
+    let resp = refused(post(http, key, &decode.ip, DECODE_PORT, roles::RESERVE_PATH, &reserve).await?, "decode's reservation").await?;
+    let reservation: Reservation = resp.json().await.map_err(|e| format!("decode's reservation: {e}"))?;
+    let id = reservation.handoff_id.clone();
+    let request = PrefillRequest { prompt: prompt.to_vec(), reservation, sampling: Some(GREEDY) };
+    // Prefill's answer carries decode's verdict on the transfer (a mismatch names its reason).
+    refused(post(http, key, &prefill.ip, PREFILL_PORT, roles::PREFILL_PATH, &request).await?, "prefill").await?;
+    let generate = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling: GREEDY, commit_wait_ms: None };
+    let resp = refused(post(http, key, &decode.ip, DECODE_PORT, &roles::generate_path(&id), &generate).await?, "decode's generation").await?;
+    let text = resp.text().await.map_err(|e| format!("decode's token stream: {e}"))?;
+    let mut tokens = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match serde_json::from_str::<StreamLine>(line).map_err(|e| format!("decode's token stream: {e}: {line}"))? {
+            StreamLine::Token(t) | StreamLine::Scored { token: t, .. } => tokens.push(t),
+            StreamLine::Done { .. } => return Ok(tokens),
+            StreamLine::Error { status, code, message } => return Err(format!("decode's generation: HTTP {status} {code}: {message}")),
+        }
+    }
+    Err("decode's token stream ended without finishing".into())
+}
