@@ -43,7 +43,7 @@ use crate::gate::Role;
         description = "Smallest measured decode KV pool of the current revision (tokens)"
     ),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready", description = "Ready router/prefill/decode pods of the serving revision"),
-    printcolumn(name = "Status", type_ = "string", json_path = ".status.phase", description = "Available, Progressing or Refused"),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.phase", description = "Available, Progressing, Canary or Refused"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -297,7 +297,7 @@ pub struct InferenceDeploymentStatus {
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Available, Progressing or Refused (for the printer column).
+    /// Available, Progressing, Canary (the integrity canary runs) or Refused (for the printer column).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// `router/prefill/decode` ready pods of the serving revision, e.g. `1/2/2`.

@@ -23,13 +23,23 @@ pub struct CanaryRun {
     pub revision: String,
     pub prefill: Vec<Endpoint>,
     pub decode: Vec<Endpoint>,
-    /// A serving revision with the same model and layout, and one of its pairs.
-    pub reference: Option<(String, Endpoint, Endpoint)>,
+    /// A serving revision with the same model and layout, one of its pairs, and the window it
+    /// was verified for (longer prompts are compared among the candidate's pairs only).
+    pub reference: Option<Reference>,
     pub prompts: u32,
     pub page_size: u32,
     pub max_prompt_tokens: u64,
     pub vocab: u32,
     pub max_tokens: u32,
+}
+
+/// A serving revision the candidate's outputs must equal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reference {
+    pub revision: String,
+    pub prefill: Endpoint,
+    pub decode: Endpoint,
+    pub context_window: u64,
 }
 
 /// Runs the canary; the status to record for the revision.
@@ -57,10 +67,11 @@ async fn check(http: &reqwest::Client, key: &DeploymentKey, run: &CanaryRun) -> 
     let prompts = prompts::prompts(run.prompts, run.page_size, run.max_prompt_tokens, run.vocab);
     // What each prompt must give: the serving revision's output, else the first pair's.
     let mut want: Vec<Option<(String, Vec<u32>)>> = vec![None; prompts.len()];
-    if let Some((revision, prefill, decode)) = &run.reference {
-        let by = format!("serving revision {revision} ({})", pair_name(prefill, decode));
-        for (w, prompt) in want.iter_mut().zip(&prompts) {
-            let tokens = pair::generate(http, key, prefill, decode, prompt, run.max_tokens)
+    if let Some(r) = &run.reference {
+        let by = format!("serving revision {} ({})", r.revision, pair_name(&r.prefill, &r.decode));
+        let fits = |p: &Vec<u32>| p.len() as u64 + u64::from(run.max_tokens) <= r.context_window;
+        for (w, prompt) in want.iter_mut().zip(&prompts).filter(|(_, p)| fits(p)) {
+            let tokens = pair::generate(http, key, &r.prefill, &r.decode, prompt, run.max_tokens)
                 .await
                 .map_err(|e| format!("{by}, prompt of {} tokens: {e}", prompt.len()))?;
             *w = Some((by.clone(), tokens));
@@ -96,7 +107,7 @@ async fn check(http: &reqwest::Client, key: &DeploymentKey, run: &CanaryRun) -> 
     }
     let lengths: Vec<String> = prompts.iter().map(|p| p.len().to_string()).collect();
     let compared = match &run.reference {
-        Some((revision, ..)) => format!(", equal to serving revision {revision}'s"),
+        Some(r) => format!(", equal to serving revision {}'s where they fit its window of {}", r.revision, r.context_window),
         None => String::new(),
     };
     Ok(format!(

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::observe::{WorkerPod, World};
 use super::status::{self, Observed};
-use crate::canary::{CanaryRun, Endpoint};
+use crate::canary::{CanaryRun, Endpoint, Reference};
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
 use crate::gate::{self, PodReport, PodVerdict, Role, Verdict};
 use crate::render::workers;
@@ -143,11 +143,11 @@ pub fn decide(i: Inputs<'_>) -> Plan {
                     format!("revision {rev} refused before any traffic: the integrity canary failed: {message}; {keeps}"),
                 ));
             }
-            Verdict::Verified if canary_pending => {
-                if all_pods(d, &candidate) {
-                    canary = canary_run(d, world, rev, current.as_deref());
-                }
+            Verdict::Verified if canary_pending && all_pods(d, &candidate) => {
+                canary = canary_run(d, world, rev, current.as_deref().zip(serving_window));
             }
+            // Not every pod is there yet: the canary waits for all pairs.
+            Verdict::Verified if canary_pending => {}
             Verdict::Verified if full_strength(d, &candidate, |r| world.ready(&workers::deployment_name(d, r, rev))) => {
                 events.push(Announcement {
                     warning: false,
@@ -229,7 +229,7 @@ fn all_pods(d: &InferenceDeployment, v: &Verification) -> bool {
 
 /// The canary for revision `rev`: its pods, and a serving pair to compare with when the
 /// serving revision reports the same model and KV layout.
-fn canary_run(d: &InferenceDeployment, world: &World, rev: &str, serving: Option<&str>) -> Option<CanaryRun> {
+fn canary_run(d: &InferenceDeployment, world: &World, rev: &str, serving: Option<(&str, u64)>) -> Option<CanaryRun> {
     let endpoint = |p: &WorkerPod| Some(Endpoint { pod: p.name.clone(), ip: p.ip.clone()? });
     let of = |rev: &str, role: Role| world.pods_of(rev).filter(|p| p.role == role).filter_map(endpoint).collect::<Vec<_>>();
     let (prefill, decode) = (of(rev, Role::Prefill), of(rev, Role::Decode));
@@ -238,9 +238,9 @@ fn canary_run(d: &InferenceDeployment, world: &World, rev: &str, serving: Option
         p.report.as_ref().is_ok_and(|r| r.model_fingerprint == report.model_fingerprint && r.layout_fingerprint == report.layout_fingerprint)
             && p.condition.as_ref().is_some_and(|c| c.status == "True")
     };
-    let reference = serving.and_then(|s| {
+    let reference = serving.and_then(|(s, context_window)| {
         let pick = |role: Role| world.pods_of(s).filter(|p| p.role == role).find(same_model).and_then(endpoint);
-        Some((s.to_string(), pick(Role::Prefill)?, pick(Role::Decode)?))
+        Some(Reference { revision: s.to_string(), prefill: pick(Role::Prefill)?, decode: pick(Role::Decode)?, context_window })
     });
     let spec = &d.spec.rollout.canary;
     let max_tokens = spec.max_tokens.min(d.spec.context_window.saturating_sub(1).max(1) as u32);

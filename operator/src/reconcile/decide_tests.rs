@@ -292,8 +292,8 @@ fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_referen
     revision(&mut world, &d, "r2", Ok(report(8192, "l")), false);
     let plan = pass(&mut d, "r2", &world);
     let run = plan.canary.clone().expect("a canary to run");
-    let (rev, prefill, decode) = run.reference.clone().expect("r1 has the same model and layout");
-    assert_eq!((rev.as_str(), prefill.pod.as_str(), decode.pod.as_str()), ("r1", "llm-prefill-r1-0", "llm-decode-r1-0"));
+    let r = run.reference.clone().expect("r1 has the same model and layout");
+    assert_eq!((r.revision.as_str(), r.prefill.pod.as_str(), r.decode.pod.as_str(), r.context_window), ("r1", "llm-prefill-r1-0", "llm-decode-r1-0", WINDOW));
 
     let message = "pair prefill llm-prefill-r2-0 x decode llm-decode-r2-1, prompt of 128 tokens: output token 2 is token id 7, but serving revision r1 (prefill llm-prefill-r1-0 x decode llm-decode-r1-0) gave token id 9";
     canary_result(&mut d, "r2", false, message);

@@ -55,7 +55,7 @@ impl FromStr for Fault {
 /// Whether handoff number `n` (counted from 1) gets the fault: none of the first `after`, then
 /// every `every`th.
 pub fn hits(n: u64, after: u64, every: u64) -> bool {
-    n > after && (n - after) % every.max(1) == 0
+    n > after && (n - after).is_multiple_of(every.max(1))
 }
 
 #[cfg(test)]
