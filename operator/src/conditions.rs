@@ -7,6 +7,8 @@ pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 pub const CAPACITY_VERIFIED: &str = "CapacityVerified";
 pub const ROLLOUT_REFUSED: &str = "RolloutRefused";
+/// A pod of the serving revision no longer passes the gate (it is out of the EndpointSlices).
+pub const DEGRADED: &str = "Degraded";
 
 /// Sets `type_` in `conds`, keeping `lastTransitionTime` when the status is unchanged.
 pub fn set(conds: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: String, generation: Option<i64>) {

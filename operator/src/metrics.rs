@@ -22,12 +22,15 @@ pub struct Metrics {
     pub leader: IntGauge,
     pub canaries: IntCounterVec,
     pub canary_duration: Histogram,
+    pub unverified_serving: IntGaugeVec,
+    pub phase: IntGaugeVec,
 }
 
 /// Every label value a counter can take, so rates work from the first scrape.
 pub const RESULTS: [&str; 2] = ["success", "error"];
 pub const REFUSAL_REASONS: [&str; 4] = ["KVPoolBelowContextWindow", "FingerprintMismatch", crate::reconcile::decide::CANARY_FAILED, crate::host_paths::REASON];
 pub const CANARY_RESULTS: [&str; 2] = ["passed", "failed"];
+pub const PHASES: [&str; 4] = ["Progressing", "Canary", "Available", "Refused"];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -66,6 +69,17 @@ impl Metrics {
                 .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]),
         )
         .unwrap();
+        let unverified_serving = IntGaugeVec::new(
+            Opts::new(
+                "kvgate_operator_serving_pods_unverified",
+                "Pods of the serving revision that no longer pass the rollout gate (out of the EndpointSlices)",
+            ),
+            &["namespace", "name"],
+        )
+        .unwrap();
+        let phase =
+            IntGaugeVec::new(Opts::new("kvgate_operator_rollout_phase", "1 for each InferenceDeployment's current phase"), &["namespace", "name", "phase"])
+                .unwrap();
         let leader = IntGauge::new("kvgate_operator_leader", "1 while this replica holds the leader Lease (and reconciles)").unwrap();
         let build = IntGaugeVec::new(Opts::new("kvgate_build_info", "Build information; always 1"), &["component", "version"]).unwrap();
         build.with_label_values(&["operator", env!("CARGO_PKG_VERSION")]).set(1);
@@ -79,6 +93,8 @@ impl Metrics {
             Box::new(leader.clone()),
             Box::new(canaries.clone()),
             Box::new(canary_duration.clone()),
+            Box::new(unverified_serving.clone()),
+            Box::new(phase.clone()),
             Box::new(build),
         ] {
             registry.register(c).unwrap();
@@ -92,13 +108,31 @@ impl Metrics {
         for r in CANARY_RESULTS {
             canaries.with_label_values(&[r]);
         }
-        Metrics { registry, reconciles, reconcile_duration, refused, pool_tokens, context_window, refused_now, leader, canaries, canary_duration }
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_duration,
+            refused,
+            pool_tokens,
+            context_window,
+            refused_now,
+            leader,
+            canaries,
+            canary_duration,
+            unverified_serving,
+            phase,
+        }
     }
 
     /// The per-deployment gauges, from its status: the window, the serving revision's smallest
-    /// measured pools, and whether the spec's revision stands refused.
-    pub fn export(&self, ns: &str, name: &str, context_window: u64, status: &crate::crd::InferenceDeploymentStatus) {
+    /// measured pools, whether the spec's revision stands refused, the phase, and how many
+    /// serving pods failed re-verification.
+    pub fn export(&self, ns: &str, name: &str, context_window: u64, status: &crate::crd::InferenceDeploymentStatus, unverified: usize) {
         self.context_window.with_label_values(&[ns, name]).set(context_window as i64);
+        self.unverified_serving.with_label_values(&[ns, name]).set(unverified as i64);
+        for p in PHASES {
+            self.phase.with_label_values(&[ns, name, p]).set(i64::from(status.phase.as_deref() == Some(p)));
+        }
         for (role, rs) in [("prefill", &status.prefill), ("decode", &status.decode)] {
             let serving = rs.as_ref().filter(|r| r.revision.is_some() && r.revision == status.current_revision);
             match serving.and_then(|r| r.min_measured_tokens) {

@@ -143,6 +143,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
         "KvgateRejectedRequestForwarded",
         "KvgateKVPoolBelowContextWindow",
         "KvgateRolloutRefused",
+        "KvgateServingPodUnverified",
         "KvgateHandoffFailuresHigh",
         "KvgateOperatorReconcileErrors",
         "KvgateOperatorDown",
@@ -216,6 +217,9 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     let op = Operator::start_in(cp, "operator-observe", "lease-observe", Some(&ns));
     apply_yaml(cp, &ns, &tiny("good", 256, 1024, 1024, ""));
     apply_yaml(cp, &ns, &tiny("small", 4096, 1024, 1024, ""));
+    // A test image whose prefill exits after its 5th handoff and restarts with an eighth of its pool.
+    let image = kvgate_testenv::images::faulty_worker("restart-smaller");
+    apply_yaml(cp, &ns, &tiny("shrinks", 256, 1024, 1024, "").replace("spec:\n", &format!("spec:\n  image: {image}\n")));
 
     // The incident's bug, replayed by real processes: a router with a big window, a prefill
     // whose pool is smaller and which forwards a prompt it rejected (`ignore-rejection`), and a
@@ -301,8 +305,8 @@ scrape_configs:
     );
     let prom = Prometheus::start(&prom_dir, &config);
 
-    eventually(cp, &ns, "good Available and small Refused", Duration::from_secs(120), || {
-        infd(cp, &ns, "good")["status"]["phase"] == "Available" && infd(cp, &ns, "small")["status"]["phase"] == "Refused"
+    eventually(cp, &ns, "good and shrinks Available, small Refused", Duration::from_secs(120), || {
+        ["good", "shrinks"].iter().all(|n| infd(cp, &ns, n)["status"]["phase"] == "Available") && infd(cp, &ns, "small")["status"]["phase"] == "Refused"
     });
     let mut routers = Vec::new();
     eventually(cp, &ns, "good's router endpoint", Duration::from_secs(60), || {
@@ -350,6 +354,34 @@ scrape_configs:
         prom.firing("KvgateRolloutRefused").iter().any(|a| a["labels"]["name"] == "small" && a["labels"]["namespace"] == ns.as_str())
     });
     assert!(prom.firing("KvgateRolloutRefused").iter().all(|a| a["labels"]["name"] != "good"));
+
+    // A serving pod restarts with a smaller pool: read again, its gate goes False (out of the
+    // EndpointSlices, so it serves nothing), the deployment is Degraded and the alert fires.
+    assert!(prom.firing("KvgateServingPodUnverified").is_empty(), "fired before any pod failed");
+    let shrinks = router_endpoints(cp, &ns, "shrinks").pop().expect("shrinks' router");
+    let prefill_pod =
+        || get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=shrinks,app.kubernetes.io/component=prefill"])["items"][0].clone();
+    eventually(cp, &ns, "shrinks' prefill restarted", Duration::from_secs(60), || {
+        let _ = complete(&shrinks, "hello", 2);
+        prefill_pod()["status"]["containerStatuses"][0]["restartCount"].as_i64().unwrap_or(0) >= 1
+    });
+    eventually(cp, &ns, "shrinks Degraded", Duration::from_secs(60), || condition_true(&infd(cp, &ns, "shrinks"), "Degraded"));
+    let d = infd(cp, &ns, "shrinks");
+    let degraded = condition(&d, "Degraded").unwrap();
+    assert_eq!(degraded["reason"], "ServingPodUnverified", "{d}");
+    assert!(degraded["message"].as_str().unwrap().contains("measured 128 tokens < contextWindow 256"), "{degraded}");
+    let pod = prefill_pod();
+    let gate = pod["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "kvgate.dev/kv-pool-verified").cloned().unwrap();
+    assert_eq!((gate["status"].as_str(), gate["reason"].as_str()), (Some("False"), Some("KVPoolBelowContextWindow")), "{pod}");
+    assert!(!condition_true(&pod, "Ready"), "{pod}");
+    let slices = get_json(cp, &["-n", &ns, "get", "endpointslices", "-l", "kubernetes.io/service-name=shrinks-prefill"]);
+    let pod_ip = pod["status"]["podIP"].clone();
+    let offered = slices["items"].as_array().unwrap().iter().flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default());
+    assert!(offered.filter(|e| e["addresses"][0] == pod_ip).all(|e| e["conditions"]["ready"] == false), "{slices}");
+    eventually(cp, &ns, "KvgateServingPodUnverified firing for shrinks", Duration::from_secs(60), || {
+        prom.firing("KvgateServingPodUnverified").iter().any(|a| a["labels"]["name"] == "shrinks" && a["labels"]["namespace"] == ns.as_str())
+    });
+    assert!(prom.firing("KvgateServingPodUnverified").iter().all(|a| a["labels"]["name"] == "shrinks"));
 
     // Every metric named by a panel or a rule is exported by a live worker or the operator.
     let mut exported = BTreeSet::new();

@@ -47,7 +47,7 @@ pub fn load(args: &EngineArgs) -> anyhow::Result<Loaded> {
     let size = args.pool.size(args.context_window);
     let pool = match args.pool.device.parse::<PoolDevice>()? {
         PoolDevice::Cpu => {
-            let pages = size.pages(&layout, available_host_memory)?;
+            let pages = crate::handoff::restart_fault::pages(size.pages(&layout, available_host_memory)?);
             KvPool::host(layout, pages).context("allocating the KV pool in host memory")?
         }
         PoolDevice::Cuda(ordinal) => cuda_pool(layout, size, ordinal)?,

@@ -91,7 +91,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         let kind = if e.warning { EventType::Warning } else { EventType::Normal };
         event(ctx, &reference, kind, e.reason, e.action, e.note.clone()).await;
     }
-    ctx.metrics.export(&ns, &name, d.spec.context_window, &plan.status);
+    ctx.metrics.export(&ns, &name, d.spec.context_window, &plan.status, plan.unverified.len());
     if Some(&plan.status) != d.status.as_ref() {
         status(ctx, d, &plan.status).await?;
     }

@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::observe::{WorkerPod, World};
 use super::status::{self, Observed};
 use crate::canary::{CanaryRun, Endpoint, Reference};
+use crate::conditions;
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
 use crate::gate::{self, PodReport, PodVerdict, Role, Verdict};
 use crate::render::workers;
@@ -82,6 +83,8 @@ pub struct Plan {
     /// The integrity canary to run now (after this plan is applied), its result recorded in
     /// `status.canary` for the next pass to act on.
     pub canary: Option<CanaryRun>,
+    /// Why each pod of the serving revision that no longer passes the gate fails it.
+    pub unverified: Vec<String>,
 }
 
 /// What `decide` needs besides the observed world.
@@ -181,13 +184,40 @@ pub fn decide(i: Inputs<'_>) -> Plan {
     let held = (canary_pending && !refused_already && refused_reason.is_none())
         .then(|| format!("KV pool verified; the integrity canary of revision {rev} runs before this pod takes traffic"));
     let mut pod_gates = gates(world.pods_of(rev), &candidate_verdicts, held.as_deref());
-    let shown_pods = if shown == rev {
-        candidate.clone()
+    let (shown_pods, shown_verdicts) = if shown == rev {
+        (candidate.clone(), candidate_verdicts.clone())
     } else {
         let (shown_pods, verdicts) = verify(world, &shown, router_window);
         pod_gates.extend(gates(world.pods_of(&shown), &verdicts, None));
-        shown_pods
+        (shown_pods, verdicts)
     };
+    // Serving pods are read again on every pass: one that restarted smaller, or with other
+    // fingerprints, has just had its gate set False (out of the EndpointSlices).
+    let unverified: Vec<String> = match &serving {
+        Some(_) => shown_verdicts
+            .iter()
+            .filter_map(|v| match v {
+                PodVerdict::Failed { message, .. } => Some(message.clone()),
+                _ => None,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let was_degraded = prev.conditions.iter().find(|c| c.type_ == conditions::DEGRADED && c.status == "True").map(|c| c.message.clone());
+    match (&was_degraded, unverified.is_empty()) {
+        (_, false) if was_degraded != Some(status::degraded_message(&shown, &unverified)) => events.push(warning(
+            "ServingPodUnverified",
+            "RolloutGate",
+            format!("serving revision {shown}: {}; out of the EndpointSlices until it passes again", unverified.join("; ")),
+        )),
+        (Some(_), true) => events.push(Announcement {
+            warning: false,
+            reason: "ServingPodsVerified",
+            action: "RolloutGate",
+            note: format!("every pod of serving revision {shown} passes the gate again"),
+        }),
+        _ => {}
+    }
     let observed = Observed {
         spec_revision: rev.to_string(),
         serving: serving.clone(),
@@ -198,6 +228,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         ready: [Role::Prefill, Role::Decode].map(|r| world.ready(&workers::deployment_name(d, r, &shown))),
         router_ready: world.router_ready.unwrap_or(0),
         canary_running: held.is_some(),
+        unverified: unverified.clone(),
     };
     let status = status::compute(d, &prev, &observed);
     let settled = serving.as_deref() == Some(rev) || refused.as_ref().is_some_and(|r| r.revision == rev);
@@ -212,6 +243,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         status,
         settled,
         canary,
+        unverified,
     }
 }
 

@@ -318,3 +318,28 @@ fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_referen
     let plan = pass(&mut d, "r3", &world);
     assert_eq!(plan.canary.expect("a canary").reference, None);
 }
+
+#[test]
+fn a_serving_pod_that_restarts_smaller_is_unverified_at_once_and_the_deployment_degraded() {
+    let (mut d, world) = serving_r1();
+    let plan = pass(&mut d, "r1", &world);
+    let world = world_with_conditions(&world, &plan);
+    assert_eq!(condition(&plan, conditions::DEGRADED), (false, "ServingPodsVerified".into()));
+    // The prefill pod came back from a restart with an eighth of its pool.
+    let mut restarted = world.clone();
+    restarted.pods.iter_mut().find(|p| p.role == Role::Prefill).unwrap().report = Ok(report(1024, "l"));
+    let plan = pass(&mut d, "r1", &restarted);
+    let gate = plan.pod_gates.iter().find(|g| g.pod == "llm-prefill-r1-0").expect("the prefill pod's gate");
+    assert_eq!((gate.status, gate.reason.as_str()), ("False", "KVPoolBelowContextWindow"));
+    assert_eq!(plan.unverified, ["prefill pod llm-prefill-r1-0 measured 1024 tokens < contextWindow 2048"]);
+    assert_eq!(condition(&plan, conditions::DEGRADED), (true, "ServingPodUnverified".into()));
+    assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Available"), "still the serving revision");
+    assert!(plan.refused_reason.is_none() && plan.delete.is_empty());
+    assert_eq!((plan.events.len(), plan.events[0].reason, plan.events[0].warning), (1, "ServingPodUnverified", true));
+    // Announced once; when it passes again, the condition clears with a Normal Event.
+    let again = pass(&mut d, "r1", &world_with_conditions(&restarted, &plan));
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    let plan = pass(&mut d, "r1", &world);
+    assert_eq!(condition(&plan, conditions::DEGRADED), (false, "ServingPodsVerified".into()));
+    assert_eq!(plan.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["ServingPodsVerified"]);
+}

@@ -1,6 +1,6 @@
 //! The status an InferenceDeployment gets from what one reconcile observed. Pure.
 
-use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, PROGRESSING, ROLLOUT_REFUSED};
+use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PROGRESSING, ROLLOUT_REFUSED};
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
 use crate::gate::{Role, Verdict};
 
@@ -24,6 +24,8 @@ pub struct Observed {
     pub router_ready: i32,
     /// The candidate's pools are verified and its pods wait for the integrity canary.
     pub canary_running: bool,
+    /// Why each serving pod that no longer passes the gate fails it.
+    pub unverified: Vec<String>,
 }
 
 impl Observed {
@@ -31,6 +33,11 @@ impl Observed {
     pub fn shown(&self) -> &str {
         self.serving.as_deref().unwrap_or(&self.spec_revision)
     }
+}
+
+/// The `Degraded` condition's message: the serving revision and why each pod fails.
+pub fn degraded_message(serving: &str, unverified: &[String]) -> String {
+    format!("serving revision {serving}: {}; those pods take no traffic", unverified.join("; "))
 }
 
 pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Observed) -> InferenceDeploymentStatus {
@@ -115,6 +122,13 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         None => ("NotRefused".to_string(), String::new()),
     };
     conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), &reason, message, generation);
+
+    let (reason, message) = match (&o.serving, o.unverified.is_empty()) {
+        (Some(s), false) => ("ServingPodUnverified", degraded_message(s, &o.unverified)),
+        (Some(s), true) => ("ServingPodsVerified", format!("every pod of serving revision {s} passes the gate")),
+        (None, _) => ("NoServingRevision", "no revision serves yet".to_string()),
+    };
+    conditions::set(&mut conds, DEGRADED, !o.unverified.is_empty(), reason, message, generation);
 
     let phase = if refused_now.is_some() {
         "Refused"

@@ -3,10 +3,11 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource,
-    PodReadinessGate, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodReadinessGate, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvgate_proto::contract::flag;
@@ -148,6 +149,14 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
     let (secret_volume, secret_mount, _) = handoff_secret(d);
     volumes.push(secret_volume);
     mounts.push(secret_mount);
+    // The root filesystem is read-only; a small writable /tmp (lost with the pod, kept across
+    // container restarts) is what libraries that write temporary files expect.
+    volumes.push(Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource { size_limit: Some(Quantity("64Mi".into())), ..Default::default() }),
+        ..Default::default()
+    });
+    mounts.push(VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() });
     let (pod_sc, container_sc) = restricted();
     let container = Container {
         name: "worker".into(),

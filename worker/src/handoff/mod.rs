@@ -6,6 +6,7 @@ pub mod faults;
 pub mod metrics;
 pub mod receiver;
 pub mod reservations;
+pub mod restart_fault;
 pub mod sender;
 pub mod verify;
 

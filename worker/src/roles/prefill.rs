@@ -85,7 +85,9 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
         }
         return ApiError::from(r).into_response();
     }
-    match run(&role, &req, fault).await {
+    let outcome = run(&role, &req, fault).await;
+    crate::handoff::restart_fault::handoff_done(n);
+    match outcome {
         Ok(resp) if resp.ok => Json(resp).into_response(),
         Ok(resp) => (StatusCode::BAD_GATEWAY, Json(resp)).into_response(),
         Err(Failed::Send(e @ SendError::Reservation(_))) => reservation_error(e).into_response(),
