@@ -141,7 +141,7 @@ SERVING = dashboard("kvgate-serving", "kvgate / Serving", "Requests, latency, th
           quantiles("kvgate_handoff_duration_seconds", W, by="role"), w=8),
 ])
 
-OPERATOR = dashboard("kvgate-operator", "kvgate / Operator", "The kvgate operator: reconciles, latency, rollout phases, canaries, refused rollouts, unverified serving pods, leadership.", [
+OPERATOR = dashboard("kvgate-operator", "kvgate / Operator", "The kvgate operator: reconciles, latency, rollout phases, canaries, rollbacks, refused rollouts, unverified serving pods, leadership.", [
     panel("Reconciles by result", "Reconciles of InferenceDeployments per second, success or error. Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "ops",
           [("sum by (result) (rate(kvgate_operator_reconcile_total[$__rate_interval]))", "{{result}}")]),
     panel("Reconcile latency", "Time one reconcile takes: p50, p90, p99. Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "s", quantiles("kvgate_operator_reconcile_duration_seconds", "")),
@@ -150,10 +150,13 @@ OPERATOR = dashboard("kvgate-operator", "kvgate / Operator", "The kvgate operato
           thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}], w=8),
     panel("Deployments refused now", "InferenceDeployments whose spec's revision stands refused (the previous revision, if any, keeps serving).", "short",
           [(f"kvgate_operator_rollout_refused{{{OP}}} == 1", "{{namespace}}/{{name}} {{reason}}")], kind="table", w=8),
-    panel("Rollout phase", "Each InferenceDeployment's phase: Progressing (pools being verified), Canary (the integrity canary runs on the candidate), Available, Refused.", "short",
+    panel("Rollout phase", "Each InferenceDeployment's phase: Progressing (pools being verified), Canary (the integrity canary runs on the candidate), Baking (promoted, the previous revision kept beside it), Available, RolledBack, Refused.", "short",
           [(f"kvgate_operator_rollout_phase{{{OP}}} == 1", "{{namespace}}/{{name}} {{phase}}")], kind="table", w=8),
     panel("Serving pods unverified", "Pods of the serving revision that failed re-verification (restarted with a smaller pool or other fingerprints): out of the EndpointSlices; the deployment is Degraded.", "short",
           [(f"max by (namespace, name) (kvgate_operator_serving_pods_unverified{{{OP}}})", "{{namespace}}/{{name}}")], kind="stat",
+          thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}], w=8),
+    panel("Rollbacks", "Promoted revisions rolled back during their bake in the selected range, by reason. Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "short",
+          [("sum by (reason) (increase(kvgate_operator_rollbacks_total[$__range]))", "{{reason}}")], kind="stat",
           thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}], w=8),
     panel("Integrity canaries", "Integrity canaries run on candidate revisions in the selected range, passed or failed. Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "short",
           [("sum by (result) (increase(kvgate_operator_canary_runs_total[$__range]))", "{{result}}")], kind="stat", w=8),

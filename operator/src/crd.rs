@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use kvgate_proto::contract;
 use schemars::JsonSchema;
@@ -43,7 +43,7 @@ use crate::gate::Role;
         description = "Smallest measured decode KV pool of the current revision (tokens)"
     ),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready", description = "Ready router/prefill/decode pods of the serving revision"),
-    printcolumn(name = "Status", type_ = "string", json_path = ".status.phase", description = "Available, Progressing, Canary or Refused"),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.phase", description = "Progressing, Canary, Baking, Available, RolledBack or Refused"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -240,12 +240,32 @@ fn timeout_ms() -> u64 {
 }
 
 /// How a new revision is proven before it serves.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutSpec {
     /// The integrity canary every candidate revision passes before its pods take traffic.
     #[serde(default)]
     pub canary: CanarySpec,
+    /// After a promotion, how long the previous revision's Deployments stay (at their size)
+    /// while the operator watches the deployment's handoff mismatch counters; more than
+    /// maxHandoffMismatches new mismatches in that time roll back to it. 0: no bake.
+    #[serde(default = "bake_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub bake_seconds: u64,
+    /// New handoff mismatches (kvgate_handoff_mismatch_total, every pod of the deployment) a
+    /// bake tolerates before it rolls back.
+    #[serde(default)]
+    pub max_handoff_mismatches: u64,
+}
+
+impl Default for RolloutSpec {
+    fn default() -> Self {
+        RolloutSpec { canary: CanarySpec::default(), bake_seconds: bake_seconds(), max_handoff_mismatches: 0 }
+    }
+}
+
+fn bake_seconds() -> u64 {
+    300
 }
 
 /// The integrity canary: once every pod of a candidate revision measured a pool that holds the
@@ -297,7 +317,8 @@ pub struct InferenceDeploymentStatus {
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Available, Progressing, Canary (the integrity canary runs) or Refused (for the printer column).
+    /// Progressing, Canary (the integrity canary runs), Baking (promoted, the previous revision
+    /// kept beside it), Available, RolledBack or Refused (for the printer column).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// `router/prefill/decode` ready pods of the serving revision, e.g. `1/2/2`.
@@ -322,6 +343,9 @@ pub struct InferenceDeploymentStatus {
     /// The integrity canary's last run, for the revision it ran on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<CanaryStatus>,
+    /// The bake in progress: the promoted revision, the previous one kept beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake: Option<BakeStatus>,
     /// Prefill pods of the serving (or, before the first, the candidate) revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill: Option<RoleStatus>,
@@ -339,10 +363,27 @@ pub struct InferenceDeploymentStatus {
 pub struct RefusedRevision {
     /// The refused revision (a hash of everything that shapes its pods).
     pub revision: String,
-    /// KVPoolBelowContextWindow, FingerprintMismatch, CanaryFailed or HostPathPolicy.
+    /// KVPoolBelowContextWindow, FingerprintMismatch, CanaryFailed, HandoffIntegrityViolation (rolled
+    /// back after a bake) or HostPathNotAllowed.
     pub reason: String,
     /// With the pod and both numbers, e.g. `prefill pod x measured 681280 tokens < contextWindow 1048576`.
     pub message: String,
+}
+
+/// A bake in progress.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BakeStatus {
+    /// The revision that was promoted and is baking.
+    pub revision: String,
+    /// The revision it replaced, kept at its size until the bake ends.
+    pub previous: String,
+    /// The window the previous revision was verified for (restored on rollback).
+    pub previous_context_window: u64,
+    /// When the bake started.
+    pub started_at: Time,
+    /// The deployment's handoff mismatch counters (summed) when it started.
+    pub mismatches_at_start: u64,
 }
 
 /// What the integrity canary found for one revision.

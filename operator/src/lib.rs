@@ -16,3 +16,4 @@ pub mod rbac;
 pub mod reconcile;
 pub mod render;
 pub mod run;
+pub mod scrape;

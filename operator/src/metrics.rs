@@ -24,13 +24,21 @@ pub struct Metrics {
     pub canary_duration: Histogram,
     pub unverified_serving: IntGaugeVec,
     pub phase: IntGaugeVec,
+    pub rollbacks: IntCounterVec,
 }
 
 /// Every label value a counter can take, so rates work from the first scrape.
 pub const RESULTS: [&str; 2] = ["success", "error"];
-pub const REFUSAL_REASONS: [&str; 4] = ["KVPoolBelowContextWindow", "FingerprintMismatch", crate::reconcile::decide::CANARY_FAILED, crate::host_paths::REASON];
+pub const REFUSAL_REASONS: [&str; 5] = [
+    "KVPoolBelowContextWindow",
+    "FingerprintMismatch",
+    crate::reconcile::decide::CANARY_FAILED,
+    crate::reconcile::bake::HANDOFF_INTEGRITY_VIOLATION,
+    crate::host_paths::REASON,
+];
 pub const CANARY_RESULTS: [&str; 2] = ["passed", "failed"];
-pub const PHASES: [&str; 4] = ["Progressing", "Canary", "Available", "Refused"];
+pub const PHASES: [&str; 6] = ["Progressing", "Canary", "Baking", "Available", "RolledBack", "Refused"];
+pub const ROLLBACK_REASONS: [&str; 1] = [crate::reconcile::bake::HANDOFF_INTEGRITY_VIOLATION];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -80,6 +88,9 @@ impl Metrics {
         let phase =
             IntGaugeVec::new(Opts::new("kvgate_operator_rollout_phase", "1 for each InferenceDeployment's current phase"), &["namespace", "name", "phase"])
                 .unwrap();
+        let rollbacks =
+            IntCounterVec::new(Opts::new("kvgate_operator_rollbacks_total", "Promoted revisions rolled back during their bake, by reason"), &["reason"])
+                .unwrap();
         let leader = IntGauge::new("kvgate_operator_leader", "1 while this replica holds the leader Lease (and reconciles)").unwrap();
         let build = IntGaugeVec::new(Opts::new("kvgate_build_info", "Build information; always 1"), &["component", "version"]).unwrap();
         build.with_label_values(&["operator", env!("CARGO_PKG_VERSION")]).set(1);
@@ -95,6 +106,7 @@ impl Metrics {
             Box::new(canary_duration.clone()),
             Box::new(unverified_serving.clone()),
             Box::new(phase.clone()),
+            Box::new(rollbacks.clone()),
             Box::new(build),
         ] {
             registry.register(c).unwrap();
@@ -107,6 +119,9 @@ impl Metrics {
         }
         for r in CANARY_RESULTS {
             canaries.with_label_values(&[r]);
+        }
+        for r in ROLLBACK_REASONS {
+            rollbacks.with_label_values(&[r]);
         }
         Metrics {
             registry,
@@ -121,6 +136,7 @@ impl Metrics {
             canary_duration,
             unverified_serving,
             phase,
+            rollbacks,
         }
     }
 

@@ -190,8 +190,8 @@ fn a_good_deployment_serves_a_bad_update_is_refused_without_a_blip_and_a_fix_rol
     let (status, body) = complete(&router, &"x".repeat(300), 4).unwrap();
     assert_eq!(status, 400, "a prompt beyond the verified window was admitted: {body}");
 
-    // Fixing the pools rolls forward.
-    apply_yaml(cp, &ns, &tiny("llm", 4096, 8192, 8192, ""));
+    // Fixing the pools rolls forward; after a short bake the old revision is retired.
+    apply_yaml(cp, &ns, &format!("{}  rollout: {{ bakeSeconds: 3 }}\n", tiny("llm", 4096, 8192, 8192, "")));
     eventually(cp, &ns, "the fix rolled out", LONG, || {
         let d = infd(cp, &ns, "llm");
         d["status"]["phase"] == "Available" && d["status"]["currentRevision"] != good.as_str()
@@ -346,6 +346,88 @@ fn a_candidate_computing_wrong_but_checksummed_kv_is_refused_by_the_canary_befor
         assert_eq!(status, 200, "request {i}: {body}");
         assert_eq!(text(&body).as_deref(), Some(reference.as_str()), "request {i} got other text: {body}");
     }
+}
+
+/// A revision that goes bad only under traffic: its prefill corrupts a page of every handoff after
+/// its 20th (a test image), so it passes the canary and is promoted. During the bake the
+/// operator reads the deployment's mismatch counters and rolls back: the previous revision,
+/// kept beside it, serves again. A client running throughout never gets a 200 with other text;
+/// what failed is a non-200 that names the check.
+#[test]
+fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
+    let (cp, op) = env();
+    let ns = cp.restricted_namespace("bake");
+    apply_yaml(cp, &ns, &tiny("bake", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "bake")["status"]["phase"] == "Available");
+    let good = infd(cp, &ns, "bake")["status"]["currentRevision"].as_str().unwrap().to_string();
+    let rollbacks_before = op.metric(r#"kvgate_operator_rollbacks_total{reason="HandoffIntegrityViolation"}"#).unwrap_or(0.0);
+    let router = router_endpoints(cp, &ns, "bake").pop().expect("a ready router");
+    let prompt = "Every answer must be the one the verified revision gives. ".repeat(2);
+    let text = |body: &str| serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v["choices"][0]["text"].as_str().map(String::from));
+    let (status, body) = complete(&router, &prompt, 8).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let reference = text(&body).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // The router follows the serving revision's image, so it is replaced at the promotion and at
+    // the rollback: a client moves to a ready router when its own goes away. Four clients at
+    // once, so the router (least-loaded first) spreads them over both revisions' pods.
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, prompt, ns) = (stop.clone(), prompt.clone(), ns.clone());
+            let mut router = router.clone();
+            std::thread::spawn(move || {
+                let cp = cluster();
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    match complete(&router, &prompt, 8) {
+                        Some(answer) => answers.push(answer),
+                        None => router = router_endpoints(cp, &ns, "bake").pop().unwrap_or(router),
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                answers
+            })
+        })
+        .collect();
+
+    let image = kvgate_testenv::images::faulty_worker("corrupt-after-20");
+    let bad = format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny("bake", 256, 1024, 1024, "")).replace("spec:\n", &format!("spec:\n  image: {image}\n"));
+    apply_yaml(cp, &ns, &bad);
+    eventually(cp, &ns, "the new revision promoted and baking", LONG, || infd(cp, &ns, "bake")["status"]["phase"] == "Baking");
+    let baking = infd(cp, &ns, "bake");
+    let promoted = baking["status"]["currentRevision"].as_str().unwrap().to_string();
+    assert_ne!(promoted, good);
+    assert_eq!(baking["status"]["bake"]["previous"], good.as_str(), "{baking}");
+    eventually(cp, &ns, "RolledBack", LONG, || infd(cp, &ns, "bake")["status"]["phase"] == "RolledBack");
+    let d = infd(cp, &ns, "bake");
+    assert_eq!(d["status"]["currentRevision"], good.as_str(), "the previous revision serves again: {d}");
+    let refused = &d["status"]["refusedRevision"];
+    assert_eq!((refused["revision"].as_str(), refused["reason"].as_str()), (Some(promoted.as_str()), Some("HandoffIntegrityViolation")), "{d}");
+    assert!(refused["message"].as_str().unwrap().contains("checksum"), "{refused}");
+    assert!(op.metric(r#"kvgate_operator_rollbacks_total{reason="HandoffIntegrityViolation"}"#).unwrap() >= rollbacks_before + 1.0);
+    eventually(cp, &ns, "a RolledBack Event", Duration::from_secs(30), || {
+        let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=RolledBack"]);
+        evs["items"].as_array().is_some_and(|a| a.iter().any(|e| e["type"] == "Warning"))
+    });
+    eventually(cp, &ns, "the bad revision scaled away", LONG, || pod_uids(cp, &ns, &promoted).is_empty());
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    let answers: Vec<(u16, String)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    // After the rollback, the old revision answers again.
+    let (status, body) = complete(&router_endpoints(cp, &ns, "bake").pop().unwrap(), &prompt, 8).unwrap();
+    assert_eq!((status, text(&body)), (200, Some(reference.clone())), "{body}");
+    let (mut ok, mut failed) = (0, 0);
+    for (i, (status, body)) in answers.iter().enumerate() {
+        if *status == 200 {
+            assert_eq!(text(body).as_deref(), Some(reference.as_str()), "request {i}: a 200 with other text: {body}");
+            ok += 1;
+        } else {
+            let code = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v["error"]["code"].as_str().map(String::from));
+            assert!(code.is_some(), "request {i}: a failure that does not say what failed: {status} {body}");
+            failed += 1;
+        }
+    }
+    assert!(failed >= 1 && ok >= 10, "{ok} served, {failed} failed: the fault never hit, or nothing was served");
 }
 
 #[test]

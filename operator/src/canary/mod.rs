@@ -16,6 +16,7 @@ use kvgate_proto::auth::DeploymentKey;
 use kvgate_proto::contract::{DECODE_PORT, PREFILL_PORT};
 
 use crate::crd::CanaryStatus;
+use crate::scrape;
 
 /// One canary run, as decided from what a reconcile observed (pure data).
 #[derive(Debug, Clone, PartialEq)]
@@ -123,23 +124,10 @@ async fn check(http: &reqwest::Client, key: &DeploymentKey, run: &CanaryRun) -> 
 async fn mismatches(http: &reqwest::Client, pods: &[(&Endpoint, u16)]) -> Result<Vec<(String, f64)>, String> {
     let mut out = Vec::new();
     for (e, port) in pods {
-        let url = format!("http://{}:{port}/metrics", e.ip);
-        let text = match http.get(&url).send().await {
-            Ok(r) if r.status().is_success() => r.text().await.map_err(|err| format!("GET {url}: {err}"))?,
-            Ok(r) => return Err(format!("GET {url} (pod {}): HTTP {}", e.pod, r.status())),
-            Err(err) => return Err(format!("GET {url} (pod {}): {err}", e.pod)),
-        };
-        out.push((e.pod.clone(), family_sum(&text, "kvgate_handoff_mismatch_total")));
+        let text = scrape::metrics(http, &e.ip, *port).await.map_err(|why| format!("{why} (pod {})", e.pod))?;
+        out.push((e.pod.clone(), scrape::family_by(&text, scrape::MISMATCHES, "reason").values().sum()));
     }
     Ok(out)
-}
-
-/// The sum of every sample of one metric family in Prometheus' text format.
-fn family_sum(text: &str, family: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.strip_prefix(family).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[cfg(test)]
@@ -152,12 +140,5 @@ mod tests {
         assert_eq!(first_difference(&[1, 2, 3], &[1, 5, 3]), Some(1));
         assert_eq!(first_difference(&[1, 2], &[1, 2, 3]), Some(2));
         assert_eq!(token_at(&[1, 2], 2), "the end of its output");
-    }
-
-    #[test]
-    fn a_family_sums_its_samples_only() {
-        let text = "# TYPE kvgate_handoff_mismatch_total counter\nkvgate_handoff_mismatch_total{reason=\"checksum\",role=\"decode\"} 2\nkvgate_handoff_mismatch_total{reason=\"timeout\",role=\"decode\"} 1\nkvgate_handoff_mismatch_totals 7\n";
-        assert_eq!(family_sum(text, "kvgate_handoff_mismatch_total"), 3.0);
-        assert_eq!(family_sum("", "kvgate_handoff_mismatch_total"), 0.0);
     }
 }

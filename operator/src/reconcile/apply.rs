@@ -87,6 +87,10 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         ctx.metrics.refused.with_label_values(&[reason]).inc();
         tracing::warn!(%name, %ns, reason, "rollout refused");
     }
+    if let Some(reason) = plan.rollback {
+        ctx.metrics.rollbacks.with_label_values(&[reason]).inc();
+        tracing::warn!(%name, %ns, reason, "rolled back");
+    }
     for e in &plan.events {
         let kind = if e.warning { EventType::Warning } else { EventType::Normal };
         event(ctx, &reference, kind, e.reason, e.action, e.note.clone()).await;

@@ -14,11 +14,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::bake;
 use super::observe::{WorkerPod, World};
 use super::status::{self, Observed};
 use crate::canary::{CanaryRun, Endpoint, Reference};
 use crate::conditions;
-use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
+use crate::crd::{BakeStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
 use crate::gate::{self, PodReport, PodVerdict, Role, Verdict};
 use crate::render::workers;
 
@@ -85,6 +86,8 @@ pub struct Plan {
     pub canary: Option<CanaryRun>,
     /// Why each pod of the serving revision that no longer passes the gate fails it.
     pub unverified: Vec<String>,
+    /// A rollback decided now: counted once under this reason.
+    pub rollback: Option<&'static str>,
 }
 
 /// What `decide` needs besides the observed world.
@@ -96,10 +99,12 @@ pub struct Inputs<'a> {
     /// Why the spec's pods may not be created at all (a node directory that is not allowed).
     pub host_path_refusal: Option<&'a str>,
     pub world: &'a World,
+    /// The time of this pass (bakes are timed against it).
+    pub now: &'a Time,
 }
 
 pub fn decide(i: Inputs<'_>) -> Plan {
-    let Inputs { d, revision: rev, host_path_refusal, world } = i;
+    let Inputs { d, revision: rev, host_path_refusal, world, now } = i;
     let window = d.spec.context_window;
     let prev = d.status.clone().unwrap_or_default();
     let current = prev.current_revision.clone();
@@ -166,6 +171,48 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         }
     }
 
+    // A promotion over a serving revision starts a bake, which keeps that revision beside the
+    // new one; every pass of a bake watches the mismatch counters (`bake.rs`).
+    let mut bake_state = prev.bake.clone().filter(|b| current.as_ref() == Some(&b.revision));
+    let mut rollback = None;
+    let rollout = &d.spec.rollout;
+    if serving != current {
+        if let (Some(previous), true) = (current.clone(), rollout.bake_seconds > 0) {
+            let start = world.mismatches.as_ref().map_or(0, bake::total);
+            bake_state = Some(BakeStatus {
+                revision: rev.into(),
+                previous,
+                previous_context_window: prev.current_context_window.unwrap_or(window),
+                started_at: now.clone(),
+                mismatches_at_start: start,
+            });
+        }
+    } else if let Some(b) = bake_state.clone() {
+        match bake::judge(&b, world.mismatches.as_ref(), rollout.max_handoff_mismatches, rollout.bake_seconds, now) {
+            bake::Verdict::Continue => {}
+            bake::Verdict::Done => {
+                bake_state = None;
+                events.push(Announcement {
+                    warning: false,
+                    reason: "BakeComplete",
+                    action: "Bake",
+                    note: format!("revision {} baked {} s without handoff mismatches; revision {} retired", b.revision, rollout.bake_seconds, b.previous),
+                });
+            }
+            bake::Verdict::RollBack(message) => {
+                let reason = bake::HANDOFF_INTEGRITY_VIOLATION;
+                serving = Some(b.previous.clone());
+                serving_window = Some(b.previous_context_window);
+                refused = Some(RefusedRevision { revision: b.revision.clone(), reason: reason.into(), message: message.clone() });
+                refused_reason = Some(reason.to_string());
+                rollback = Some(reason);
+                scale_to_zero |= b.revision == rev;
+                bake_state = None;
+                events.push(warning("RolledBack", "Bake", format!("revision {} rolled back: {message}", b.revision)));
+            }
+        }
+    }
+
     let workers = match host_path_refusal {
         Some(_) => Vec::new(),
         None => [Role::Prefill, Role::Decode]
@@ -173,7 +220,14 @@ pub fn decide(i: Inputs<'_>) -> Plan {
             .map(|role| WorkerDeployment { role, revision: rev.into(), replicas: if scale_to_zero { 0 } else { d.spec.worker(role).replicas } })
             .collect(),
     };
-    let delete = world.deployments.iter().filter(|dep| dep.revision != rev && Some(&dep.revision) != serving.as_ref()).map(|dep| dep.name.clone()).collect();
+    let kept = bake_state.as_ref().map(|b| b.previous.clone());
+    let delete = world
+        .deployments
+        .iter()
+        .filter(|dep| dep.revision != rev && Some(&dep.revision) != serving.as_ref() && Some(&dep.revision) != kept.as_ref())
+        .filter(|dep| !(rollback.is_some() && refused.as_ref().is_some_and(|r| r.revision == dep.revision) && dep.revision == rev))
+        .map(|dep| dep.name.clone())
+        .collect();
     // The router admits what the serving revision was verified for, and runs its image.
     let router_window = serving_window.unwrap_or(window);
     let router_image = serving.as_ref().and_then(|s| world.deployments.iter().filter(|dep| &dep.revision == s).find_map(|dep| dep.image.clone()));
@@ -229,9 +283,10 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         router_ready: world.router_ready.unwrap_or(0),
         canary_running: held.is_some(),
         unverified: unverified.clone(),
+        bake: bake_state.clone(),
     };
     let status = status::compute(d, &prev, &observed);
-    let settled = serving.as_deref() == Some(rev) || refused.as_ref().is_some_and(|r| r.revision == rev);
+    let settled = (serving.as_deref() == Some(rev) && bake_state.is_none()) || refused.as_ref().is_some_and(|r| r.revision == rev);
     Plan {
         workers,
         delete,
@@ -244,6 +299,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         settled,
         canary,
         unverified,
+        rollback,
     }
 }
 

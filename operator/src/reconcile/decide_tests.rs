@@ -16,7 +16,7 @@ fn deployment(window: u64) -> InferenceDeployment {
         "prefill": { "replicas": 1, "kvPool": { "tokens": 8192 } },
         "decode": { "replicas": 2, "kvPool": { "tokens": 8192 } },
         // Off here; the canary's transitions have their own tests below, with it on.
-        "rollout": { "canary": { "prompts": 0 } },
+        "rollout": { "canary": { "prompts": 0 }, "bakeSeconds": 0 },
     });
     let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
     d.metadata.namespace = Some("ns".into());
@@ -55,7 +55,13 @@ fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Resu
 }
 
 fn pass(d: &mut InferenceDeployment, rev: &str, world: &World) -> Plan {
-    let plan = decide(Inputs { d, revision: rev, host_path_refusal: None, world });
+    pass_at(d, rev, world, 1_000)
+}
+
+/// One pass at `second` (Unix time): bakes are timed against it.
+fn pass_at(d: &mut InferenceDeployment, rev: &str, world: &World, second: i64) -> Plan {
+    let now = Time(k8s_openapi::jiff::Timestamp::from_second(second).unwrap());
+    let plan = decide(Inputs { d, revision: rev, host_path_refusal: None, world, now: &now });
     d.status = Some(plan.status.clone());
     plan
 }
@@ -237,12 +243,24 @@ fn a_verified_candidate_below_full_strength_is_not_promoted() {
 fn a_host_path_outside_the_allowed_directories_creates_nothing() {
     let mut d = deployment(WINDOW);
     let message = "spec.model.hostPath /etc is not under --allowed-host-paths";
-    let plan = decide(Inputs { d: &d, revision: "r1", host_path_refusal: Some(message), world: &World::default() });
+    let plan = decide(Inputs {
+        d: &d,
+        revision: "r1",
+        host_path_refusal: Some(message),
+        world: &World::default(),
+        now: &Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    });
     assert!(plan.workers.is_empty() && plan.router_window.is_none(), "{plan:?}");
     assert_eq!(plan.refused_reason.as_deref(), Some(crate::host_paths::REASON));
     assert_eq!(plan.events[0].note, format!("revision r1 refused, no pod created: {message}"));
     d.status = Some(plan.status);
-    let again = decide(Inputs { d: &d, revision: "r1", host_path_refusal: Some(message), world: &World::default() });
+    let again = decide(Inputs {
+        d: &d,
+        revision: "r1",
+        host_path_refusal: Some(message),
+        world: &World::default(),
+        now: &Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    });
     assert_eq!((again.refused_reason, again.events.len()), (None, 0), "refused once");
     assert!(conditions::is_true(&again.status.conditions, ROLLOUT_REFUSED));
 }
@@ -342,4 +360,62 @@ fn a_serving_pod_that_restarts_smaller_is_unverified_at_once_and_the_deployment_
     let plan = pass(&mut d, "r1", &world);
     assert_eq!(condition(&plan, conditions::DEGRADED), (false, "ServingPodsVerified".into()));
     assert_eq!(plan.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["ServingPodsVerified"]);
+}
+
+fn bake_from_r1(window: u64) -> (InferenceDeployment, World) {
+    let (mut d, mut world) = serving_r1();
+    d.spec.rollout.bake_seconds = 60;
+    d.spec.rollout.max_handoff_mismatches = 0;
+    d.spec.decode.kv_pool.tokens = Some(16_384);
+    d.spec.context_window = window;
+    revision(&mut world, &d, "r2", Ok(report(8192, "l")), true);
+    world.mismatches = Some(BTreeMap::from([("timeout".to_string(), 1)]));
+    (d, world)
+}
+
+#[test]
+fn a_promotion_bakes_beside_the_previous_revision_and_mismatches_roll_it_back() {
+    let (mut d, mut world) = bake_from_r1(4096);
+    let plan = pass_at(&mut d, "r2", &world, 1_000);
+    assert_eq!((plan.status.current_revision.as_deref(), phase(&plan), plan.settled), (Some("r2"), "Baking", false));
+    assert!(plan.delete.is_empty(), "r1 stays beside r2 during the bake: {:?}", plan.delete);
+    let b = plan.status.bake.clone().expect("a bake");
+    assert_eq!((b.revision.as_str(), b.previous.as_str(), b.previous_context_window, b.mismatches_at_start), ("r2", "r1", WINDOW, 1));
+    assert_eq!(plan.router_window, Some(4096));
+
+    // Seconds later, nothing new: still baking.
+    let plan = pass_at(&mut d, "r2", &world, 1_030);
+    assert_eq!((phase(&plan), plan.events.len()), ("Baking", 0));
+    // A checksum mismatch on any pod: r1 serves again with its window, r2 is refused and scaled away.
+    world.mismatches = Some(BTreeMap::from([("timeout".to_string(), 1), ("checksum".to_string(), 1)]));
+    let plan = pass_at(&mut d, "r2", &world, 1_031);
+    assert_eq!((plan.status.current_revision.as_deref(), plan.router_window, phase(&plan)), (Some("r1"), Some(WINDOW), "RolledBack"));
+    assert_eq!(plan.router_image.as_deref(), Some("worker:r1"));
+    let refused = plan.status.refused_revision.clone().unwrap();
+    assert_eq!((refused.revision.as_str(), refused.reason.as_str()), ("r2", "HandoffIntegrityViolation"));
+    assert!(
+        refused.message.starts_with("1 handoff mismatches during the bake of revision r2") && refused.message.contains("checksum 1"),
+        "{}",
+        refused.message
+    );
+    assert_eq!((plan.rollback, plan.refused_reason.as_deref()), (Some("HandoffIntegrityViolation"), Some("HandoffIntegrityViolation")));
+    assert_eq!(sizes(&plan), [(Role::Prefill, "r2", 0), (Role::Decode, "r2", 0)]);
+    assert!(plan.delete.is_empty() && plan.status.bake.is_none());
+    assert_eq!(plan.events.iter().map(|e| (e.reason, e.warning)).collect::<Vec<_>>(), [("RolledBack", true)]);
+    assert_eq!(condition(&plan, ROLLOUT_REFUSED), (true, "HandoffIntegrityViolation".into()));
+    // Not counted or announced twice.
+    let plan = pass_at(&mut d, "r2", &world, 1_033);
+    assert_eq!((plan.rollback, plan.events.len(), phase(&plan)), (None, 0, "RolledBack"));
+}
+
+#[test]
+fn a_clean_bake_retires_the_previous_revision() {
+    let (mut d, world) = bake_from_r1(WINDOW);
+    pass_at(&mut d, "r2", &world, 1_000);
+    let plan = pass_at(&mut d, "r2", &world, 1_059);
+    assert_eq!(phase(&plan), "Baking");
+    let plan = pass_at(&mut d, "r2", &world, 1_060);
+    assert_eq!((phase(&plan), plan.settled, plan.status.bake.clone()), ("Available", true, None));
+    assert_eq!(plan.delete, ["llm-prefill-r1", "llm-decode-r1"]);
+    assert_eq!(plan.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["BakeComplete"]);
 }

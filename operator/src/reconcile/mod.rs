@@ -3,6 +3,7 @@
 //! is already there writes nothing; status only when it changed).
 
 pub mod apply;
+pub mod bake;
 pub mod decide;
 pub mod observe;
 pub mod rollout;

@@ -14,6 +14,7 @@ use super::{Context, Error};
 use crate::crd::InferenceDeployment;
 use crate::gate::{self, Role};
 use crate::render::{labels, router, secret};
+use crate::scrape;
 
 /// A Deployment this InferenceDeployment owns for one revision of its workers.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +60,9 @@ pub struct World {
     /// Ready pods of the router Deployment (`None`: there is none).
     pub router_ready: Option<i32>,
     pub pods: Vec<WorkerPod>,
+    /// The deployment's worker pods' `kvgate_handoff_mismatch_total`, summed by reason; read
+    /// only while a promotion or a bake may need it.
+    pub mismatches: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 impl World {
@@ -125,7 +129,26 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Erro
         WorkerPod { revision: pod.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: pod.name_any(), role, ip, report, condition }
     }))
     .await;
-    Ok(World { deployments, router_ready, pods })
+    // The mismatch counters matter when a promotion (the bake's baseline) or a bake may happen.
+    let status = d.status.clone().unwrap_or_default();
+    let promotable = status.canary.as_ref().is_some_and(|c| c.passed && status.current_revision.as_ref() != Some(&c.revision));
+    let mismatches = if status.bake.is_some() || promotable || d.spec.rollout.canary.prompts == 0 { mismatches(ctx, &pods).await } else { None };
+    Ok(World { deployments, router_ready, pods, mismatches })
+}
+
+/// Every running worker pod's handoff mismatch counters, summed by reason (`None` when none
+/// answered).
+async fn mismatches(ctx: &Context, pods: &[WorkerPod]) -> Option<std::collections::BTreeMap<String, u64>> {
+    let reads = join_all(pods.iter().filter_map(|p| Some((p.ip.as_deref()?, p.role.port()))).map(|(ip, port)| scrape::metrics(&ctx.http, ip, port))).await;
+    let mut total = std::collections::BTreeMap::new();
+    let mut any = false;
+    for text in reads.into_iter().flatten() {
+        any = true;
+        for (reason, n) in scrape::family_by(&text, scrape::MISMATCHES, "reason") {
+            *total.entry(reason).or_insert(0) += n as u64;
+        }
+    }
+    any.then_some(total)
 }
 
 /// The deployment's handoff secret as MAC keys; without it no report can be verified.

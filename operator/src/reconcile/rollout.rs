@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -24,7 +26,8 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     let host_path_refusal = crate::host_paths::refusal(&d, &ctx.allowed_host_paths);
     let world = observe::world(ctx, &d).await?;
 
-    let plan = decide::decide(decide::Inputs { d: &d, revision: &rev, host_path_refusal: host_path_refusal.as_deref(), world: &world });
+    let now = Time(Timestamp::now());
+    let plan = decide::decide(decide::Inputs { d: &d, revision: &rev, host_path_refusal: host_path_refusal.as_deref(), world: &world, now: &now });
 
     apply::plan(ctx, &d, &image, &plan).await?;
     if let Some(run) = &plan.canary {

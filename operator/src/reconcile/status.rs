@@ -26,6 +26,8 @@ pub struct Observed {
     pub canary_running: bool,
     /// Why each serving pod that no longer passes the gate fails it.
     pub unverified: Vec<String>,
+    /// The bake in progress after this pass.
+    pub bake: Option<crate::crd::BakeStatus>,
 }
 
 impl Observed {
@@ -130,8 +132,12 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     };
     conditions::set(&mut conds, DEGRADED, !o.unverified.is_empty(), reason, message, generation);
 
-    let phase = if refused_now.is_some() {
+    let phase = if refused_now.is_some_and(|r| r.reason == super::bake::HANDOFF_INTEGRITY_VIOLATION) {
+        "RolledBack"
+    } else if refused_now.is_some() {
         "Refused"
+    } else if o.bake.is_some() && rolled_out {
+        "Baking"
     } else if rolled_out && available {
         "Available"
     } else if o.canary_running {
@@ -149,6 +155,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         candidate_revision: (!rolled_out && refused_now.is_none()).then(|| o.spec_revision.clone()),
         refused_revision: o.refused.clone(),
         canary: prev.canary.clone(),
+        bake: o.bake.clone(),
         prefill: Some(prefill),
         decode: Some(decode),
         router: Some(router),
