@@ -64,7 +64,57 @@ fn main() {
         rows.push(("prefill pod's first report -> RolloutRefused (median)".to_string(), format!("{:.2} s", median(from_report))));
     }
 
-    // 2. Memory and reconcile rate with 100 InferenceDeployments (no pods: replicas 0, so this
+    // 2. Rollback latency: a revision whose prefill corrupts a page of every handoff after its
+    // 20th (test image) is promoted over a good one and baked under four clients; from the first
+    // mismatch any decode pod counts to phase RolledBack.
+    let mut to_rollback = Vec::new();
+    for i in 0..3 {
+        let ns = cp.namespace("bench-rollback");
+        let name = format!("b{i}");
+        apply_yaml(cp, &ns, &tiny(&name, 256, 1024, 1024, ""));
+        wait("Available", Duration::from_secs(120), || infd(cp, &ns, &name)["status"]["phase"] == "Available");
+        let image = kvgate_testenv::images::faulty_worker("corrupt-after-20");
+        apply_yaml(cp, &ns, &with_image(&format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny(&name, 256, 1024, 1024, "")), &image));
+        wait("Baking", Duration::from_secs(120), || infd(cp, &ns, &name)["status"]["phase"] == "Baking");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                let (stop, ns, name) = (stop.clone(), ns.clone(), name.clone());
+                std::thread::spawn(move || {
+                    let cp = cluster();
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        if let Some(router) = router_endpoints(cp, &ns, &name).pop() {
+                            for _ in 0..10 {
+                                let _ = complete(&router, "The quick brown fox jumps over the lazy dog", 4);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let decode_ips = || -> Vec<String> {
+            let pods = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=decode"]);
+            pods["items"].as_array().into_iter().flatten().filter_map(|p| p["status"]["podIP"].as_str().map(String::from)).collect()
+        };
+        let ips = decode_ips();
+        let mismatched = || {
+            ips.iter().any(|ip| {
+                get(&format!("http://{ip}:8082/metrics")).is_some_and(|t| kvgate_testenv::metrics::family_sum(&t, "kvgate_handoff_mismatch_total") > 0.0)
+            })
+        };
+        wait("the first mismatch", Duration::from_secs(120), mismatched);
+        let first = Instant::now();
+        wait("RolledBack", Duration::from_secs(120), || infd(cp, &ns, &name)["status"]["phase"] == "RolledBack");
+        to_rollback.push(first.elapsed().as_secs_f64());
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for c in clients {
+            c.join().unwrap();
+        }
+        cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
+    }
+    rows.push((format!("first handoff mismatch -> RolledBack (median of {}, aim <= 5 s)", to_rollback.len()), format!("{:.2} s", median(to_rollback))));
+
+    // 3. Memory and reconcile rate with 100 InferenceDeployments (no pods: replicas 0, so this
     // measures the operator, not the workers).
     let ns = cp.namespace("bench-scale");
     let idle = rss_kib(op.proc.pid());

@@ -219,7 +219,7 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     apply_yaml(cp, &ns, &tiny("small", 4096, 1024, 1024, ""));
     // A test image whose prefill exits after its 5th handoff and restarts with an eighth of its pool.
     let image = kvgate_testenv::images::faulty_worker("restart-smaller");
-    apply_yaml(cp, &ns, &tiny("shrinks", 256, 1024, 1024, "").replace("spec:\n", &format!("spec:\n  image: {image}\n")));
+    apply_yaml(cp, &ns, &with_image(&tiny("shrinks", 256, 1024, 1024, ""), &image));
 
     // The incident's bug, replayed by real processes: a router with a big window, a prefill
     // whose pool is smaller and which forwards a prompt it rejected (`ignore-rejection`), and a

@@ -299,8 +299,7 @@ fn a_candidate_computing_wrong_but_checksummed_kv_is_refused_by_the_canary_befor
     let prompt = "The same question from the same customer, asked again and again. ".repeat(2);
     let (status, reference) = complete(&router, &prompt, 8).unwrap();
     assert_eq!(status, 200, "{reference}");
-    let text = |body: &str| serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v["choices"][0]["text"].as_str().map(String::from));
-    let reference = text(&reference).unwrap();
+    let reference = completion_text(&reference).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let client = std::thread::spawn({
         let (stop, router, prompt) = (stop.clone(), router.clone(), prompt.clone());
@@ -344,7 +343,7 @@ fn a_candidate_computing_wrong_but_checksummed_kv_is_refused_by_the_canary_befor
     for (i, a) in answers.iter().enumerate() {
         let (status, body) = a.clone().unwrap_or_else(|| panic!("request {i}: no answer"));
         assert_eq!(status, 200, "request {i}: {body}");
-        assert_eq!(text(&body).as_deref(), Some(reference.as_str()), "request {i} got other text: {body}");
+        assert_eq!(completion_text(&body).as_deref(), Some(reference.as_str()), "request {i} got other text: {body}");
     }
 }
 
@@ -363,10 +362,9 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
     let rollbacks_before = op.metric(r#"kvgate_operator_rollbacks_total{reason="HandoffIntegrityViolation"}"#).unwrap_or(0.0);
     let router = router_endpoints(cp, &ns, "bake").pop().expect("a ready router");
     let prompt = "Every answer must be the one the verified revision gives. ".repeat(2);
-    let text = |body: &str| serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v["choices"][0]["text"].as_str().map(String::from));
     let (status, body) = complete(&router, &prompt, 8).unwrap();
     assert_eq!(status, 200, "{body}");
-    let reference = text(&body).unwrap();
+    let reference = completion_text(&body).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     // The router follows the serving revision's image, so it is replaced at the promotion and at
     // the rollback: a client moves to a ready router when its own goes away. Four clients at
@@ -391,7 +389,7 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
         .collect();
 
     let image = kvgate_testenv::images::faulty_worker("corrupt-after-20");
-    let bad = format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny("bake", 256, 1024, 1024, "")).replace("spec:\n", &format!("spec:\n  image: {image}\n"));
+    let bad = with_image(&format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny("bake", 256, 1024, 1024, "")), &image);
     apply_yaml(cp, &ns, &bad);
     eventually(cp, &ns, "the new revision promoted and baking", LONG, || infd(cp, &ns, "bake")["status"]["phase"] == "Baking");
     let baking = infd(cp, &ns, "bake");
@@ -415,11 +413,11 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
     let answers: Vec<(u16, String)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
     // After the rollback, the old revision answers again.
     let (status, body) = complete(&router_endpoints(cp, &ns, "bake").pop().unwrap(), &prompt, 8).unwrap();
-    assert_eq!((status, text(&body)), (200, Some(reference.clone())), "{body}");
+    assert_eq!((status, completion_text(&body)), (200, Some(reference.clone())), "{body}");
     let (mut ok, mut failed) = (0, 0);
     for (i, (status, body)) in answers.iter().enumerate() {
         if *status == 200 {
-            assert_eq!(text(body).as_deref(), Some(reference.as_str()), "request {i}: a 200 with other text: {body}");
+            assert_eq!(completion_text(body).as_deref(), Some(reference.as_str()), "request {i}: a 200 with other text: {body}");
             ok += 1;
         } else {
             let code = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v["error"]["code"].as_str().map(String::from));

@@ -171,6 +171,16 @@ pub fn complete(router: &str, prompt: &str, max_tokens: u32) -> Option<(u16, Str
     request("POST", &format!("http://{router}/v1/completions"), Some(&body))
 }
 
+/// The generated text of a completion's JSON body.
+pub fn completion_text(body: &str) -> Option<String> {
+    serde_json::from_str::<Value>(body).ok()?["choices"][0]["text"].as_str().map(String::from)
+}
+
+/// An InferenceDeployment manifest (as `tiny` writes it) whose workers run `image`.
+pub fn with_image(yaml: &str, image: &str) -> String {
+    yaml.replace("spec:\n", &format!("spec:\n  image: {image}\n"))
+}
+
 /// The InferenceDeployment as JSON.
 pub fn infd(cp: &ControlPlane, ns: &str, name: &str) -> Value {
     get_json(cp, &["-n", ns, "get", "infd", name])
