@@ -566,4 +566,18 @@ fn kubectl_explain_describes_the_kind_and_its_fields() {
     assert!(dtype.contains("f32") && dtype.contains("bf16"), "{dtype}");
     let ready = cp.kubectl_ok(&["explain", "inferencedeployments.status.prefill.readyReplicas"]);
     assert!(ready.contains("readiness probe"), "{ready}");
+    // The rollout's own fields: the canary, the bake, and what status records of them.
+    for (field, says) in [
+        ("spec.rollout.canary", "every candidate prefill x decode"),
+        ("spec.rollout.canary.prompts", "0 turns the canary"),
+        ("spec.rollout.bakeSeconds", "roll back"),
+        ("spec.rollout.maxHandoffMismatches", "before it rolls back"),
+        ("status.canary.message", "first differing token"),
+        ("status.bake.previous", "kept at its size"),
+    ] {
+        let text = cp.kubectl_ok(&["explain", &format!("inferencedeployments.{field}")]);
+        // kubectl wraps the description: compare with single spaces.
+        let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(flat.contains(says), "kubectl explain {field} does not say {says:?}: {text}");
+    }
 }
