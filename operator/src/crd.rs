@@ -243,7 +243,11 @@ fn timeout_ms() -> u64 {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutSpec {
-    /// The integrity canary every candidate revision passes before its pods take traffic.
+    /// The integrity canary every candidate revision passes before its pods take traffic: the
+    /// operator drives fixed greedy prompts through every candidate prefill x decode pair and
+    /// refuses the revision (CanaryFailed) unless every pair answers, all agree token for token
+    /// (and with the serving revision, for the same model and layout) and no pod counts a
+    /// handoff mismatch.
     #[serde(default)]
     pub canary: CanarySpec,
     /// After a promotion, how long the previous revision's Deployments stay (at their size)
