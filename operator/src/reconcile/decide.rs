@@ -130,26 +130,22 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         events.push(warning("RolloutRefused", "HostPathPolicy", format!("revision {rev} refused, no pod created: {message}")));
     }
     if Some(rev) != current.as_deref() && !refused_already {
+        let keeps = current.as_ref().map_or("no revision serves yet".to_string(), |c| format!("revision {c} keeps serving"));
+        // The candidate is refused: recorded, counted once, announced, scaled to zero.
+        let mut refuse = |reason: &str, message: &str, action: &'static str, note: String| {
+            refused = Some(RefusedRevision { revision: rev.into(), reason: reason.into(), message: message.into() });
+            refused_reason = Some(reason.to_string());
+            scale_to_zero = true;
+            events.push(warning("RolloutRefused", action, format!("{note}; {keeps}")));
+        };
         match &candidate.verdict {
             Verdict::Refused { failure, message } => {
-                refused = Some(RefusedRevision { revision: rev.into(), reason: failure.reason().into(), message: message.clone() });
-                refused_reason = Some(failure.reason().to_string());
-                scale_to_zero = true;
-                let keeps = current.as_ref().map_or("no revision serves yet".to_string(), |c| format!("revision {c} keeps serving"));
-                events.push(warning("RolloutRefused", "RolloutGate", format!("revision {rev} refused: {message}; {keeps}")));
+                refuse(failure.reason(), message, "RolloutGate", format!("revision {rev} refused: {message}"));
             }
             Verdict::Verified if canary_result.is_some_and(|c| !c.passed) => {
-                let message = canary_result.map(|c| c.message.clone()).unwrap_or_default();
-                let reason = CANARY_FAILED;
-                refused = Some(RefusedRevision { revision: rev.into(), reason: reason.into(), message: message.clone() });
-                refused_reason = Some(reason.to_string());
-                scale_to_zero = true;
-                let keeps = current.as_ref().map_or("no revision serves yet".to_string(), |c| format!("revision {c} keeps serving"));
-                events.push(warning(
-                    "RolloutRefused",
-                    "IntegrityCanary",
-                    format!("revision {rev} refused before any traffic: the integrity canary failed: {message}; {keeps}"),
-                ));
+                let message = canary_result.map(|c| c.message.as_str()).unwrap_or_default();
+                let note = format!("revision {rev} refused before any traffic: the integrity canary failed: {message}");
+                refuse(CANARY_FAILED, message, "IntegrityCanary", note);
             }
             Verdict::Verified if canary_pending && all_pods(d, &candidate) => {
                 canary = canary_run(d, world, rev, current.as_deref().zip(serving_window));
