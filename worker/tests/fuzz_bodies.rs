@@ -25,6 +25,9 @@ struct Counting;
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// One measurement at a time: the counters are process-wide, and a test that resets `PEAK` while
+/// another measures would hide (or add to) that one's allocations.
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -95,6 +98,7 @@ fn post(app: &axum::Router, path: &str, body: Vec<u8>, signer: Option<&Signer>) 
         req = req.header("x-kvgate-signature", s.sign(path, &body));
     }
     let req = req.body(Body::from(body)).unwrap();
+    let measuring = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     let base = CURRENT.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
     let (status, kind, bytes) = a.rt.block_on(async {
@@ -104,6 +108,7 @@ fn post(app: &axum::Router, path: &str, body: Vec<u8>, signer: Option<&Signer>) 
         (status, kind, axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap())
     });
     let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
+    drop(measuring);
     if std::env::var_os("KVGATE_FUZZ_TRACE").is_some() {
         eprintln!("{status} {path} {}", String::from_utf8_lossy(&bytes[..bytes.len().min(300)]));
     }
@@ -250,11 +255,13 @@ proptest! {
 #[test]
 fn the_allocation_counter_sees_allocations() {
     // A bound nothing can exceed proves nothing: the counter must see a 1 MiB allocation.
+    let measuring = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     let base = CURRENT.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
     let big = std::hint::black_box(vec![7u8; 1 << 20]);
-    assert!(PEAK.load(Ordering::Relaxed) - base >= 1 << 20, "the allocator counted nothing");
-    drop(big);
+    let seen = PEAK.load(Ordering::Relaxed) - base;
+    drop((big, measuring));
+    assert!(seen >= 1 << 20, "the allocator counted nothing");
     // And a body that asks for the largest reservation allocates nothing for it.
     let a = apps();
     let body = serde_json::to_vec(&serde_json::json!({"prompt_tokens": u32::MAX, "max_tokens": u32::MAX})).unwrap();

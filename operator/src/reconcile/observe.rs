@@ -83,7 +83,9 @@ pub async fn object(ctx: &Context, ns: &str, name: &str) -> Result<Option<Infere
     api.get_opt(name).await.map_err(Error::api(format!("reading InferenceDeployment {name}")))
 }
 
-pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Error> {
+/// The world, and the deployment's handoff key (or why there is none), which verified the
+/// reports and which the canary signs with.
+pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<(World, Result<DeploymentKey, String>), Error> {
     let ns = d.namespace().unwrap_or_else(|| "default".into());
     let name = d.name_any();
     // One list of the instance's Deployments: the workers' (one per revision) and the router's.
@@ -133,7 +135,7 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<World, Erro
     let status = d.status.clone().unwrap_or_default();
     let promotable = status.canary.as_ref().is_some_and(|c| c.passed && status.current_revision.as_ref() != Some(&c.revision));
     let mismatches = if status.bake.is_some() || promotable || d.spec.rollout.canary.prompts == 0 { mismatches(ctx, &pods).await } else { None };
-    Ok(World { deployments, router_ready, pods, mismatches })
+    Ok((World { deployments, router_ready, pods, mismatches }, key.clone()))
 }
 
 /// Every running worker pod's handoff mismatch counters, summed by reason (`None` when none
@@ -152,7 +154,7 @@ async fn mismatches(ctx: &Context, pods: &[WorkerPod]) -> Option<std::collection
 }
 
 /// The deployment's handoff secret as MAC keys; without it no report can be verified.
-pub async fn handoff_key(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<DeploymentKey, String> {
+async fn handoff_key(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<DeploymentKey, String> {
     let name = secret::secret_name(d);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let found = api.get_opt(&name).await.map_err(|e| format!("reading the handoff Secret {name}: {e}"))?;

@@ -14,6 +14,7 @@ use super::{Context, Error, apply, decide, event, observe};
 use crate::canary::{self, CanaryRun};
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::render::revision;
+use kvgate_proto::auth::DeploymentKey;
 
 pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Action, Error> {
     let ns = cached.namespace().unwrap_or_else(|| "default".into());
@@ -24,14 +25,14 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     let rev = revision::of(&d.spec, &image);
     // A spec that would mount a node directory the operator may not mount gets no pod at all.
     let host_path_refusal = crate::host_paths::refusal(&d, &ctx.allowed_host_paths);
-    let world = observe::world(ctx, &d).await?;
+    let (world, key) = observe::world(ctx, &d).await?;
 
     let now = Time(Timestamp::now());
     let plan = decide::decide(decide::Inputs { d: &d, revision: &rev, host_path_refusal: host_path_refusal.as_deref(), world: &world, now: &now });
 
     apply::plan(ctx, &d, &image, &plan).await?;
     if let Some(run) = &plan.canary {
-        canary(ctx, &d, &plan.status, run).await?;
+        canary(ctx, &d, &plan.status, run, key).await?;
         // The next pass acts on the result: gates opened, or the revision refused.
         return Ok(Action::requeue(Duration::from_millis(100)));
     }
@@ -40,9 +41,15 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
 
 /// Runs the integrity canary on the candidate's pods (still not Ready: no traffic reaches them)
 /// and records what it found in `status.canary`.
-async fn canary(ctx: &Context, d: &InferenceDeployment, status: &InferenceDeploymentStatus, run: &CanaryRun) -> Result<(), Error> {
+async fn canary(
+    ctx: &Context,
+    d: &InferenceDeployment,
+    status: &InferenceDeploymentStatus,
+    run: &CanaryRun,
+    key: Result<DeploymentKey, String>,
+) -> Result<(), Error> {
     let ns = d.namespace().unwrap_or_else(|| "default".into());
-    let result = match observe::handoff_key(ctx, d, &ns).await {
+    let result = match key {
         Ok(key) => {
             tracing::info!(name = d.name_any(), %ns, revision = run.revision, pairs = run.prefill.len() * run.decode.len(), "integrity canary");
             let started = Instant::now();

@@ -9,10 +9,14 @@ use std::path::Path;
 const AFTER: &str = "KVGATE_FAULT_RESTART_SMALLER_AFTER";
 const MARKER: &str = "/tmp/kvgate-fault-started-once";
 
-/// The handoff count after which the process exits, when the fault is on.
+/// The handoff count after which the process exits, when the fault is on (read from the
+/// environment once: `handoff_done` runs on every prefill).
 pub fn after() -> Option<u64> {
-    let allowed = std::env::var("KVGATE_ALLOW_FAULT_INJECTION").is_ok_and(|v| v == "true");
-    cfg!(feature = "testing").then_some(()).filter(|_| allowed).and_then(|_| std::env::var(AFTER).ok()?.parse().ok())
+    static AFTER_N: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *AFTER_N.get_or_init(|| {
+        let allowed = std::env::var("KVGATE_ALLOW_FAULT_INJECTION").is_ok_and(|v| v == "true");
+        cfg!(feature = "testing").then_some(()).filter(|_| allowed).and_then(|_| std::env::var(AFTER).ok()?.parse().ok())
+    })
 }
 
 /// The pages to allocate: all of them on the first start, an eighth after a restart.

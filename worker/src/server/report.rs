@@ -58,16 +58,22 @@ pub async fn kv_pool(State(state): State<AppState>, query: Result<Query<ReportQu
         }
     };
     let body = serde_json::to_vec(&**report).expect("a capacity report serializes");
-    let mut response = ([(axum::http::header::CONTENT_TYPE, "application/json")], body.clone()).into_response();
-    let Some(nonce) = nonce else { return response };
-    let Some(n) = parse_nonce(&nonce) else {
-        return bad("invalid_nonce", format!("nonce must be 32 hex digits (128 bits), got {} characters", nonce.len()));
+    let mac = match nonce {
+        None => None,
+        Some(nonce) => {
+            let Some(n) = parse_nonce(&nonce) else {
+                return bad("invalid_nonce", format!("nonce must be 32 hex digits (128 bits), got {} characters", nonce.len()));
+            };
+            let Some(signer) = &state.report_signer else {
+                return bad("cannot_sign", "this worker holds no deployment secret (a `local` process), so it cannot sign its report".into());
+            };
+            Some(signer.secret.key().report_mac(n, &signer.pod, &body))
+        }
     };
-    let Some(signer) = &state.report_signer else {
-        return bad("cannot_sign", "this worker holds no deployment secret (a `local` process), so it cannot sign its report".into());
-    };
-    let mac = signer.secret.key().report_mac(n, &signer.pod, &body);
-    response.headers_mut().insert(REPORT_MAC_HEADER, mac.to_hex().parse().expect("hex is a valid header value"));
+    let mut response = ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response();
+    if let Some(mac) = mac {
+        response.headers_mut().insert(REPORT_MAC_HEADER, mac.to_hex().parse().expect("hex is a valid header value"));
+    }
     response
 }
 
