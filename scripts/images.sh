@@ -59,7 +59,9 @@ for tool in $tools; do
   command -v "$tool" >/dev/null || { echo "scripts/images.sh: $tool not found; install it with: apt-get install umoci skopeo (make test-deps does)" >&2; exit 1; }
 done
 
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+# The workspace's version: the first `version = ` line (read whole, then cut: no `| head`).
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml)
+version=${version%%$'\n'*}
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)

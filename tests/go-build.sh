@@ -30,3 +30,12 @@ wait_for() {
   done
   ! kill -0 "$1" 2>/dev/null
 }
+
+# first_line CMD...: the first line of CMD's output. Captured whole, then cut: `cmd | head -1`
+# under pipefail fails with 141 whenever cmd writes after head has exited (SIGPIPE). Every build
+# script prints versions this way (tests/testenv/tests/build_script.rs drives them all).
+first_line() {
+  local text
+  text=$("$@")
+  echo "${text%%$'\n'*}"
+}

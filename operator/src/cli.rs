@@ -14,6 +14,10 @@ pub const DEFAULT_WORKER_IMAGE: &str = concat!("ghcr.io/kvgate/kvgate-worker:", 
     about = "kvgate's operator: deploys disaggregated prefill/decode workers and refuses rollouts whose measured KV pool is below the declared context window"
 )]
 pub struct Cli {
+    /// Log lines as `text` (coloured only on a terminal) or `json` (one object per line; the
+    /// chart's default).
+    #[arg(long, global = true, value_enum, default_value_t, env = kvgate_telemetry::LOG_FORMAT_ENV)]
+    pub log_format: kvgate_telemetry::LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -61,6 +65,10 @@ pub struct RunArgs {
     /// Worker image for deployments that name none.
     #[arg(long, default_value = DEFAULT_WORKER_IMAGE, env = "KVGATE_WORKER_IMAGE")]
     pub worker_image: String,
+    /// Log lines of the worker pods this operator renders (`--log-format` of router, prefill and
+    /// decode): pods' logs are read by `kubectl logs` and log pipelines, not terminals.
+    #[arg(long, value_enum, default_value = "json", env = "KVGATE_WORKER_LOG_FORMAT")]
+    pub worker_log_format: kvgate_telemetry::LogFormat,
     /// Take a Lease before reconciling, so that of several replicas only one writes.
     #[arg(long)]
     pub leader_elect: bool,

@@ -13,7 +13,7 @@ async fn main() -> anyhow::Result<()> {
             kvgate_operator::check::check(&service, &namespace, &port_name, &path, std::time::Duration::from_secs(timeout)).await
         }
         Command::Run(args) => {
-            tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into())).init();
+            kvgate_telemetry::init(cli.log_format, "info,kube=warn");
             kvgate_operator::run::run(args).await
         }
     }

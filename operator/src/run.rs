@@ -70,7 +70,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
     let recorder = Recorder::new(client.clone(), Reporter { controller: "kvgate-operator".into(), instance: Some(identity.clone()) });
-    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), recorder, args.worker_image.clone(), args.allowed_host_paths.clone()));
+    let ctx = Arc::new(Context {
+        worker_log_format: args.worker_log_format,
+        ..Context::new(client.clone(), metrics.clone(), recorder, args.worker_image.clone(), args.allowed_host_paths.clone())
+    });
     let managed = watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::OPERATOR));
     // Pods are owned by ReplicaSets, not by us: map them to their deployment by label.
     let pod_owner = |pod: Pod| {

@@ -10,6 +10,7 @@ use kvgate_operator::crd::InferenceDeployment;
 use kvgate_operator::gate::Role;
 use kvgate_operator::render::{router, workers};
 use kvgate_proto::contract;
+use kvgate_telemetry::LogFormat;
 use serde_json::{Value, json};
 use support::*;
 
@@ -68,12 +69,14 @@ fn check(args: &[String]) -> Result<(), String> {
 fn every_spec_at_the_crds_bounds_renders_arguments_the_worker_accepts() {
     let mut failed = Vec::new();
     for d in boundary_specs() {
-        for role in Role::ALL {
-            failed.extend(check(&workers::worker_args(&d, role)).err());
+        for log in [LogFormat::Text, LogFormat::Json] {
+            for role in Role::ALL {
+                failed.extend(check(&workers::worker_args(&d, role, log)).err());
+            }
+            let dep = router::deployment(&d, "img", d.spec.context_window, log);
+            let args = dep.spec.template.spec.unwrap().containers[0].args.clone().unwrap();
+            failed.extend(check(&args).err());
         }
-        let dep = router::deployment(&d, "img", d.spec.context_window);
-        let args = dep.spec.template.spec.unwrap().containers[0].args.clone().unwrap();
-        failed.extend(check(&args).err());
     }
     assert!(failed.is_empty(), "the worker refuses what the operator renders:\n{}", failed.join("\n"));
 }
@@ -81,7 +84,7 @@ fn every_spec_at_the_crds_bounds_renders_arguments_the_worker_accepts() {
 #[test]
 fn the_worker_refuses_what_the_crd_refuses() {
     let d = spec(2048, json!({}), json!({ "name": "tiny" }), 30_000);
-    let args = workers::worker_args(&d, Role::Decode);
+    let args = workers::worker_args(&d, Role::Decode, LogFormat::Json);
     let with = |flag: &str, value: &str| -> Vec<String> {
         let mut a: Vec<String> = args.iter().filter(|x| !x.starts_with(&format!("--{flag}="))).cloned().collect();
         a.push(contract::flag::arg(flag, value));
@@ -97,6 +100,7 @@ fn the_worker_refuses_what_the_crd_refuses() {
         (contract::flag::DEVICE, "tpu"),
         (contract::flag::CONTEXT_WINDOW, "0"),
         (contract::flag::KV_POOL_TOKENS, "0"),
+        (contract::flag::LOG_FORMAT, "yaml"),
     ] {
         let err = check(&with(flag, value)).expect_err(&format!("--{flag}={value} accepted"));
         assert!(err.contains(flag), "the error does not name --{flag}: {err}");

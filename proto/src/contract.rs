@@ -74,6 +74,7 @@ pub mod flag {
     pub const KV_MEMORY_FRACTION: &str = "kv-memory-fraction";
     pub const PREFILL_SERVICE: &str = "prefill-service";
     pub const DECODE_SERVICE: &str = "decode-service";
+    pub const LOG_FORMAT: &str = "log-format";
 
     /// `--name=value`.
     pub fn arg(name: &str, value: impl std::fmt::Display) -> String {

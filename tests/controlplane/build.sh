@@ -24,13 +24,6 @@ build() {
   local name=$1 pkg=$2
   with_progress "building $name ($pkg)" go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$pkg"
 }
-# The first line of a command's output. Captured whole, then cut: `cmd | head -1` under
-# pipefail fails with 141 whenever cmd writes after head has exited (SIGPIPE).
-first_line() {
-  local text
-  text=$("$@")
-  echo "${text%%$'\n'*}"
-}
 # CONTROLPLANE_VERSIONS_ONLY=1 prints the versions of what is in $out without building (the
 # harness tests run it this way against binaries that write a lot).
 if [ -z "${CONTROLPLANE_VERSIONS_ONLY:-}" ]; then

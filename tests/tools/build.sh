@@ -9,6 +9,13 @@ mkdir -p "$out"
 source "$here/../go-build.sh"
 require_go
 cd "$here"
+# TOOLS_VERSIONS_ONLY=1 prints the versions of what is in $out without building (as
+# CONTROLPLANE_VERSIONS_ONLY does for the control plane; the build-script test runs it).
+if [ -n "${TOOLS_VERSIONS_ONLY:-}" ]; then
+  first_line first_line "$out/helm" version --short
+  first_line "$out/ct" version
+  exit 0
+fi
 # As helm's own release build does: the Kubernetes version it assumes without a cluster
 # (`helm template`, `helm lint`) follows the client-go it is built with (v0.37 -> 1.37). Without
 # these flags it believes v1.20.0 and refuses charts that need a newer one.
@@ -20,7 +27,7 @@ for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
 done
 with_progress "building helm (helm.sh/helm/v3/cmd/helm, Kubernetes 1.$minor from client-go $client_go)" \
   go build -trimpath -ldflags "$ldflags" -o "$out/helm" helm.sh/helm/v3/cmd/helm
-"$out/helm" version --short
+first_line "$out/helm" version --short
 
 # The chart linters (tests/tools/lint/go.mod pins them; their own module so their dependencies
 # never move helm's): chart-testing's `ct` with its default lint and schema configuration (from
@@ -34,4 +41,4 @@ with_progress "building ct, kube-score and kubeconform" bash -c '
 ct_etc="$(go list -m -f '{{.Dir}}' github.com/helm/chart-testing/v3)/etc"
 mkdir -p "$out/../ct"
 install -m 0644 "$ct_etc/chart_schema.yaml" "$ct_etc/lintconf.yaml" "$out/../ct/"
-"$out/ct" version | head -1
+first_line "$out/ct" version

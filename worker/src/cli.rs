@@ -18,6 +18,9 @@ pub struct Cli {
     /// without starting (0 when they are valid).
     #[arg(long, global = true)]
     pub check_config: bool,
+    /// Log lines as `text` (coloured only on a terminal) or `json` (one object per line).
+    #[arg(long = flag::LOG_FORMAT, global = true, value_enum, default_value_t, env = kvgate_telemetry::LOG_FORMAT_ENV)]
+    pub log_format: kvgate_telemetry::LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }

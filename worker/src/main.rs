@@ -3,11 +3,8 @@ use kvgate_worker::cli::{Cli, Command};
 use kvgate_worker::commands::{self, roles};
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    kvgate_telemetry::init(cli.log_format, "info");
     if cli.check_config {
         return match commands::check::run(&cli.command) {
             Ok(()) => {

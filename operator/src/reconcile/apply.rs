@@ -60,13 +60,13 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     apply::<RbacRole>(client, &ns, &router::role(d)).await?;
     apply::<RoleBinding>(client, &ns, &router::role_binding(d)).await?;
     for w in &plan.workers {
-        apply::<Deployment>(client, &ns, &workers::deployment(d, w.role, &w.revision, image, w.replicas)).await?;
+        apply::<Deployment>(client, &ns, &workers::deployment(d, w.role, &w.revision, image, w.replicas, ctx.worker_log_format)).await?;
     }
     for dep in &plan.delete {
         delete::<Deployment>(client, &ns, dep).await?;
     }
     if let Some(window) = plan.router_window {
-        apply::<Deployment>(client, &ns, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window)).await?;
+        apply::<Deployment>(client, &ns, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window, ctx.worker_log_format)).await?;
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for gate in &plan.pod_gates {

@@ -30,6 +30,8 @@ pub struct Context {
     pub metrics: Metrics,
     pub recorder: Recorder,
     pub worker_image: String,
+    /// `--log-format` of the worker pods it renders.
+    pub worker_log_format: kvgate_telemetry::LogFormat,
     /// Node directories a hostPath model may be under (see `host_paths`).
     pub allowed_host_paths: Vec<String>,
     /// Consecutive failures per object, for the retry backoff.
@@ -47,6 +49,7 @@ impl Context {
             metrics,
             recorder,
             worker_image,
+            worker_log_format: kvgate_telemetry::LogFormat::Json,
             allowed_host_paths,
             failures: Mutex::default(),
             secrets_created: Mutex::default(),

@@ -7,6 +7,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, Role
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvgate_proto::contract::flag;
+use kvgate_telemetry::LogFormat;
 
 use super::workers::{downward_env, handoff_secret, http_probe, model_flag, restricted, service_name};
 use super::{ROUTER_PORT, labels, name, owned_meta};
@@ -21,7 +22,7 @@ pub fn router_name(d: &InferenceDeployment) -> String {
 
 /// The router's Deployment. `context_window` is the serving revision's: while a bigger window
 /// waits for (or is refused by) the gate, the router keeps admitting what is verified.
-pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> Deployment {
+pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, log: LogFormat) -> Deployment {
     let n = name(d);
     let selector = labels::role_selector(n, COMPONENT);
     let r = &d.spec.router;
@@ -31,6 +32,7 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64) -> 
     let args = vec![
         "router".to_string(),
         flag::arg(flag::LISTEN, format!("0.0.0.0:{ROUTER_PORT}")),
+        flag::arg(flag::LOG_FORMAT, log.as_str()),
         flag::arg(flag::PREFILL_SERVICE, service_name(d, Role::Prefill)),
         flag::arg(flag::DECODE_SERVICE, service_name(d, Role::Decode)),
         flag::arg(flag::MODEL, model),

@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvgate_proto::contract::flag;
+use kvgate_telemetry::LogFormat;
 
 use super::{KV_PORT, MODEL_DIR, SECRET_DIR, labels, name, owned_meta, secret};
 use crate::crd::InferenceDeployment;
@@ -104,11 +105,11 @@ pub fn handoff_secret(d: &InferenceDeployment) -> (Volume, VolumeMount, String) 
 /// The worker container's arguments. Pods listen on every address of their own network namespace,
 /// as on any cluster (so `kubectl port-forward`, which dials the pod's localhost, works); decode
 /// tells prefill its pod IP for the KV port (`$(POD_IP)` is expanded by the kubelet).
-pub fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
+pub fn worker_args(d: &InferenceDeployment, role: Role, log: LogFormat) -> Vec<String> {
     let r = d.spec.worker(role);
     let pool = &r.kv_pool;
     let (model, _) = model_flag(d);
-    let mut args = vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("0.0.0.0:{}", role.port()))];
+    let mut args = vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("0.0.0.0:{}", role.port())), flag::arg(flag::LOG_FORMAT, log.as_str())];
     if role == Role::Decode {
         args.push(flag::arg(flag::KV_LISTEN, format!("0.0.0.0:{KV_PORT}")));
         args.push(flag::arg(flag::KV_ADVERTISE, format!("$(POD_IP):{KV_PORT}")));
@@ -133,7 +134,7 @@ pub fn worker_args(d: &InferenceDeployment, role: Role) -> Vec<String> {
 }
 
 /// The Deployment of one role at one revision, with `replicas` pods.
-pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &str, replicas: i32) -> Deployment {
+pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &str, replicas: i32, log: LogFormat) -> Deployment {
     let n = name(d);
     let r = d.spec.worker(role);
     let selector = labels::revision_selector(n, role.as_str(), revision);
@@ -161,7 +162,7 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
     let container = Container {
         name: "worker".into(),
         image: Some(image.into()),
-        args: Some(worker_args(d, role)),
+        args: Some(worker_args(d, role, log)),
         env: Some(downward_env()),
         ports: Some(ports),
         readiness_probe: Some(http_probe("/readyz", 2)),
@@ -242,7 +243,7 @@ mod tests {
 
     #[test]
     fn decode_pods_mount_the_handoff_secret_and_carry_the_gate() {
-        let dep = deployment(&d(spec()), Role::Decode, "abc", "img:1", 3);
+        let dep = deployment(&d(spec()), Role::Decode, "abc", "img:1", 3, LogFormat::Json);
         assert_eq!(dep.metadata.name.as_deref(), Some("llm-decode-abc"));
         assert_eq!(dep.spec.replicas, Some(3));
         let pod = dep.spec.template.spec.unwrap();
@@ -260,6 +261,7 @@ mod tests {
             "--context-window=1024",
             "--kv-memory-fraction=0.9",
             "--model=tiny",
+            "--log-format=json",
         ] {
             assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
         }
@@ -272,7 +274,7 @@ mod tests {
 
     #[test]
     fn prefill_pods_get_their_pool_flags_and_the_secret_but_no_token() {
-        let dep = deployment(&d(spec()), Role::Prefill, "abc", "img:1", 2);
+        let dep = deployment(&d(spec()), Role::Prefill, "abc", "img:1", 2, LogFormat::Json);
         let pod = dep.spec.template.spec.unwrap();
         assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff"));
         assert_eq!(pod.automount_service_account_token, Some(false));
@@ -285,7 +287,7 @@ mod tests {
     fn a_checkpoint_on_a_claim_is_mounted_read_only_at_models() {
         let mut s = spec();
         s["model"] = serde_json::json!({ "path": "qwen", "volume": { "persistentVolumeClaim": "weights" } });
-        let dep = deployment(&d(s), Role::Prefill, "abc", "img:1", 1);
+        let dep = deployment(&d(s), Role::Prefill, "abc", "img:1", 1, LogFormat::Json);
         let pod = dep.spec.template.spec.unwrap();
         let v = &pod.volumes.unwrap()[0];
         assert_eq!(v.persistent_volume_claim.as_ref().unwrap().claim_name, "weights");
@@ -295,7 +297,7 @@ mod tests {
 
     #[test]
     fn the_router_discovers_peers_and_admits_the_window_it_is_given() {
-        let dep = router::deployment(&d(spec()), "img:1", 512);
+        let dep = router::deployment(&d(spec()), "img:1", 512, LogFormat::Json);
         let pod = dep.spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("llm-router"));
         let args = pod.containers[0].args.clone().unwrap();
