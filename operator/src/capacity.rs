@@ -15,6 +15,26 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5)).build().expect("HTTP client")
 }
 
+/// Why a pod has no verified report: not running yet, unreachable, not a report, or one that
+/// does not verify as this pod's (`reason` is the gate condition's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoReport {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl NoReport {
+    pub fn waiting(message: impl Into<String>) -> Self {
+        NoReport { reason: "AwaitingCapacityReport", message: message.into() }
+    }
+}
+
+impl From<ReportError> for NoReport {
+    fn from(e: ReportError) -> Self {
+        NoReport { reason: e.reason(), message: e.to_string() }
+    }
+}
+
 /// Why a pod has no report yet (not listening yet, not a kvgate worker, not this deployment's);
 /// shown in the pod's gate condition.
 #[derive(Debug, thiserror::Error)]

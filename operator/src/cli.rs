@@ -4,6 +4,9 @@ use std::net::SocketAddr;
 
 use clap::{Args, Parser, Subcommand};
 
+/// The root key Secret's default name.
+pub const DEFAULT_ROOT_KEY_SECRET: &str = "kvgate-operator-root-key";
+
 /// The worker image of this operator's own version.
 pub const DEFAULT_WORKER_IMAGE: &str = concat!("ghcr.io/kvgate/kvgate-worker:", env!("CARGO_PKG_VERSION"));
 
@@ -75,9 +78,18 @@ pub struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "kvgate-operator")]
     pub lease_name: String,
-    /// Namespace of the leader-election Lease (default: this pod's namespace, else `default`).
-    #[arg(long, env = "POD_NAMESPACE")]
+    /// The operator's own namespace, where its leader-election Lease and its root key Secret
+    /// live (default: this pod's namespace, else `default`).
+    #[arg(long = "operator-namespace", alias = "lease-namespace", env = "POD_NAMESPACE")]
     pub lease_namespace: Option<String>,
+    /// The Secret (in the operator's namespace) holding the root key every deployment's handoff
+    /// secret is derived from; created on first start. The operator reads no other Secret.
+    #[arg(long, default_value = DEFAULT_ROOT_KEY_SECRET)]
+    pub root_key_secret: String,
+    /// InferenceDeployments reconciled at once (a pass never waits on a pod: probes, scrapes and
+    /// canaries run in the background).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u16,
     /// This replica's identity in the Lease (default: hostname or pod name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,

@@ -16,6 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::gate::Role;
+use crate::rollout_state::{Phase, RefusalReason};
 
 /// A disaggregated LLM deployment: a router, prefill workers and decode workers, rolled out only
 /// when every worker's measured KV pool holds the declared context window.
@@ -215,17 +216,16 @@ impl Default for RouterRole {
 /// Handoff between prefill and decode.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.secretName) == has(oldSelf.secretName)").message("spec.handoff.secretName cannot be added or removed after creation").reason(Reason::FieldValueForbidden).field_path(".secretName"))]
 pub struct HandoffSpec {
     /// How long decode holds a reservation waiting for prefill's commit before freeing it.
     #[serde(default = "timeout_ms")]
     #[schemars(range(min = 100, max = 600000))]
     pub timeout_ms: u64,
-    /// A Secret (key `secret`, at least 16 bytes) the handoff auth tags are keyed with. Without
-    /// it the operator generates one into a Secret it owns. Immutable: old and new revisions must
-    /// share it during a rollout.
+    /// No longer supported, and refused when set: the operator derives each deployment's handoff
+    /// secret from its own root key, so it never needs to read a Secret outside its namespace
+    /// (docs/operator.md, "Least privilege"). Objects that had it keep it unchanged; it is ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.handoff.secretName is immutable").reason(Reason::FieldValueForbidden))]
+    #[x_kube(validation = Rule::new("false").message("spec.handoff.secretName is no longer supported: the operator generates and owns each deployment's handoff secret (see docs/operator.md, Least privilege); remove the field").reason(Reason::FieldValueForbidden))]
     pub secret_name: Option<String>,
 }
 
@@ -324,7 +324,8 @@ pub struct InferenceDeploymentStatus {
     /// Progressing, Canary (the integrity canary runs), Baking (promoted, the previous revision
     /// kept beside it), Available, RolledBack or Refused (for the printer column).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    #[schemars(schema_with = "optional_phase")]
+    pub phase: Option<Phase>,
     /// `router/prefill/decode` ready pods of the serving revision, e.g. `1/2/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
@@ -361,15 +362,23 @@ pub struct InferenceDeploymentStatus {
     pub router: Option<RoleStatus>,
 }
 
+/// `Option<Phase>` as a structural schema: the phases' enum, nullable (schemars would list
+/// `null` among the enum's values, which the API server refuses).
+fn optional_phase(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = <Phase as JsonSchema>::json_schema(g);
+    s.insert("nullable".into(), true.into());
+    s
+}
+
 /// A revision the rollout gate refused.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RefusedRevision {
     /// The refused revision (a hash of everything that shapes its pods).
     pub revision: String,
     /// KVPoolBelowContextWindow, FingerprintMismatch, CanaryFailed, HandoffIntegrityViolation (rolled
     /// back after a bake) or HostPathNotAllowed.
-    pub reason: String,
+    pub reason: RefusalReason,
     /// With the pod and both numbers, e.g. `prefill pod x measured 681280 tokens < contextWindow 1048576`.
     pub message: String,
 }

@@ -16,21 +16,8 @@ pub struct PodReport {
     pub report: Option<CapacityReport>,
 }
 
-/// Why a pod fails the gate; the `reason` of its condition and of the refusal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    KVPoolBelowContextWindow,
-    FingerprintMismatch,
-}
-
-impl Failure {
-    pub fn reason(self) -> &'static str {
-        match self {
-            Failure::KVPoolBelowContextWindow => "KVPoolBelowContextWindow",
-            Failure::FingerprintMismatch => "FingerprintMismatch",
-        }
-    }
-}
+/// Why a pod fails the gate: the `reason` of its condition and of the refusal.
+pub use crate::rollout_state::RefusalReason as Failure;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodVerdict {

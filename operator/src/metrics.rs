@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::rollout_state::{Phase, RefusalReason, RollbackReason};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -27,18 +28,10 @@ pub struct Metrics {
     pub rollbacks: IntCounterVec,
 }
 
-/// Every label value a counter can take, so rates work from the first scrape.
+/// Every label value a counter can take, so rates work from the first scrape. Phases and
+/// reasons come from their enums (`rollout_state`): a new variant cannot be missed.
 pub const RESULTS: [&str; 2] = ["success", "error"];
-pub const REFUSAL_REASONS: [&str; 5] = [
-    "KVPoolBelowContextWindow",
-    "FingerprintMismatch",
-    crate::reconcile::decide::CANARY_FAILED,
-    crate::reconcile::bake::HANDOFF_INTEGRITY_VIOLATION,
-    crate::host_paths::REASON,
-];
 pub const CANARY_RESULTS: [&str; 2] = ["passed", "failed"];
-pub const PHASES: [&str; 6] = ["Progressing", "Canary", "Baking", "Available", "RolledBack", "Refused"];
-pub const ROLLBACK_REASONS: [&str; 1] = [crate::reconcile::bake::HANDOFF_INTEGRITY_VIOLATION];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -114,14 +107,14 @@ impl Metrics {
         for r in RESULTS {
             reconciles.with_label_values(&[r]);
         }
-        for r in REFUSAL_REASONS {
-            refused.with_label_values(&[r]);
+        for r in RefusalReason::ALL {
+            refused.with_label_values(&[r.as_str()]);
         }
         for r in CANARY_RESULTS {
             canaries.with_label_values(&[r]);
         }
-        for r in ROLLBACK_REASONS {
-            rollbacks.with_label_values(&[r]);
+        for r in RollbackReason::ALL {
+            rollbacks.with_label_values(&[r.as_str()]);
         }
         Metrics {
             registry,
@@ -146,8 +139,8 @@ impl Metrics {
     pub fn export(&self, ns: &str, name: &str, context_window: u64, status: &crate::crd::InferenceDeploymentStatus, unverified: usize) {
         self.context_window.with_label_values(&[ns, name]).set(context_window as i64);
         self.unverified_serving.with_label_values(&[ns, name]).set(unverified as i64);
-        for p in PHASES {
-            self.phase.with_label_values(&[ns, name, p]).set(i64::from(status.phase.as_deref() == Some(p)));
+        for p in Phase::ALL {
+            self.phase.with_label_values(&[ns, name, p.as_str()]).set(i64::from(status.phase == Some(*p)));
         }
         for (role, rs) in [("prefill", &status.prefill), ("decode", &status.decode)] {
             let serving = rs.as_ref().filter(|r| r.revision.is_some() && r.revision == status.current_revision);
@@ -159,11 +152,27 @@ impl Metrics {
             }
         }
         let refused = status.refused_revision.as_ref().filter(|_| crate::conditions::is_true(&status.conditions, crate::conditions::ROLLOUT_REFUSED));
-        for reason in REFUSAL_REASONS {
-            let _ = self.refused_now.remove_label_values(&[ns, name, reason]);
+        for reason in RefusalReason::ALL {
+            let _ = self.refused_now.remove_label_values(&[ns, name, reason.as_str()]);
         }
         if let Some(r) = refused {
-            self.refused_now.with_label_values(&[ns, name, &r.reason]).set(1);
+            self.refused_now.with_label_values(&[ns, name, r.reason.as_str()]).set(1);
+        }
+    }
+
+    /// Removes every series of one InferenceDeployment (deleted): no alert fires for an
+    /// object that no longer exists.
+    pub fn forget(&self, ns: &str, name: &str) {
+        let _ = self.context_window.remove_label_values(&[ns, name]);
+        let _ = self.unverified_serving.remove_label_values(&[ns, name]);
+        for p in Phase::ALL {
+            let _ = self.phase.remove_label_values(&[ns, name, p.as_str()]);
+        }
+        for role in ["prefill", "decode"] {
+            let _ = self.pool_tokens.remove_label_values(&[ns, name, role]);
+        }
+        for reason in RefusalReason::ALL {
+            let _ = self.refused_now.remove_label_values(&[ns, name, reason.as_str()]);
         }
     }
 

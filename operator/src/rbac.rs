@@ -4,26 +4,33 @@
 
 /// (API group, resource, verbs) granted across the namespaces the operator watches.
 pub const WATCHED_NAMESPACES: &[(&str, &str, &[&str])] = &[
-    // run.rs watches them; rollout.rs reads the current object and applies status.
-    ("kvgate.dev", "inferencedeployments", &["get", "list", "watch"]),
+    // run.rs watches them (the controller's store) and applies status.
+    ("kvgate.dev", "inferencedeployments", &["list", "watch"]),
     ("kvgate.dev", "inferencedeployments/status", &["patch"]),
-    // Owned workloads: server-side apply (create + patch), the owns() watch, old revisions deleted.
+    // Owned objects: server-side apply (create + patch) of what differs from the watch-fed
+    // stores (list + watch, `watch/`); old revisions' Deployments deleted.
     ("apps", "deployments", &["create", "delete", "list", "patch", "watch"]),
-    ("", "services", &["create", "patch"]),
-    ("", "serviceaccounts", &["create", "patch"]),
-    ("rbac.authorization.k8s.io", "roles", &["create", "patch"]),
-    ("rbac.authorization.k8s.io", "rolebindings", &["create", "patch"]),
+    ("", "services", &["create", "list", "patch", "watch"]),
+    ("", "serviceaccounts", &["create", "list", "patch", "watch"]),
+    ("rbac.authorization.k8s.io", "roles", &["create", "list", "patch", "watch"]),
+    ("rbac.authorization.k8s.io", "rolebindings", &["create", "list", "patch", "watch"]),
     // The router's Role grants these; RBAC lets the operator grant only what it holds itself.
     ("discovery.k8s.io", "endpointslices", &["get", "list", "watch"]),
-    // The handoff Secret: generated once (create); read by name (get) to verify the workers'
-    // signed capacity reports and to sign the canary's calls. Never listed or watched.
-    ("", "secrets", &["create", "get"]),
-    // The rollout gate: pods listed and watched, their readiness-gate condition patched.
+    // The handoff Secret: created once per deployment, its bytes derived from the root key
+    // (`keys`). Never read, listed, watched or overwritten: create alone cannot see or change
+    // anyone's Secret.
+    ("", "secrets", &["create"]),
+    // The rollout gate: pods watched (their store), their readiness-gate condition patched.
     ("", "pods", &["list", "watch"]),
     ("", "pods/status", &["patch"]),
     // Events (events.k8s.io/v1: created, then patched as a series).
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
-/// Granted only in the operator's own namespace: the leader-election Lease.
-pub const OWN_NAMESPACE: &[(&str, &str, &[&str])] = &[("coordination.k8s.io", "leases", &["create", "get", "update"])];
+/// Granted only in the operator's own namespace: the leader-election Lease, and the root key
+/// Secret created on first start (`keys::load_or_create`).
+pub const OWN_NAMESPACE: &[(&str, &str, &[&str])] = &[("coordination.k8s.io", "leases", &["create", "get", "update"]), ("", "secrets", &["create"])];
+
+/// Granted in the operator's own namespace for the root key Secret only (`resourceNames`): the
+/// one Secret the operator ever reads.
+pub const ROOT_KEY: (&str, &str, &[&str]) = ("", "secrets", &["get"]);

@@ -1,23 +1,27 @@
-//! `kvgate-operator run`: metrics and health server, leader election, and the controller.
+//! `kvgate-operator run`: metrics and health server, leader election, the watches, and the
+//! controller.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use futures::{StreamExt, TryStreamExt};
 use kube::api::Api;
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::cli::RunArgs;
 use crate::crd::InferenceDeployment;
 use crate::leader::Elector;
 use crate::metrics::{self, Health, Metrics};
-use crate::reconcile::{self, Context};
-use crate::render::labels;
+use crate::reconcile::{self, Context, Memory, Settings};
+use crate::tasks::Trigger;
+use crate::tasks::canaries::Canaries;
+use crate::tasks::probes::Probes;
+use crate::tasks::scrapes::Scrapes;
+use crate::watch::{self, Stores};
+use crate::{keys, lifecycle};
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = match &args.kubeconfig {
@@ -50,11 +54,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     ids.list(&kube::api::ListParams::default().limit(1))
         .await
         .map_err(|e| anyhow::anyhow!("listing InferenceDeployments ({e}): is the CRD installed? `kubectl apply -f crds/`"))?;
+    let own_namespace = args.lease_namespace.clone().unwrap_or_else(|| "default".into());
+    let root = keys::load_or_create(&client, &own_namespace, &args.root_key_secret).await?;
     health.ready.store(true, Ordering::SeqCst);
     println!("kvgate-operator: metrics on http://{}", args.metrics_addr);
 
     let identity = args.identity.clone().unwrap_or_else(hostname);
-    let elector = args.leader_elect.then(|| Elector::new(client.clone(), args.lease_namespace.as_deref().unwrap_or("default"), &args.lease_name, &identity));
+    let elector = args.leader_elect.then(|| Elector::new(client.clone(), &own_namespace, &args.lease_name, &identity));
     if let Some(e) = &elector {
         tracing::info!(identity, lease = args.lease_name, "waiting for the leader Lease");
         tokio::select! {
@@ -65,24 +71,49 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     metrics.leader.set(1);
 
-    let (deployments, pods) = match &args.namespace {
-        Some(ns) => (Api::<Deployment>::namespaced(client.clone(), ns), Api::<Pod>::namespaced(client.clone(), ns)),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
+    let (trigger, triggers) = Trigger::new();
+    let http = crate::capacity::client();
+    let probes = Probes::new(http.clone(), trigger.clone());
+    let pods_gone = probes.clone();
+    let stores = Stores::start(&client, args.namespace.as_deref(), &trigger, move |pod| pods_gone.forget_pod(&pod.metadata.uid.clone().unwrap_or_default()));
     let recorder = Recorder::new(client.clone(), Reporter { controller: "kvgate-operator".into(), instance: Some(identity.clone()) });
     let ctx = Arc::new(Context {
-        worker_log_format: args.worker_log_format,
-        ..Context::new(client.clone(), metrics.clone(), recorder, args.worker_image.clone(), args.allowed_host_paths.clone())
+        client: client.clone(),
+        metrics: metrics.clone(),
+        recorder,
+        settings: Settings {
+            worker_image: args.worker_image.clone(),
+            worker_log_format: args.worker_log_format,
+            allowed_host_paths: args.allowed_host_paths.clone(),
+        },
+        root,
+        stores: stores.clone(),
+        probes,
+        scrapes: Scrapes::new(http.clone(), trigger.clone()),
+        canaries: Canaries::new(http, trigger, metrics.clone()),
+        memory: Memory::default(),
     });
-    let managed = watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::OPERATOR));
-    // Pods are owned by ReplicaSets, not by us: map them to their deployment by label.
-    let pod_owner = |pod: Pod| {
-        let name = pod.metadata.labels.as_ref()?.get(labels::INSTANCE)?.clone();
-        Some(ObjectRef::<InferenceDeployment>::new(&name).within(pod.metadata.namespace.as_deref()?))
-    };
-    let controller = Controller::new(ids, watcher::Config::default())
-        .owns(deployments, managed.clone())
-        .watches(pods, watcher::Config::default().labels(&format!("{},{}", labels::INSTANCE, labels::REVISION)), pod_owner)
+    // Nothing is reconciled before every owned kind is listed: "not listed yet" is not "missing".
+    tokio::select! {
+        ready = stores.ready() => ready?,
+        _ = stopped() => return Ok(()),
+    }
+
+    let (deployments, writer) = reflector::store();
+    let (events_ctx, events_store) = (ctx.clone(), deployments.clone());
+    let main = watcher(ids, watcher::Config::default())
+        .default_backoff()
+        .modify(watch::strip)
+        .reflect(writer)
+        .inspect_ok(move |event| match event {
+            watcher::Event::Delete(d) => lifecycle::deleted(&events_ctx, &events_store, d),
+            watcher::Event::InitDone => lifecycle::sweep(&events_ctx, &events_store),
+            _ => {}
+        })
+        .touched_objects();
+    let controller = Controller::for_stream(main, deployments)
+        .with_config(ControllerConfig::default().concurrency(args.concurrency))
+        .reconcile_on(triggers)
         .graceful_shutdown_on(stopped())
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|r| async move {

@@ -269,9 +269,10 @@ fn the_values_platform_teams_expect_render_as_documented() {
 
 type Rules = BTreeMap<(String, String), BTreeSet<String>>;
 
+/// A role's rules without `resourceNames`, as (group, resource) -> verbs.
 fn rules_of(role: &Value) -> Rules {
     let mut out = Rules::new();
-    for r in role["rules"].as_array().unwrap() {
+    for r in role["rules"].as_array().unwrap().iter().filter(|r| r["resourceNames"].is_null()) {
         for g in r["apiGroups"].as_array().unwrap() {
             for res in r["resources"].as_array().unwrap() {
                 let verbs = r["verbs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string());
@@ -296,6 +297,21 @@ fn the_chart_grants_exactly_the_permissions_the_operator_uses() {
         let leader = docs.iter().find(|d| d["kind"] == "Role" && d["metadata"]["name"].as_str().unwrap().ends_with("-leader-election")).unwrap();
         assert_eq!(leader["metadata"]["namespace"], "kvgate-system");
         assert_eq!(rules_of(leader), expected(rbac::OWN_NAMESPACE));
+        // The one Secret it may read: its root key, by name.
+        let named: Vec<&Value> = leader["rules"].as_array().unwrap().iter().filter(|r| !r["resourceNames"].is_null()).collect();
+        let (group, resource, verbs) = rbac::ROOT_KEY;
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert_eq!((named[0]["apiGroups"][0].as_str(), named[0]["resources"][0].as_str()), (Some(group), Some(resource)));
+        assert_eq!(named[0]["verbs"], serde_json::json!(verbs));
+        assert_eq!(named[0]["resourceNames"], serde_json::json!(["kv-kvgate-root-key"]));
+        let operator = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        let args = operator["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
+        assert!(args.iter().any(|a| a == "--root-key-secret=kv-kvgate-root-key"), "{args:?}");
+        // Nowhere may it get, list or watch Secrets beyond that one.
+        for role in docs.iter().filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole") {
+            let secrets = rules_of(role).get(&(String::new(), "secrets".to_string())).cloned().unwrap_or_default();
+            assert!(secrets.iter().all(|v| v == "create"), "{} may {secrets:?} Secrets", role["metadata"]["name"]);
+        }
         let cluster_scoped: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "ClusterRole").collect();
         assert_eq!(cluster_scoped.len(), usize::from(watch_kind == "ClusterRole"), "nothing cluster-wide when one namespace is watched");
     }

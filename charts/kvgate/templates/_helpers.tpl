@@ -52,7 +52,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kvgate.watchRules" -}}
 - apiGroups: ["kvgate.dev"]
   resources: ["inferencedeployments"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 - apiGroups: ["kvgate.dev"]
   resources: ["inferencedeployments/status"]
   verbs: ["patch"]
@@ -61,22 +61,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: ["create", "delete", "list", "patch", "watch"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "list", "patch", "watch"]
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "list", "patch", "watch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "list", "patch", "watch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["rolebindings"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "list", "patch", "watch"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create", "get"]
+  verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
@@ -86,4 +86,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- end -}}
+
+{{/* The Secret holding the operator's root key, in the release namespace. */}}
+{{- define "kvgate.rootKeySecret" -}}
+{{ include "kvgate.fullname" . }}-root-key
 {{- end -}}

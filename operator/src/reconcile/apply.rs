@@ -1,15 +1,18 @@
-//! Apply: writes what `decide` planned. Server-side apply of owned objects (applying what is
-//! already there writes nothing), deletion of those no longer wanted, pod gate conditions,
-//! Events, metrics and status.
+//! Apply: writes what `decide` planned, and only what differs from what the watches show.
+//! Server-side apply of owned objects (skipped when the watched object already holds every
+//! field), deletion of those no longer wanted, pod gate conditions that changed, Events,
+//! metrics and, when it changed, status.
+
+use std::hash::{Hash, Hasher};
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -20,21 +23,38 @@ use super::{Context, Error, MANAGER, event};
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
 use crate::render::{router, secret, workers};
+use crate::watch::{self, diff};
 
-/// Applies `obj` (named by its metadata) in `ns`; unchanged objects are not written.
-pub async fn apply<K>(client: &kube::Client, ns: &str, obj: &K) -> Result<K, Error>
+/// Applies `obj` unless the watched copy in `store` already holds it. Unchanged objects are
+/// never written, and not even sent once the watch shows the version an apply returned.
+async fn apply<K>(ctx: &Context, d: &InferenceDeployment, store: &Store<K>, obj: &K) -> Result<(), Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
 {
-    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let ns = d.namespace().unwrap_or_default();
     let name = obj.meta().name.clone().unwrap_or_default();
     let mut body = serde_json::to_value(obj).expect("k8s objects serialize");
     body["apiVersion"] = K::api_version(&()).into();
     body["kind"] = K::kind(&()).into();
-    api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(Error::api(format!("applying {} {name}", K::kind(&()))))
+    let key = format!("{}/{name}", K::kind(&()));
+    let hash = {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        body.to_string().hash(&mut h);
+        h.finish()
+    };
+    if let Some(seen) = watch::get(store, &ns, &name) {
+        let version = seen.resource_version();
+        if ctx.memory.applied(d, &key, hash, version.as_deref()) || diff::holds(&serde_json::to_value(&*seen).unwrap_or_default(), &body) {
+            return Ok(());
+        }
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
+    let written = api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(Error::api(format!("applying {key}")))?;
+    ctx.memory.set_applied(d, key, hash, written.resource_version());
+    Ok(())
 }
 
-pub async fn delete<K>(client: &kube::Client, ns: &str, name: &str) -> Result<(), Error>
+async fn delete<K>(client: &kube::Client, ns: &str, name: &str) -> Result<(), Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + DeserializeOwned + Clone + std::fmt::Debug,
 {
@@ -49,26 +69,27 @@ where
 /// Writes a plan: the objects every deployment owns, the revision's Deployments, deletions, the
 /// router, pod gate conditions, Events, metrics and, when it changed, status.
 pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Plan) -> Result<(), Error> {
-    let client = &ctx.client;
+    let stores = &ctx.stores;
     let ns = d.namespace().unwrap_or_else(|| "default".into());
     let name = d.name_any();
+    let log = ctx.settings.worker_log_format;
     ensure_secret(ctx, d, &ns).await?;
     for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
-        apply::<Service>(client, &ns, &svc).await?;
+        apply(ctx, d, &stores.services, &svc).await?;
     }
-    apply::<ServiceAccount>(client, &ns, &router::service_account(d)).await?;
-    apply::<RbacRole>(client, &ns, &router::role(d)).await?;
-    apply::<RoleBinding>(client, &ns, &router::role_binding(d)).await?;
+    apply(ctx, d, &stores.service_accounts, &router::service_account(d)).await?;
+    apply(ctx, d, &stores.roles, &router::role(d)).await?;
+    apply(ctx, d, &stores.role_bindings, &router::role_binding(d)).await?;
     for w in &plan.workers {
-        apply::<Deployment>(client, &ns, &workers::deployment(d, w.role, &w.revision, image, w.replicas, ctx.worker_log_format)).await?;
+        apply(ctx, d, &stores.deployments, &workers::deployment(d, w.role, &w.revision, image, w.replicas, log)).await?;
     }
     for dep in &plan.delete {
-        delete::<Deployment>(client, &ns, dep).await?;
+        delete::<Deployment>(&ctx.client, &ns, dep).await?;
     }
     if let Some(window) = plan.router_window {
-        apply::<Deployment>(client, &ns, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window, ctx.worker_log_format)).await?;
+        apply(ctx, d, &stores.deployments, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window, log)).await?;
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     for gate in &plan.pod_gates {
         let since = gate.since.clone().unwrap_or_else(|| Time(Timestamp::now()));
         let patch = json!({ "status": { "conditions": [{
@@ -83,13 +104,13 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         }
     }
     let reference = d.object_ref(&());
-    if let Some(reason) = &plan.refused_reason {
-        ctx.metrics.refused.with_label_values(&[reason]).inc();
-        tracing::warn!(%name, %ns, reason, "rollout refused");
+    if let Some(reason) = plan.refused_reason {
+        ctx.metrics.refused.with_label_values(&[reason.as_str()]).inc();
+        tracing::warn!(%name, %ns, %reason, "rollout refused");
     }
     if let Some(reason) = plan.rollback {
-        ctx.metrics.rollbacks.with_label_values(&[reason]).inc();
-        tracing::warn!(%name, %ns, reason, "rolled back");
+        ctx.metrics.rollbacks.with_label_values(&[reason.as_str()]).inc();
+        tracing::warn!(%name, %ns, %reason, "rolled back");
     }
     for e in &plan.events {
         let kind = if e.warning { EventType::Warning } else { EventType::Normal };
@@ -103,30 +124,28 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
 }
 
 /// Writes the whole status (server-side apply: fields left out would be dropped).
-pub async fn status(ctx: &Context, d: &InferenceDeployment, status: &InferenceDeploymentStatus) -> Result<(), Error> {
+async fn status(ctx: &Context, d: &InferenceDeployment, status: &InferenceDeploymentStatus) -> Result<(), Error> {
     let api: Api<InferenceDeployment> = Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_else(|| "default".into()));
     let body = json!({ "apiVersion": InferenceDeployment::api_version(&()), "kind": InferenceDeployment::kind(&()), "status": status });
-    api.patch_status(&d.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(Error::api("writing status"))?;
+    let written = api.patch_status(&d.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(Error::api("writing status"))?;
+    ctx.memory.wrote_status(d, written.resource_version().as_deref(), status);
     Ok(())
 }
 
-/// Creates the generated handoff Secret once; never rewrites it. An existing Secret is
-/// recognised by the create's 409, once per operator process.
+/// Creates the deployment's handoff Secret (its name carries the UID; its bytes derive from the
+/// root key) once per UID. The operator cannot read Secrets, so "it exists" is learnt from its own
+/// create or the create's 409, and forgotten when a pod reports the Secret missing.
 async fn ensure_secret(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<(), Error> {
-    if d.spec.handoff.secret_name.is_some() {
+    if ctx.memory.secret_created(d) {
         return Ok(());
     }
     let name = secret::secret_name(d);
-    let key = format!("{ns}/{name}");
-    if ctx.secrets_created.lock().unwrap().contains(&key) {
-        return Ok(());
-    }
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &secret::generated(d)).await {
-        Ok(_) => tracing::info!(secret = name, namespace = ns, "generated the handoff secret"),
+    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &secret::generated(d, &ctx.root)).await {
+        Ok(_) => tracing::info!(secret = name, namespace = ns, "created the handoff secret"),
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(Error::api(format!("creating Secret {name}"))(e)),
     }
-    ctx.secrets_created.lock().unwrap().insert(key);
+    ctx.memory.set_secret_created(d, true);
     Ok(())
 }

@@ -1,64 +1,60 @@
 //! The reconciler: level-triggered and idempotent. Each pass is `rollout::reconcile`: observe
-//! (reads only) -> decide (pure) -> apply (server-side apply with one field manager: applying what
-//! is already there writes nothing; status only when it changed).
+//! (reads the watch-fed stores and the background tasks' results; no API call, no wait) ->
+//! decide (pure) -> apply (writes only what differs from what the watches show).
 
 pub mod apply;
-pub mod bake;
 pub mod decide;
+pub mod memory;
 pub mod observe;
+pub mod pod_problems;
 pub mod rollout;
 pub mod status;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
+use kvgate_telemetry::LogFormat;
 
 use crate::crd::InferenceDeployment;
+use crate::keys::RootKey;
 use crate::metrics::Metrics;
+use crate::tasks::canaries::Canaries;
+use crate::tasks::probes::Probes;
+use crate::tasks::scrapes::Scrapes;
+use crate::watch::Stores;
+
+pub use memory::Memory;
 
 /// The field manager of everything the operator writes.
 pub const MANAGER: &str = "kvgate-operator";
 
-pub struct Context {
-    pub client: kube::Client,
-    pub http: reqwest::Client,
-    pub metrics: Metrics,
-    pub recorder: Recorder,
+/// How the operator renders the pods it owns.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The worker image of deployments that name none.
     pub worker_image: String,
-    /// `--log-format` of the worker pods it renders.
-    pub worker_log_format: kvgate_telemetry::LogFormat,
+    /// `--log-format` of the worker pods.
+    pub worker_log_format: LogFormat,
     /// Node directories a hostPath model may be under (see `host_paths`).
     pub allowed_host_paths: Vec<String>,
-    /// Consecutive failures per object, for the retry backoff.
-    pub failures: Mutex<HashMap<String, u32>>,
-    /// Generated handoff Secrets known to exist (`namespace/name`), learnt from the operator's own
-    /// create (or its 409), so each is created once.
-    pub secrets_created: Mutex<std::collections::HashSet<String>>,
 }
 
-impl Context {
-    pub fn new(client: kube::Client, metrics: Metrics, recorder: Recorder, worker_image: String, allowed_host_paths: Vec<String>) -> Self {
-        Context {
-            client,
-            http: crate::capacity::client(),
-            metrics,
-            recorder,
-            worker_image,
-            worker_log_format: kvgate_telemetry::LogFormat::Json,
-            allowed_host_paths,
-            failures: Mutex::default(),
-            secrets_created: Mutex::default(),
-        }
-    }
-}
-
-fn key(d: &InferenceDeployment) -> String {
-    format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any())
+pub struct Context {
+    pub client: kube::Client,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    pub settings: Settings,
+    /// Every deployment's handoff secret derives from it (`keys`).
+    pub root: RootKey,
+    pub stores: Stores,
+    pub probes: Arc<Probes>,
+    pub scrapes: Arc<Scrapes>,
+    pub canaries: Arc<Canaries>,
+    pub memory: Memory,
 }
 
 /// 1 s, 2 s, 4 s ... up to 256 s after consecutive failures.
@@ -83,9 +79,6 @@ pub enum Error {
     /// The API server could not be reached or failed (network, 5xx, timeouts).
     #[error("{what}: {source}")]
     Api { what: String, source: kube::Error },
-    /// The integrity canary could not start (its handoff secret is gone).
-    #[error("the integrity canary cannot run: {0}")]
-    Canary(String),
 }
 
 impl Error {
@@ -107,7 +100,6 @@ impl Error {
             Error::Conflict { .. } => "Conflict",
             Error::Rejected { .. } => "ObjectRejected",
             Error::Api { .. } => "ApiUnavailable",
-            Error::Canary(_) => "CanaryNotRun",
         }
     }
 
@@ -116,7 +108,7 @@ impl Error {
     pub fn retry_after(&self, failures: u32) -> Duration {
         match self {
             Error::Conflict { .. } => Duration::from_secs(1),
-            Error::Api { .. } | Error::Canary(_) => backoff(failures),
+            Error::Api { .. } => backoff(failures),
             Error::Forbidden { .. } | Error::Rejected { .. } => backoff(failures).max(Duration::from_secs(60)),
         }
     }
@@ -126,7 +118,7 @@ pub async fn reconcile(d: Arc<InferenceDeployment>, ctx: Arc<Context>) -> Result
     let started = Instant::now();
     let result = rollout::reconcile(&d, &ctx).await;
     if result.is_ok() {
-        ctx.failures.lock().unwrap().remove(&key(&d));
+        ctx.memory.succeeded(&d);
     }
     ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
     ctx.metrics.reconciles.with_label_values(&[if result.is_ok() { "success" } else { "error" }]).inc();
@@ -135,12 +127,7 @@ pub async fn reconcile(d: Arc<InferenceDeployment>, ctx: Arc<Context>) -> Result
 
 /// Failed reconciles are retried with exponential backoff and become Warning Events.
 pub fn error_policy(d: Arc<InferenceDeployment>, err: &Error, ctx: Arc<Context>) -> Action {
-    let failures = {
-        let mut map = ctx.failures.lock().unwrap();
-        let n = map.entry(key(&d)).or_insert(0);
-        *n += 1;
-        *n
-    };
+    let failures = ctx.memory.failed(&d);
     let retry = err.retry_after(failures);
     tracing::warn!(name = d.name_any(), namespace = d.namespace(), error = %err, reason = err.reason(), failures, ?retry, "reconcile failed");
     let ctx = ctx.clone();

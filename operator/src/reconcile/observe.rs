@@ -1,20 +1,23 @@
-//! Observe: everything one reconcile reads, and nothing it writes. The object itself (re-read,
-//! not the watch cache), the Deployments it owns, and the pods of its workers with their
-//! capacity reports (verified with the deployment's handoff secret) and gate conditions.
+//! Observe: everything one reconcile reads, and nothing it writes; no API call and no wait. The
+//! Deployments it owns and the pods of its workers come from the watch-fed stores; each pod's
+//! capacity report (verified with the deployment's derived key), the mismatch counters and the
+//! canary's result from the background tasks, which this asks for what it will need next.
 
-use futures::future::join_all;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, PodCondition, Secret};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::runtime::reflector::ObjectRef;
 use kvgate_proto::CapacityReport;
-use kvgate_proto::auth::DeploymentKey;
 
-use super::{Context, Error};
-use crate::crd::InferenceDeployment;
+use super::Context;
+use super::pod_problems::{self, StuckPod};
+use crate::crd::{CanaryStatus, InferenceDeployment};
 use crate::gate::{self, Role};
-use crate::render::{labels, router, secret};
-use crate::scrape;
+use crate::render::{labels, router};
+use crate::tasks::probes::Target;
+
+pub use crate::capacity::NoReport;
 
 /// A Deployment this InferenceDeployment owns for one revision of its workers.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,20 +42,6 @@ pub struct WorkerPod {
     pub condition: Option<PodCondition>,
 }
 
-/// Why a pod has no report: not running yet, unreachable, not a report, or one that does not
-/// verify as this pod's (`reason` is the gate condition's).
-#[derive(Debug, Clone, PartialEq)]
-pub struct NoReport {
-    pub reason: &'static str,
-    pub message: String,
-}
-
-impl NoReport {
-    pub fn waiting(message: impl Into<String>) -> Self {
-        NoReport { reason: "AwaitingCapacityReport", message: message.into() }
-    }
-}
-
 /// The world as one reconcile found it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct World {
@@ -62,7 +51,14 @@ pub struct World {
     pub pods: Vec<WorkerPod>,
     /// The deployment's worker pods' `kvgate_handoff_mismatch_total`, summed by reason; read
     /// only while a promotion or a bake may need it.
-    pub mismatches: Option<std::collections::BTreeMap<String, u64>>,
+    pub mismatches: Option<BTreeMap<String, u64>>,
+    /// The spec's revision's integrity canary, once a run of it finished.
+    pub canary: Option<CanaryStatus>,
+    /// Pods of the deployment (any role) that cannot start.
+    pub stuck: Vec<StuckPod>,
+    /// Running pods this process has not read a report from yet: nothing is decided about
+    /// them until it has (their reads wake the next pass).
+    pub unread: Vec<String>,
 }
 
 impl World {
@@ -76,26 +72,24 @@ impl World {
     }
 }
 
-/// The object as it is now: the watch cache may lag our own last status write, and decisions
-/// (refuse once, promote once) are taken on what is stored.
-pub async fn object(ctx: &Context, ns: &str, name: &str) -> Result<Option<InferenceDeployment>, Error> {
-    let api: Api<InferenceDeployment> = Api::namespaced(ctx.client.clone(), ns);
-    api.get_opt(name).await.map_err(Error::api(format!("reading InferenceDeployment {name}")))
-}
-
-/// The world, and the deployment's handoff key (or why there is none), which verified the
-/// reports and which the canary signs with.
-pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<(World, Result<DeploymentKey, String>), Error> {
-    let ns = d.namespace().unwrap_or_else(|| "default".into());
+/// The world of `d`, whose spec asks for `revision`.
+pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
+    let ns = d.namespace().unwrap_or_default();
     let name = d.name_any();
-    // One list of the instance's Deployments: the workers' (one per revision) and the router's.
-    let instance = ListParams::default().labels(&format!("{}={name}", labels::INSTANCE));
-    let deployments_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let listed = deployments_api.list(&instance).await.map_err(Error::api("listing Deployments"))?;
-    let ready = |dep: &Deployment| dep.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+    let uid = d.uid().unwrap_or_default();
+    let owner = ObjectRef::from_obj(d);
+    let ready = |dep: &k8s_openapi::api::apps::v1::Deployment| dep.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+    let owned: Vec<_> = ctx
+        .stores
+        .deployments
+        .state()
+        .into_iter()
+        .filter(|dep| dep.namespace().as_deref() == Some(&ns) && dep.metadata.deletion_timestamp.is_none())
+        .filter(|dep| dep.owner_references().iter().any(|o| o.uid == uid))
+        .collect();
     let router_name = router::router_name(d);
-    let router_ready = listed.iter().find(|dep| dep.name_any() == router_name).map(ready);
-    let deployments = listed
+    let router_ready = owned.iter().find(|dep| dep.name_any() == router_name).map(|dep| ready(dep));
+    let deployments = owned
         .iter()
         .filter_map(|dep| {
             let revision = dep.labels().get(labels::REVISION)?.clone();
@@ -103,13 +97,19 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<(World, Res
             Some(OwnedDeployment { revision, ready: ready(dep), name: dep.name_any(), image })
         })
         .collect();
-    let mine = ListParams::default().labels(&format!("{}={name},{}", labels::INSTANCE, labels::REVISION));
 
-    let key = handoff_key(ctx, d, &ns).await;
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let listed = pods_api.list(&mine).await.map_err(Error::api("listing pods"))?;
-    let workers: Vec<(Role, Pod)> = listed
-        .into_iter()
+    let pods: Vec<_> = ctx.stores.pods.state().into_iter().filter(|p| belongs(p, &ns, &name, &uid)).collect();
+    let stuck = pods
+        .iter()
+        .filter_map(|p| {
+            let (reason, message) = pod_problems::cannot_start(p)?;
+            Some(StuckPod { pod: p.name_any(), revision: p.labels().get(labels::REVISION).cloned(), reason, message })
+        })
+        .collect();
+    let key = ctx.root.deployment_key(&uid);
+    let mut unread = Vec::new();
+    let workers: Vec<WorkerPod> = pods
+        .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| {
             let role = match p.labels().get(labels::COMPONENT).map(String::as_str) {
@@ -117,61 +117,65 @@ pub async fn world(ctx: &Context, d: &InferenceDeployment) -> Result<(World, Res
                 Some("decode") => Role::Decode,
                 _ => return None,
             };
-            Some((role, p))
+            let status = p.status.as_ref();
+            let ip = status.and_then(|s| s.pod_ip.clone());
+            let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+            let report = match &ip {
+                _ if phase != "Running" => Err(NoReport::waiting(format!("the pod is {phase}, not Running"))),
+                None => Err(NoReport::waiting("the pod has no IP yet")),
+                Some(ip) => match ctx.probes.read(&Target {
+                    pod_uid: p.uid().unwrap_or_default(),
+                    pod: p.name_any(),
+                    ip: ip.clone(),
+                    port: role.port(),
+                    restarts: restarts(p),
+                    owner: owner.clone(),
+                    owner_uid: uid.clone(),
+                    key: key.clone(),
+                }) {
+                    Some(report) => report,
+                    None => {
+                        unread.push(p.name_any());
+                        Err(NoReport::waiting("reading the pod's capacity report"))
+                    }
+                },
+            };
+            let condition = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == gate::CONDITION)).cloned();
+            Some(WorkerPod { revision: p.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: p.name_any(), role, ip, report, condition })
         })
         .collect();
-    let key = &key;
-    let pods = join_all(workers.into_iter().map(|(role, pod)| async move {
-        let report = match key {
-            Ok(key) => report(ctx, role, &pod, key).await,
-            Err(why) => Err(NoReport::waiting(why.clone())),
-        };
-        let condition = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == gate::CONDITION)).cloned();
-        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
-        WorkerPod { revision: pod.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: pod.name_any(), role, ip, report, condition }
-    }))
-    .await;
-    // The mismatch counters matter when a promotion (the bake's baseline) or a bake may happen.
+
+    let canary = ctx.canaries.result(&uid, revision);
+    let mismatches = mismatches_wanted(d, revision, canary.as_ref()).then(|| {
+        let targets = workers.iter().filter_map(|p| Some((p.ip.clone()?, p.role.port()))).collect();
+        let counters = ctx.scrapes.want(&owner, &uid, targets)?;
+        // A promotion's baseline must cover every pod; a bake judges on whatever answered.
+        let baking = d.status.as_ref().is_some_and(|s| s.bake.is_some());
+        (counters.complete || baking).then_some(counters.by_reason)
+    });
+    World { deployments, router_ready, pods: workers, mismatches: mismatches.flatten(), canary, stuck, unread }
+}
+
+/// A pod of this deployment: its instance label, and (pods rendered since UIDs were labelled)
+/// its deployment's UID, so the pods of a deleted namesake still terminating are not counted.
+fn belongs(p: &Pod, ns: &str, name: &str, uid: &str) -> bool {
+    p.namespace().as_deref() == Some(ns)
+        && p.labels().get(labels::INSTANCE).map(String::as_str) == Some(name)
+        && p.labels().get(labels::DEPLOYMENT_UID).is_none_or(|u| u == uid)
+}
+
+/// The worker container's restart count.
+fn restarts(p: &Pod) -> i32 {
+    p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|cs| cs.first()).map_or(0, |c| c.restart_count)
+}
+
+/// The mismatch counters matter during a bake, and when a promotion over a serving revision may
+/// start one (its baseline).
+fn mismatches_wanted(d: &InferenceDeployment, revision: &str, canary: Option<&CanaryStatus>) -> bool {
     let status = d.status.clone().unwrap_or_default();
-    let promotable = status.canary.as_ref().is_some_and(|c| c.passed && status.current_revision.as_ref() != Some(&c.revision));
-    let mismatches = if status.bake.is_some() || promotable || d.spec.rollout.canary.prompts == 0 { mismatches(ctx, &pods).await } else { None };
-    Ok((World { deployments, router_ready, pods, mismatches }, key.clone()))
-}
-
-/// Every running worker pod's handoff mismatch counters, summed by reason (`None` when none
-/// answered).
-async fn mismatches(ctx: &Context, pods: &[WorkerPod]) -> Option<std::collections::BTreeMap<String, u64>> {
-    let reads = join_all(pods.iter().filter_map(|p| Some((p.ip.as_deref()?, p.role.port()))).map(|(ip, port)| scrape::metrics(&ctx.http, ip, port))).await;
-    let mut total = std::collections::BTreeMap::new();
-    let mut any = false;
-    for text in reads.into_iter().flatten() {
-        any = true;
-        for (reason, n) in scrape::family_by(&text, scrape::MISMATCHES, "reason") {
-            *total.entry(reason).or_insert(0) += n as u64;
-        }
-    }
-    any.then_some(total)
-}
-
-/// The deployment's handoff secret as MAC keys; without it no report can be verified.
-async fn handoff_key(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<DeploymentKey, String> {
-    let name = secret::secret_name(d);
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let found = api.get_opt(&name).await.map_err(|e| format!("reading the handoff Secret {name}: {e}"))?;
-    let bytes = found
-        .and_then(|s| s.data)
-        .and_then(|mut data| data.remove(secret::KEY))
-        .ok_or_else(|| format!("the handoff Secret {name} (key `{}`) does not exist yet, so no report can be verified", secret::KEY))?;
-    // A secret the workers would trim (`echo > file`) is the same secret here.
-    DeploymentKey::new(bytes.0.trim_ascii_end()).map_err(|e| format!("the handoff Secret {name}: {e}"))
-}
-
-async fn report(ctx: &Context, role: Role, pod: &Pod, key: &DeploymentKey) -> Result<CapacityReport, NoReport> {
-    let status = pod.status.as_ref();
-    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
-    if phase != "Running" {
-        return Err(NoReport::waiting(format!("the pod is {phase}, not Running")));
-    }
-    let ip = status.and_then(|s| s.pod_ip.as_deref()).ok_or_else(|| NoReport::waiting("the pod has no IP yet"))?;
-    crate::capacity::read(&ctx.http, ip, role.port(), &pod.name_any(), key).await.map_err(|e| NoReport { reason: e.reason(), message: e.to_string() })
+    let rollout = &d.spec.rollout;
+    let canary_done =
+        rollout.canary.prompts == 0 || canary.is_some_and(|c| c.passed) || status.canary.as_ref().is_some_and(|c| c.revision == revision && c.passed);
+    let promotable = status.current_revision.as_deref().is_some_and(|c| c != revision) && rollout.bake_seconds > 0 && canary_done;
+    status.bake.is_some() || promotable
 }

@@ -1,10 +1,18 @@
-//! The status an InferenceDeployment gets from what one reconcile observed. Pure.
+//! The status an InferenceDeployment gets from what one reconcile observed and decided. Pure.
+//! It says only what was observed: a canary runs only once every pod was verified, and a pod
+//! that cannot start is named with its own reason and message.
 
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PROGRESSING, ROLLOUT_REFUSED};
-use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
+use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
 use crate::gate::{Role, Verdict};
+use crate::rollout_state::{Phase, RefusalReason};
 
 use super::decide::Verification;
+
+/// The `Degraded` condition's reason when a serving pod fails the gate.
+pub const SERVING_POD_UNVERIFIED: &str = "ServingPodUnverified";
+/// A condition's reason when pods cannot start (image, configuration, crash loop, OOM).
+pub const PODS_CANNOT_START: &str = "PodsCannotStart";
 
 /// What the reconcile saw and decided.
 #[derive(Debug, Clone)]
@@ -22,12 +30,19 @@ pub struct Observed {
     /// Ready pods of `shown()`: prefill, decode.
     pub ready: [i32; 2],
     pub router_ready: i32,
-    /// The candidate's pools are verified and its pods wait for the integrity canary.
+    /// Every pod of the candidate is verified and its integrity canary runs.
     pub canary_running: bool,
+    /// `status.canary` after this pass.
+    pub canary: Option<CanaryStatus>,
     /// Why each serving pod that no longer passes the gate fails it.
     pub unverified: Vec<String>,
+    /// Pods that cannot start, described with their own reason and message: the candidate's,
+    /// the serving revision's, the router's.
+    pub candidate_stuck: Vec<String>,
+    pub serving_stuck: Vec<String>,
+    pub router_stuck: Vec<String>,
     /// The bake in progress after this pass.
-    pub bake: Option<crate::crd::BakeStatus>,
+    pub bake: Option<BakeStatus>,
 }
 
 impl Observed {
@@ -37,9 +52,11 @@ impl Observed {
     }
 }
 
-/// The `Degraded` condition's message: the serving revision and why each pod fails.
-pub fn degraded_message(serving: &str, unverified: &[String]) -> String {
-    format!("serving revision {serving}: {}; those pods take no traffic", unverified.join("; "))
+/// The `Degraded` condition's message: the serving revision, why each pod fails the gate, and
+/// which cannot start.
+pub fn degraded_message(serving: &str, unverified: &[String], stuck: &[String]) -> String {
+    let problems: Vec<&str> = unverified.iter().chain(stuck).map(String::as_str).collect();
+    format!("serving revision {serving}: {}; those pods take no traffic", problems.join("; "))
 }
 
 pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Observed) -> InferenceDeploymentStatus {
@@ -67,6 +84,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         verified_replicas: 0,
         min_measured_tokens: None,
     };
+    let stuck = |pods: &[String]| pods.join("; ");
 
     let mut conds = prev.conditions.clone();
     let available = o.serving.is_some() && o.router_ready > 0 && o.ready[0] > 0 && o.ready[1] > 0;
@@ -82,7 +100,9 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     let (reason, message) = match (&o.serving, available, refused_now) {
         (_, true, _) => ("Serving", serving_text.clone()),
         (None, _, Some(r)) => ("RolloutRefused", format!("never available: {}", r.message)),
+        (None, _, None) if !o.candidate_stuck.is_empty() => (PODS_CANNOT_START, format!("never available: {}", stuck(&o.candidate_stuck))),
         (None, _, None) => ("AwaitingVerification", "the first revision's pods are not all verified and Ready yet".to_string()),
+        (Some(_), false, _) if !o.router_stuck.is_empty() => (PODS_CANNOT_START, format!("{serving_text}; {}", stuck(&o.router_stuck))),
         (Some(_), false, _) => ("NotEnoughReadyPods", serving_text.clone()),
     };
     conditions::set(&mut conds, AVAILABLE, available, reason, message, generation);
@@ -92,19 +112,19 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         ("RolloutRefused", format!("revision {} refused; change the spec to try again", r.revision))
     } else if rolled_out {
         ("RolloutComplete", format!("revision {} is serving", o.spec_revision))
+    } else if !o.candidate_stuck.is_empty() {
+        (PODS_CANNOT_START, format!("revision {}: {}", o.spec_revision, stuck(&o.candidate_stuck)))
+    } else if o.canary_running {
+        ("IntegrityCanary", format!("revision {}: every pod's KV pool verified; the integrity canary runs before any pod takes traffic", o.spec_revision))
     } else {
         let v = &o.candidate;
         let count = |r: Role| format!("{}/{}", v.verified.get(&r).copied().unwrap_or(0), d.spec.worker(r).replicas);
-        if o.canary_running {
-            ("IntegrityCanary", format!("revision {}: every pod's KV pool verified; the integrity canary runs before any pod takes traffic", o.spec_revision))
-        } else {
-            ("VerifyingKVPools", format!("revision {}: {} prefill and {} decode pods verified", o.spec_revision, count(Role::Prefill), count(Role::Decode)))
-        }
+        ("VerifyingKVPools", format!("revision {}: {} prefill and {} decode pods verified", o.spec_revision, count(Role::Prefill), count(Role::Decode)))
     };
     conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation);
 
     let (ok, reason, message) = match (refused_now, &o.candidate.verdict, rolled_out) {
-        (Some(r), _, _) => (false, r.reason.clone(), r.message.clone()),
+        (Some(r), _, _) => (false, r.reason.to_string(), r.message.clone()),
         (None, _, true) => (
             true,
             "KVPoolVerified".to_string(),
@@ -120,41 +140,38 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     conditions::set(&mut conds, CAPACITY_VERIFIED, ok, &reason, message, generation);
 
     let (reason, message) = match refused_now {
-        Some(r) => (r.reason.clone(), format!("revision {}: {}", r.revision, r.message)),
+        Some(r) => (r.reason.to_string(), format!("revision {}: {}", r.revision, r.message)),
         None => ("NotRefused".to_string(), String::new()),
     };
     conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), &reason, message, generation);
 
-    let (reason, message) = match (&o.serving, o.unverified.is_empty()) {
-        (Some(s), false) => ("ServingPodUnverified", degraded_message(s, &o.unverified)),
-        (Some(s), true) => ("ServingPodsVerified", format!("every pod of serving revision {s} passes the gate")),
-        (None, _) => ("NoServingRevision", "no revision serves yet".to_string()),
+    let degraded = o.serving.is_some() && !(o.unverified.is_empty() && o.serving_stuck.is_empty());
+    let (reason, message) = match &o.serving {
+        Some(s) if !o.unverified.is_empty() => (SERVING_POD_UNVERIFIED, degraded_message(s, &o.unverified, &o.serving_stuck)),
+        Some(s) if !o.serving_stuck.is_empty() => (PODS_CANNOT_START, degraded_message(s, &o.unverified, &o.serving_stuck)),
+        Some(s) => ("ServingPodsVerified", format!("every pod of serving revision {s} passes the gate")),
+        None => ("NoServingRevision", "no revision serves yet".to_string()),
     };
-    conditions::set(&mut conds, DEGRADED, !o.unverified.is_empty(), reason, message, generation);
+    conditions::set(&mut conds, DEGRADED, degraded, reason, message, generation);
 
-    let phase = if refused_now.is_some_and(|r| r.reason == super::bake::HANDOFF_INTEGRITY_VIOLATION) {
-        "RolledBack"
-    } else if refused_now.is_some() {
-        "Refused"
-    } else if o.bake.is_some() && rolled_out {
-        "Baking"
-    } else if rolled_out && available {
-        "Available"
-    } else if o.canary_running {
-        "Canary"
-    } else {
-        "Progressing"
+    let phase = match refused_now {
+        Some(r) if r.reason == RefusalReason::HandoffIntegrityViolation => Phase::RolledBack,
+        Some(_) => Phase::Refused,
+        None if o.bake.is_some() && rolled_out => Phase::Baking,
+        None if rolled_out && available => Phase::Available,
+        None if o.canary_running => Phase::Canary,
+        None => Phase::Progressing,
     };
     InferenceDeploymentStatus {
         observed_generation: generation,
-        phase: Some(phase.into()),
+        phase: Some(phase),
         ready: Some(format!("{}/{}/{}", o.router_ready, o.ready[0], o.ready[1])),
         conditions: conds,
         current_revision: o.serving.clone(),
         current_context_window: o.serving_window,
         candidate_revision: (!rolled_out && refused_now.is_none()).then(|| o.spec_revision.clone()),
         refused_revision: o.refused.clone(),
-        canary: prev.canary.clone(),
+        canary: o.canary.clone(),
         bake: o.bake.clone(),
         prefill: Some(prefill),
         decode: Some(decode),

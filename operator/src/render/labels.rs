@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 pub const INSTANCE: &str = "app.kubernetes.io/instance";
 pub const COMPONENT: &str = "app.kubernetes.io/component";
 pub const REVISION: &str = "kvgate.dev/revision";
+/// On pods: the UID of their InferenceDeployment (a deleted namesake's pods are not its own).
+pub const DEPLOYMENT_UID: &str = "kvgate.dev/deployment-uid";
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const OPERATOR: &str = "kvgate-operator";
 
@@ -29,6 +31,11 @@ pub fn revision_selector(name: &str, role: &str, revision: &str) -> BTreeMap<Str
     let mut s = role_selector(name, role);
     s.insert(REVISION.to_string(), revision.to_string());
     s
+}
+
+/// Labels of a pod template: the object's labels and the deployment's UID.
+pub fn pod(base: BTreeMap<String, String>, uid: Option<&str>) -> BTreeMap<String, String> {
+    with(base, uid.map(|u| (DEPLOYMENT_UID.to_string(), u.to_string())).into_iter().collect())
 }
 
 pub fn with(mut base: BTreeMap<String, String>, extra: BTreeMap<String, String>) -> BTreeMap<String, String> {

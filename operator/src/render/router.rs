@@ -53,7 +53,10 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, log
             replicas: Some(r.replicas),
             selector: LabelSelector { match_labels: Some(selector.clone()), ..Default::default() },
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels::with(labels::common(n), selector)), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels::pod(labels::with(labels::common(n), selector), d.metadata.uid.as_deref())),
+                    ..Default::default()
+                }),
                 spec: Some(PodSpec {
                     service_account_name: Some(router_name(d)),
                     containers: vec![Container {

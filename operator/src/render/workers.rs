@@ -138,7 +138,7 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
     let n = name(d);
     let r = d.spec.worker(role);
     let selector = labels::revision_selector(n, role.as_str(), revision);
-    let pod_labels = labels::with(labels::common(n), selector.clone());
+    let pod_labels = labels::pod(labels::with(labels::common(n), selector.clone()), d.metadata.uid.as_deref());
     let (_, model_volume) = model_flag(d);
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
     let mut mounts: Vec<VolumeMount> =
@@ -248,7 +248,7 @@ mod tests {
         assert_eq!(dep.spec.replicas, Some(3));
         let pod = dep.spec.template.spec.unwrap();
         assert_eq!(pod.readiness_gates.unwrap()[0].condition_type, gate::CONDITION);
-        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff"));
+        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff-uid-1"));
         assert_eq!(pod.automount_service_account_token, Some(false));
         let c = &pod.containers[0];
         let args = c.args.clone().unwrap();
@@ -276,7 +276,7 @@ mod tests {
     fn prefill_pods_get_their_pool_flags_and_the_secret_but_no_token() {
         let dep = deployment(&d(spec()), Role::Prefill, "abc", "img:1", 2, LogFormat::Json);
         let pod = dep.spec.template.spec.unwrap();
-        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff"));
+        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff-uid-1"));
         assert_eq!(pod.automount_service_account_token, Some(false));
         let args = pod.containers[0].args.clone().unwrap();
         assert!(args.contains(&"--kv-pool-tokens=4096".to_string()) && args.contains(&"--kv-dtype=bf16".to_string()), "{args:?}");
@@ -306,7 +306,7 @@ mod tests {
         {
             assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
         }
-        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff"));
+        assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff-uid-1"));
         // Liveness asks whether the process works, readiness whether it can serve: a router
         // without verified peers is not ready, but must not be restarted for it.
         let c = &pod.containers[0];

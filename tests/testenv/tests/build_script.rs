@@ -68,7 +68,11 @@ fn no_script_pipes_into_a_reader_that_exits_early() {
             }
         }
     }
-    assert!(offenders.is_empty(), "pipes that die with SIGPIPE (141) under pipefail; capture the output and cut it (first_line in tests/go-build.sh):\n{}", offenders.join("\n"));
+    assert!(
+        offenders.is_empty(),
+        "pipes that die with SIGPIPE (141) under pipefail; capture the output and cut it (first_line in tests/go-build.sh):\n{}",
+        offenders.join("\n")
+    );
 }
 
 /// The repository's shell scripts and Makefile, outside target/ and .git/.
@@ -80,7 +84,7 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
             if !matches!(name.as_str(), "target" | ".git" | "node_modules") {
                 collect(&path, out);
             }
-        } else if name.ends_with(".sh") || name == "Makefile" || path.parent().is_some_and(|p| p.ends_with(".ci")) {
+        } else if name.ends_with(".sh") || name == "Makefile" || path.parent().and_then(|p| p.file_name()).is_some_and(|d| d == ".ci") {
             out.push(path);
         }
     }

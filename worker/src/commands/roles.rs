@@ -173,7 +173,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         (Some(prefill), Some(decode)) => {
             let client = kube::Client::try_default().await.context("connecting to the API server for peer discovery")?;
             let services = discovery::Services { namespace: args.namespace.clone(), prefill: prefill.clone(), decode: decode.clone() };
-            tokio::spawn(discovery::run(client, services, backend.peers.clone(), backend.http.clone(), Duration::from_secs(1)));
+            tokio::spawn(discovery::run(client, services, backend.peers.clone(), backend.http.clone()));
             format!("peers from EndpointSlices of services {prefill} and {decode} in {}", args.namespace)
         }
         _ => format!("prefill {:?}, decode {:?}", args.prefill, args.decode),

@@ -1,12 +1,16 @@
-//! In-cluster peer discovery: the router reads the ready endpoints of the prefill and decode
-//! Services' EndpointSlices. A pod is ready there only once the operator has verified its KV
-//! pool (the `kvgate.dev/kv-pool-verified` readiness gate), so unverified pods get no traffic.
+//! In-cluster peer discovery: the router watches the EndpointSlices of the prefill and decode
+//! Services and keeps its peers equal to their ready endpoints. A pod is ready there only once
+//! the operator has verified its KV pool (the `kvgate.dev/kv-pool-verified` readiness gate), so
+//! unverified pods get no traffic. One watch, no polling: a readiness change reaches the router
+//! as soon as the API server publishes it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 
 use super::peers::{PeerRole, Peers};
 
@@ -37,26 +41,39 @@ pub fn ready_addresses(slices: &[EndpointSlice]) -> Vec<String> {
     out
 }
 
-/// Polls the EndpointSlices every `every` and keeps `peers` equal to their ready endpoints.
-pub async fn run(client: kube::Client, services: Services, peers: Arc<Peers>, http: reqwest::Client, every: Duration) {
+/// The label EndpointSlices carry with their Service's name.
+const SERVICE_NAME: &str = "kubernetes.io/service-name";
+
+/// Watches both Services' EndpointSlices and keeps `peers` equal to their ready endpoints.
+pub async fn run(client: kube::Client, services: Services, peers: Arc<Peers>, http: reqwest::Client) {
     let api: Api<EndpointSlice> = Api::namespaced(client, &services.namespace);
-    loop {
-        for (role, service) in [(PeerRole::Prefill, &services.prefill), (PeerRole::Decode, &services.decode)] {
-            let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
-            match api.list(&lp).await {
-                Ok(list) => {
-                    let added = peers.set(role, &ready_addresses(&list.items));
-                    if !added.is_empty() {
-                        tracing::info!(service, peers = ?added.iter().map(|p| p.base.clone()).collect::<Vec<_>>(), "discovered peers");
-                        for peer in &added {
-                            peer.refresh(&http).await;
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(service, error = %e, "listing EndpointSlices failed; keeping the last peers"),
+    let selector = format!("{SERVICE_NAME} in ({},{})", services.prefill, services.decode);
+    let (store, writer) = reflector::store();
+    let events = watcher(api, watcher::Config::default().labels(&selector)).default_backoff().reflect(writer);
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            // Mid-relist the store is partial: wait for the whole list before acting on it.
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Ok(_) => update(&store, &services, &peers, &http).await,
+            Err(e) => tracing::warn!(error = %e, "watching EndpointSlices failed; keeping the last peers while it resumes"),
+        }
+    }
+}
+
+/// Sets each role's peers from the slices of its Service.
+async fn update(store: &Store<EndpointSlice>, services: &Services, peers: &Peers, http: &reqwest::Client) {
+    let slices = store.state();
+    for (role, service) in [(PeerRole::Prefill, &services.prefill), (PeerRole::Decode, &services.decode)] {
+        let mine: Vec<EndpointSlice> =
+            slices.iter().filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME)) == Some(service)).map(|s| (**s).clone()).collect();
+        let added = peers.set(role, &ready_addresses(&mine));
+        if !added.is_empty() {
+            tracing::info!(service, peers = ?added.iter().map(|p| p.base.clone()).collect::<Vec<_>>(), "discovered peers");
+            for peer in &added {
+                peer.refresh(http).await;
             }
         }
-        tokio::time::sleep(every).await;
     }
 }
 

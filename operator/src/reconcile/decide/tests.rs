@@ -2,15 +2,17 @@
 //! and the pods and Deployments found. Each test chains passes the way the operator runs them,
 //! feeding each pass's status to the next.
 
-use kvgate_proto::CapacityReport;
+pub(super) use kvgate_proto::CapacityReport;
 
-use super::*;
+pub(super) use super::*;
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, PROGRESSING, ROLLOUT_REFUSED};
-use crate::reconcile::observe::{NoReport, OwnedDeployment};
+use crate::gate;
+pub(super) use crate::reconcile::observe::{NoReport, OwnedDeployment, WorkerPod, World};
+use crate::render::workers;
 
-const WINDOW: u64 = 2048;
+pub(super) const WINDOW: u64 = 2048;
 
-fn deployment(window: u64) -> InferenceDeployment {
+pub(super) fn deployment(window: u64) -> InferenceDeployment {
     let spec = serde_json::json!({
         "model": { "name": "tiny" }, "contextWindow": window,
         "prefill": { "replicas": 1, "kvPool": { "tokens": 8192 } },
@@ -24,7 +26,7 @@ fn deployment(window: u64) -> InferenceDeployment {
     d
 }
 
-fn report(tokens: u64, layout: &str) -> CapacityReport {
+pub(super) fn report(tokens: u64, layout: &str) -> CapacityReport {
     CapacityReport {
         capacity_tokens: tokens,
         page_size: 16,
@@ -41,7 +43,7 @@ fn report(tokens: u64, layout: &str) -> CapacityReport {
 
 /// The pods and Deployments of one revision: one prefill, two decode, each reporting `tokens`
 /// (prefill) and 8192 (decode), all Ready when `ready`.
-fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Result<CapacityReport, NoReport>, ready: bool) {
+pub(super) fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Result<CapacityReport, NoReport>, ready: bool) {
     for (role, n, rep) in [(Role::Prefill, 1, prefill), (Role::Decode, 2, Ok(report(8192, "l")))] {
         for i in 0..n {
             let name = format!("{}-{i}", workers::deployment_name(d, role, rev));
@@ -54,28 +56,28 @@ fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Resu
     world.router_ready = Some(1);
 }
 
-fn pass(d: &mut InferenceDeployment, rev: &str, world: &World) -> Plan {
+pub(super) fn pass(d: &mut InferenceDeployment, rev: &str, world: &World) -> Plan {
     pass_at(d, rev, world, 1_000)
 }
 
 /// One pass at `second` (Unix time): bakes are timed against it.
-fn pass_at(d: &mut InferenceDeployment, rev: &str, world: &World, second: i64) -> Plan {
+pub(super) fn pass_at(d: &mut InferenceDeployment, rev: &str, world: &World, second: i64) -> Plan {
     let now = Time(k8s_openapi::jiff::Timestamp::from_second(second).unwrap());
     let plan = decide(Inputs { d, revision: rev, host_path_refusal: None, world, now: &now });
     d.status = Some(plan.status.clone());
     plan
 }
 
-fn condition(plan: &Plan, type_: &str) -> (bool, String) {
+pub(super) fn condition(plan: &Plan, type_: &str) -> (bool, String) {
     let c = plan.status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_}"));
     (c.status == "True", c.reason.clone())
 }
 
-fn phase(plan: &Plan) -> &str {
-    plan.status.phase.as_deref().unwrap()
+pub(super) fn phase(plan: &Plan) -> &'static str {
+    plan.status.phase.unwrap().as_str()
 }
 
-fn sizes(plan: &Plan) -> Vec<(Role, &str, i32)> {
+pub(super) fn sizes(plan: &Plan) -> Vec<(Role, &str, i32)> {
     plan.workers.iter().map(|w| (w.role, w.revision.as_str(), w.replicas)).collect()
 }
 
@@ -123,7 +125,7 @@ fn first_rollout_waits_for_reports_then_serves_once_verified_and_ready() {
 }
 
 /// The world after a plan's pod conditions were written.
-fn world_with_conditions(world: &World, plan: &Plan) -> World {
+pub(super) fn world_with_conditions(world: &World, plan: &Plan) -> World {
     let mut w = world.clone();
     for pod in &mut w.pods {
         if let Some(g) = plan.pod_gates.iter().find(|g| g.pod == pod.name) {
@@ -146,10 +148,10 @@ fn the_incident_is_refused_scaled_to_zero_and_counted_once() {
     revision(&mut world, &d, "r1", Ok(report(681_280, "l")), false);
     let plan = pass(&mut d, "r1", &world);
     let refused = plan.status.refused_revision.clone().unwrap();
-    assert_eq!(refused.reason, "KVPoolBelowContextWindow");
+    assert_eq!(refused.reason, RefusalReason::KVPoolBelowContextWindow);
     assert_eq!(refused.message, "prefill pod llm-prefill-r1-0 measured 681280 tokens < contextWindow 1048576");
     assert_eq!(sizes(&plan), [(Role::Prefill, "r1", 0), (Role::Decode, "r1", 0)]);
-    assert_eq!((phase(&plan), plan.settled, plan.refused_reason.as_deref()), ("Refused", true, Some("KVPoolBelowContextWindow")));
+    assert_eq!((phase(&plan), plan.settled, plan.refused_reason), ("Refused", true, Some(RefusalReason::KVPoolBelowContextWindow)));
     assert_eq!(plan.events[0].note, format!("revision r1 refused: {}; no revision serves yet", refused.message));
     assert_eq!(condition(&plan, ROLLOUT_REFUSED), (true, "KVPoolBelowContextWindow".into()));
     assert_eq!(condition(&plan, AVAILABLE), (false, "RolloutRefused".into()));
@@ -157,13 +159,13 @@ fn the_incident_is_refused_scaled_to_zero_and_counted_once() {
 
     // Next pass, pods going away: still refused, at zero, but not counted or announced again.
     let plan = pass(&mut d, "r1", &World::default());
-    assert_eq!((plan.refused_reason.clone(), plan.events.len(), phase(&plan)), (None, 0, "Refused"));
+    assert_eq!((plan.refused_reason, plan.events.len(), phase(&plan)), (None, 0, "Refused"));
     assert_eq!(sizes(&plan), [(Role::Prefill, "r1", 0), (Role::Decode, "r1", 0)]);
     assert_eq!(plan.status.prefill.as_ref().unwrap().min_measured_tokens, Some(681_280), "what the refused pods measured is kept");
 }
 
 /// A deployment serving revision r1 (verified, Ready), as status and world.
-fn serving_r1() -> (InferenceDeployment, World) {
+pub(super) fn serving_r1() -> (InferenceDeployment, World) {
     let mut d = deployment(WINDOW);
     let mut world = World::default();
     revision(&mut world, &d, "r1", Ok(report(8192, "l")), true);
@@ -222,7 +224,7 @@ fn a_fingerprint_mismatch_between_roles_is_refused() {
     revision(&mut world, &d, "r1", Ok(report(8192, "l-bf16")), false);
     let plan = pass(&mut d, "r1", &world);
     let refused = plan.status.refused_revision.unwrap();
-    assert_eq!(refused.reason, "FingerprintMismatch");
+    assert_eq!(refused.reason, RefusalReason::FingerprintMismatch);
     assert!(refused.message.contains("m/l-bf16") && refused.message.ends_with("the decode pods have m/l"), "{}", refused.message);
 }
 
@@ -251,7 +253,7 @@ fn a_host_path_outside_the_allowed_directories_creates_nothing() {
         now: &Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     });
     assert!(plan.workers.is_empty() && plan.router_window.is_none(), "{plan:?}");
-    assert_eq!(plan.refused_reason.as_deref(), Some(crate::host_paths::REASON));
+    assert_eq!(plan.refused_reason, Some(RefusalReason::HostPathNotAllowed));
     assert_eq!(plan.events[0].note, format!("revision r1 refused, no pod created: {message}"));
     d.status = Some(plan.status);
     let again = decide(Inputs {
@@ -265,11 +267,11 @@ fn a_host_path_outside_the_allowed_directories_creates_nothing() {
     assert!(conditions::is_true(&again.status.conditions, ROLLOUT_REFUSED));
 }
 
-fn canary_on(d: &mut InferenceDeployment) {
+pub(super) fn canary_on(d: &mut InferenceDeployment) {
     d.spec.rollout.canary = crate::crd::CanarySpec::default();
 }
 
-fn canary_result(d: &mut InferenceDeployment, rev: &str, passed: bool, message: &str) {
+pub(super) fn canary_result(d: &mut InferenceDeployment, rev: &str, passed: bool, message: &str) {
     d.status.as_mut().unwrap().canary = Some(crate::crd::CanaryStatus { revision: rev.into(), passed, message: message.into() });
 }
 
@@ -317,8 +319,8 @@ fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_referen
     canary_result(&mut d, "r2", false, message);
     let plan = pass(&mut d, "r2", &world);
     let refused = plan.status.refused_revision.clone().unwrap();
-    assert_eq!((refused.revision.as_str(), refused.reason.as_str(), refused.message.as_str()), ("r2", "CanaryFailed", message));
-    assert_eq!(plan.refused_reason.as_deref(), Some("CanaryFailed"));
+    assert_eq!((refused.revision.as_str(), refused.reason, refused.message.as_str()), ("r2", RefusalReason::CanaryFailed, message));
+    assert_eq!(plan.refused_reason, Some(RefusalReason::CanaryFailed));
     assert_eq!(sizes(&plan), [(Role::Prefill, "r2", 0), (Role::Decode, "r2", 0)]);
     assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Refused"));
     assert!(plan.events[0].note.contains("integrity canary failed") && plan.events[0].note.ends_with("revision r1 keeps serving"), "{:?}", plan.events);
@@ -362,7 +364,7 @@ fn a_serving_pod_that_restarts_smaller_is_unverified_at_once_and_the_deployment_
     assert_eq!(plan.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["ServingPodsVerified"]);
 }
 
-fn bake_from_r1(window: u64) -> (InferenceDeployment, World) {
+pub(super) fn bake_from_r1(window: u64) -> (InferenceDeployment, World) {
     let (mut d, mut world) = serving_r1();
     d.spec.rollout.bake_seconds = 60;
     d.spec.rollout.max_handoff_mismatches = 0;
@@ -398,7 +400,7 @@ fn a_promotion_bakes_beside_the_previous_revision_and_mismatches_roll_it_back() 
         "{}",
         refused.message
     );
-    assert_eq!((plan.rollback, plan.refused_reason.as_deref()), (Some("HandoffIntegrityViolation"), Some("HandoffIntegrityViolation")));
+    assert_eq!((plan.rollback, plan.refused_reason), (Some(RollbackReason::HandoffIntegrityViolation), Some(RefusalReason::HandoffIntegrityViolation)));
     assert_eq!(sizes(&plan), [(Role::Prefill, "r2", 0), (Role::Decode, "r2", 0)]);
     assert!(plan.delete.is_empty() && plan.status.bake.is_none());
     assert_eq!(plan.events.iter().map(|e| (e.reason, e.warning)).collect::<Vec<_>>(), [("RolledBack", true)]);

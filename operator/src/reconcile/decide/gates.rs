@@ -1,0 +1,148 @@
+//! Step 5: the readiness gate. Every pod of the spec's revision and of the serving revision gets
+//! the `kvgate.dev/kv-pool-verified` condition its verdict calls for (written only when it
+//! changes); verified candidate pods stay `False` while the canary is pending; a serving pod
+//! that no longer passes (restarted smaller, other fingerprints) is out at once, and the
+//! deployment is `Degraded` until it passes again.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::{Announcement, Inputs, Rollout, failures, normal, warning};
+use crate::conditions;
+use crate::crd::InferenceDeploymentStatus;
+use crate::gate::{self, PodReport, PodVerdict, Role, Verdict};
+use crate::reconcile::observe::{WorkerPod, World};
+use crate::reconcile::status;
+
+/// What the gate found for one revision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verification {
+    pub verdict: Verdict,
+    /// Per role: pods that passed, and the smallest measured pool of those that reported.
+    pub verified: BTreeMap<Role, i32>,
+    pub min_measured: BTreeMap<Role, u64>,
+    /// Pods that exist (not terminating), per role.
+    pub pods: BTreeMap<Role, i32>,
+}
+
+/// The `kvgate.dev/kv-pool-verified` condition a pod should carry (only those that change).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodGate {
+    pub pod: String,
+    pub status: &'static str,
+    pub reason: String,
+    pub message: String,
+    /// The transition time to keep (status unchanged); `None`: now.
+    pub since: Option<Time>,
+}
+
+pub(super) struct Gates {
+    pub pod_gates: Vec<PodGate>,
+    /// The gate's findings on the revision status shows (the serving one, else the spec's).
+    pub shown: Verification,
+    /// Why each serving pod that fails the gate fails it.
+    pub unverified: Vec<String>,
+    pub events: Vec<Announcement>,
+}
+
+pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout, candidate: &[PodVerdict]) -> Gates {
+    let rev = i.revision;
+    let held =
+        (r.canary_pending && !r.refused(rev)).then(|| format!("KV pool verified; the integrity canary of revision {rev} runs before this pod takes traffic"));
+    let mut pod_gates = conditions_for(i.world.pods_of(rev), candidate, held.as_deref());
+    let shown = r.serving.clone().unwrap_or_else(|| rev.to_string());
+    let (shown_pods, shown_verdicts) = verify(i.world, &shown, r.serving_window.unwrap_or(i.window()));
+    if shown != rev {
+        pod_gates.extend(conditions_for(i.world.pods_of(&shown), &shown_verdicts, None));
+    }
+    // Serving pods are read again on every pass: one that restarted smaller, or with other
+    // fingerprints, has just had its gate set False (out of the Service's endpoints).
+    let unverified = if r.serving.is_some() { failures(&shown_verdicts) } else { Vec::new() };
+    let mut events = Vec::new();
+    let was = prev.conditions.iter().find(|c| c.type_ == conditions::DEGRADED && c.status == "True");
+    let stuck: Vec<String> = i.world.stuck.iter().filter(|s| s.revision.as_deref() == Some(shown.as_str())).map(|s| s.describe()).collect();
+    if !unverified.is_empty() && r.serving.is_some() {
+        if was.map(|c| c.message.as_str()) != Some(status::degraded_message(&shown, &unverified, &stuck).as_str()) {
+            events.push(warning(
+                "ServingPodUnverified",
+                "RolloutGate",
+                format!("serving revision {shown}: {}; out of the Service's endpoints until it passes again", unverified.join("; ")),
+            ));
+        }
+    } else if was.is_some_and(|c| c.reason == status::SERVING_POD_UNVERIFIED) {
+        events.push(normal("ServingPodsVerified", "RolloutGate", format!("every pod of serving revision {shown} passes the gate again")));
+    }
+    Gates { pod_gates, shown: shown_pods, unverified, events }
+}
+
+/// The gate on one revision's pods: the verdict per pod and for the revision.
+pub(super) fn verify(world: &World, revision: &str, context_window: u64) -> (Verification, Vec<PodVerdict>) {
+    let pods: Vec<&WorkerPod> = world.pods_of(revision).collect();
+    let reports: Vec<PodReport> = pods.iter().map(|p| PodReport { role: p.role, pod: p.name.clone(), report: p.report.clone().ok() }).collect();
+    let (verdicts, verdict) = gate::judge(context_window, &reports);
+    let mut v = Verification { verdict, verified: BTreeMap::new(), min_measured: BTreeMap::new(), pods: BTreeMap::new() };
+    for (pod, pod_verdict) in pods.iter().zip(&verdicts) {
+        *v.pods.entry(pod.role).or_default() += 1;
+        if let Ok(r) = &pod.report {
+            let m = v.min_measured.entry(pod.role).or_insert(u64::MAX);
+            *m = (*m).min(r.capacity_tokens);
+        }
+        if matches!(pod_verdict, PodVerdict::Verified { .. }) {
+            *v.verified.entry(pod.role).or_default() += 1;
+        }
+    }
+    (v, verdicts)
+}
+
+/// The gate condition of each pod whose condition differs from its verdict; `held`: verified
+/// pods stay `False` (`AwaitingCanary`) with this message.
+fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict], held: Option<&str>) -> Vec<PodGate> {
+    pods.zip(verdicts)
+        .filter_map(|(pod, verdict)| {
+            let (status, reason, message) = match verdict {
+                PodVerdict::Pending => {
+                    let (reason, why) = match &pod.report {
+                        Err(why) => (why.reason, why.message.clone()),
+                        Ok(_) => {
+                            ("AwaitingCapacityReport", format!("waiting for the {} pods' capacity reports to compare fingerprints", pod.role.peer().as_str()))
+                        }
+                    };
+                    ("False", reason.to_string(), why)
+                }
+                PodVerdict::Verified { message } => match held {
+                    Some(why) => ("False", "AwaitingCanary".to_string(), format!("{message}; {why}")),
+                    None => ("True", "KVPoolVerified".to_string(), message.clone()),
+                },
+                PodVerdict::Failed { failure, message } => ("False", failure.to_string(), message.clone()),
+            };
+            let existing = pod.condition.as_ref();
+            if existing.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(&reason) && c.message.as_deref() == Some(&message)) {
+                return None;
+            }
+            let since = existing.filter(|c| c.status == status).and_then(|c| c.last_transition_time.clone());
+            Some(PodGate { pod: pod.name.clone(), status, reason, message, since })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use crate::reconcile::observe::NoReport;
+
+    #[test]
+    fn a_restarted_pod_is_out_until_it_is_read_again() {
+        let (mut d, world) = serving_r1();
+        let plan = pass(&mut d, "r1", &world);
+        let mut restarted = world_with_conditions(&world, &plan);
+        // Its container restarted: the report it gave before says nothing of the new process.
+        restarted.pods[0].report = Err(NoReport::waiting("the container restarted: reading its capacity report again"));
+        let plan = pass(&mut d, "r1", &restarted);
+        let gate = plan.pod_gates.iter().find(|g| g.pod == "llm-prefill-r1-0").expect("a gate write");
+        assert_eq!((gate.status, gate.reason.as_str()), ("False", "AwaitingCapacityReport"));
+        assert!(gate.message.contains("restarted"), "{gate:?}");
+        // Unread is not unverified: no Degraded Event for a pod being read.
+        assert!(plan.unverified.is_empty() && plan.events.is_empty(), "{plan:?}");
+    }
+}
