@@ -212,3 +212,30 @@ pub async fn serve(addr: SocketAddr, metrics: Metrics, health: Health, shutdown:
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{InferenceDeploymentStatus, RefusedRevision};
+    use crate::rollout_state::{Phase, RefusalReason};
+
+    #[test]
+    fn a_forgotten_deployment_has_no_series_left_and_its_namesakes_neighbours_keep_theirs() {
+        let m = Metrics::new();
+        let refused = InferenceDeploymentStatus {
+            phase: Some(Phase::Refused),
+            refused_revision: Some(RefusedRevision { revision: "r".into(), reason: RefusalReason::CanaryFailed, message: "m".into() }),
+            ..Default::default()
+        };
+        let mut refused = refused;
+        crate::conditions::set(&mut refused.conditions, crate::conditions::ROLLOUT_REFUSED, true, "CanaryFailed", "m".into(), None);
+        m.export("ns", "bad", 1024, &refused, 0);
+        m.export("ns", "good", 1024, &InferenceDeploymentStatus { phase: Some(Phase::Available), ..Default::default() }, 0);
+        let text = m.render();
+        assert!(text.contains(r#"kvgate_operator_rollout_refused{name="bad",namespace="ns",reason="CanaryFailed"} 1"#), "{text}");
+        m.forget("ns", "bad");
+        let text = m.render();
+        assert!(!text.lines().any(|l| l.contains(r#"name="bad""#)), "{text}");
+        assert!(text.contains(r#"kvgate_operator_rollout_phase{name="good",namespace="ns",phase="Available"} 1"#), "{text}");
+    }
+}

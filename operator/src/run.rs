@@ -57,7 +57,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let own_namespace = args.lease_namespace.clone().unwrap_or_else(|| "default".into());
     let root = keys::load_or_create(&client, &own_namespace, &args.root_key_secret).await?;
     health.ready.store(true, Ordering::SeqCst);
-    println!("kvgate-operator: metrics on http://{}", args.metrics_addr);
+    kvgate_telemetry::announce(&format!("kvgate-operator: metrics on http://{}", args.metrics_addr));
 
     let identity = args.identity.clone().unwrap_or_else(hostname);
     let elector = args.leader_elect.then(|| Elector::new(client.clone(), &own_namespace, &args.lease_name, &identity));

@@ -100,3 +100,116 @@ fn of_two_replicas_only_the_leader_reconciles_and_the_other_takes_over() {
     });
     assert!(reconciles(&b) > 0.0);
 }
+
+/// The handoff Secret(s) of a deployment by name.
+fn secrets_of(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> {
+    let list = get_json(cp, &["-n", ns, "get", "secrets", "-l", &format!("app.kubernetes.io/instance={name}")]);
+    list["items"].as_array().into_iter().flatten().filter_map(|s| s["metadata"]["name"].as_str().map(String::from)).collect()
+}
+
+#[test]
+fn a_deleted_deployment_leaves_no_series_and_a_namesake_starts_like_a_first_creation() {
+    let cp = cluster();
+    let ns = cp.restricted_namespace("recreate");
+    let op = Operator::start_in(cp, "operator-recreate", "lease-recreate", Some(&ns));
+    apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
+    // A window no pool here holds: refused, which sets the series an alert fires on.
+    apply_yaml(cp, &ns, &tiny("bad", 1_000_000, 1024, 1024, ""));
+    eventually(cp, &ns, "llm Available and bad Refused", LONG, || {
+        infd(cp, &ns, "llm")["status"]["phase"] == "Available" && infd(cp, &ns, "bad")["status"]["phase"] == "Refused"
+    });
+    let refused = format!(r#"kvgate_operator_rollout_refused{{name="bad",namespace="{ns}",reason="KVPoolBelowContextWindow"}}"#);
+    assert_eq!(op.metric(&refused), Some(1.0));
+    assert!(op.series_of(&ns, "llm").iter().any(|l| l.starts_with("kvgate_operator_kv_pool_capacity_tokens")), "{:?}", op.series_of(&ns, "llm"));
+    let first_uid = infd(cp, &ns, "llm")["metadata"]["uid"].as_str().unwrap().to_string();
+    let first_secret = secrets_of(cp, &ns, "llm");
+    assert_eq!(first_secret.len(), 1, "{first_secret:?}");
+
+    cp.kubectl_ok(&["-n", &ns, "delete", "infd", "llm", "bad", "--wait=true", "--timeout=60s"]);
+    eventually(cp, &ns, "every series of the deleted deployments gone", Duration::from_secs(30), || {
+        op.series_of(&ns, "bad").is_empty() && op.series_of(&ns, "llm").is_empty()
+    });
+    assert_eq!(op.metric(&refused), None, "KvgateRolloutRefused would fire forever");
+
+    // The same manifest again: a first creation in every way, with a Secret of its own.
+    apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "the namesake Available", LONG, || infd(cp, &ns, "llm")["status"]["phase"] == "Available");
+    let d = infd(cp, &ns, "llm");
+    assert_ne!(d["metadata"]["uid"].as_str().unwrap(), first_uid);
+    eventually(cp, &ns, "only the namesake's Secret left (the old one collected with its owner)", Duration::from_secs(60), || {
+        let now = secrets_of(cp, &ns, "llm");
+        now.len() == 1 && now != first_secret
+    });
+    let router = router_endpoints(cp, &ns, "llm").pop().expect("a ready router");
+    assert_eq!(complete(&router, "Hello", 4).map(|r| r.0), Some(200));
+    let pods = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=llm"]);
+    for p in pods["items"].as_array().unwrap() {
+        assert_eq!(p["metadata"]["labels"]["kvgate.dev/deployment-uid"], d["metadata"]["uid"], "{}", p["metadata"]["name"]);
+    }
+}
+
+#[test]
+fn a_pod_that_cannot_start_is_named_in_status_and_a_deleted_handoff_secret_comes_back() {
+    let cp = cluster();
+    let ns = cp.restricted_namespace("stuck");
+    let _op = Operator::start_in(cp, "operator-stuck", "lease-stuck", Some(&ns));
+    // An image no node has: the pods never start, and status says so in the pods' own words.
+    apply_yaml(cp, &ns, &with_image(&tiny("llm", 256, 1024, 1024, ""), "ghcr.io/kvgate/kvgate-worker-nowhere:0.1.0"));
+    eventually(cp, &ns, "Progressing naming the pods that cannot start", LONG, || {
+        condition(&infd(cp, &ns, "llm"), "Progressing").is_some_and(|c| c["reason"] == "PodsCannotStart")
+    });
+    let d = infd(cp, &ns, "llm");
+    let message = condition(&d, "Progressing").unwrap()["message"].as_str().unwrap().to_string();
+    assert!(message.contains("cannot start: ErrImagePull") && message.contains("llm-prefill-") && message.contains("kvgate-worker-nowhere"), "{message}");
+    assert_eq!(condition(&d, "Available").unwrap()["reason"], "PodsCannotStart", "{d}");
+    assert_eq!(d["status"]["phase"], "Progressing", "no canary runs on pods that never started: {d}");
+
+    // Fixed: a new revision that starts and serves.
+    apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "llm")["status"]["phase"] == "Available");
+
+    // Someone deletes the handoff Secret; a prefill pod restarts and cannot mount it. The
+    // operator learns it from the pod and creates the Secret again; serving recovers.
+    let secret = secrets_of(cp, &ns, "llm").pop().unwrap();
+    cp.kubectl_ok(&["-n", &ns, "delete", "secret", &secret]);
+    cp.kubectl_ok(&["-n", &ns, "delete", "pod", "-l", "app.kubernetes.io/component=prefill", "--wait=false"]);
+    eventually(cp, &ns, "the Secret created again and the new prefill pod verified and Ready", LONG, || {
+        let d = infd(cp, &ns, "llm");
+        secrets_of(cp, &ns, "llm") == [secret.clone()] && d["status"]["prefill"]["readyReplicas"] == 1 && !condition_true(&d, "Degraded")
+    });
+    let router = router_endpoints(cp, &ns, "llm").pop().expect("a ready router");
+    eventually(cp, &ns, "a completion through the recovered deployment", Duration::from_secs(30), || complete(&router, "Hello", 4).is_some_and(|r| r.0 == 200));
+}
+
+#[test]
+fn every_log_line_of_the_operator_and_its_pods_is_json_and_none_is_coloured() {
+    let cp = cluster();
+    let ns = cp.restricted_namespace("logs");
+    let op = Operator::start_with(cp, "operator-logs", "lease-logs", Some(&ns), &["--log-format=json"]);
+    apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "llm")["status"]["phase"] == "Available");
+    let router = router_endpoints(cp, &ns, "llm").pop().expect("a ready router");
+    assert_eq!(complete(&router, "Hello", 4).map(|r| r.0), Some(200));
+    let json_lines = |what: &str, text: &str| {
+        assert!(!text.contains('\x1b'), "{what}: colour escapes in {text:?}");
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(!lines.is_empty(), "{what}: no log lines");
+        for line in lines {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{what}: not a JSON line ({e}): {line}"));
+            assert!(v["level"].is_string() && v["fields"]["message"].is_string(), "{what}: {line}");
+        }
+    };
+    json_lines("the operator", &std::fs::read_to_string(&op.proc.log).unwrap());
+    // Worker pods log JSON by default (the operator renders --log-format=json), read through the
+    // API server and the node agent's kubelet port as `kubectl logs` reads them.
+    for role in ["router", "prefill", "decode"] {
+        let logs = cp.kubectl_ok(&["-n", &ns, "logs", "-l", &format!("app.kubernetes.io/instance=llm,app.kubernetes.io/component={role}"), "--tail=-1"]);
+        json_lines(role, &logs);
+    }
+    // Text logs off a terminal: plain lines, no escapes.
+    drop(op);
+    let text = Operator::start_with(cp, "operator-logs-text", "lease-logs", Some(&ns), &["--log-format=text"]);
+    eventually(cp, &ns, "the text operator reconciling", LONG, || text.metric(r#"kvgate_operator_reconcile_total{result="success"}"#).unwrap_or(0.0) >= 1.0);
+    let log = std::fs::read_to_string(&text.proc.log).unwrap();
+    assert!(log.contains("kvgate-operator: metrics on http://") && !log.contains('\x1b'), "{log:?}");
+}

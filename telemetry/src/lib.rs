@@ -3,6 +3,7 @@
 //! pipeline, and never colour escapes where no terminal reads them (`kubectl logs`).
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
@@ -31,11 +32,32 @@ impl LogFormat {
 /// The environment variable every kvgate binary reads `--log-format` from.
 pub const LOG_FORMAT_ENV: &str = "KVGATE_LOG_FORMAT";
 
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
 /// Installs the global subscriber writing to stderr. `RUST_LOG` overrides `default_filter`.
 pub fn init(format: LogFormat, default_filter: &str) {
     let stderr = std::io::stderr();
     let ansi = stderr.is_terminal();
+    let _ = FORMAT.set(format);
     install(format, default_filter, ansi, std::io::stderr);
+}
+
+/// Why the process exits: a plain line on stderr with text logs, an error event with JSON logs
+/// (so every line a pod writes parses).
+pub fn fatal(line: &str) {
+    match FORMAT.get() {
+        Some(LogFormat::Json) => tracing::error!("{line}"),
+        _ => eprintln!("{line}"),
+    }
+}
+
+/// A start-up line (`... listening on http://...`): a plain line on stdout for people and
+/// scripts with text logs, a log event like every other line with JSON logs.
+pub fn announce(line: &str) {
+    match FORMAT.get() {
+        Some(LogFormat::Json) => tracing::info!("{line}"),
+        _ => println!("{line}"),
+    }
 }
 
 fn install<W>(format: LogFormat, default_filter: &str, ansi: bool, writer: W)

@@ -24,7 +24,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kvgate-worker: {e:#}");
+            kvgate_telemetry::fatal(&format!("kvgate-worker: {e:#}"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -41,6 +41,11 @@ impl Operator {
     /// An operator watching only `namespace` (tests that run operators side by side); replicas
     /// started with the same `lease` elect one leader among them.
     pub fn start_in(cp: &ControlPlane, name: &str, lease: &str, namespace: Option<&str>) -> Operator {
+        Self::start_with(cp, name, lease, namespace, &[])
+    }
+
+    /// As `start_in`, with more arguments (`--log-format=json` before `run` is global too).
+    pub fn start_with(cp: &ControlPlane, name: &str, lease: &str, namespace: Option<&str>, extra: &[&str]) -> Operator {
         let port = free_port();
         let mut args = vec![
             "run".to_string(),
@@ -52,6 +57,7 @@ impl Operator {
             format!("--lease-name={lease}"),
         ];
         args.extend(namespace.map(|ns| format!("--namespace={ns}")));
+        args.extend(extra.iter().map(|a| a.to_string()));
         let mut proc = Proc::spawn(name, Path::new(env!("CARGO_BIN_EXE_kvgate-operator")), &args, &cp.dir).unwrap();
         let metrics = format!("http://127.0.0.1:{port}/metrics");
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -66,6 +72,15 @@ impl Operator {
     /// The value of one sample of the operator's /metrics (`name{labels}` as printed).
     pub fn metric(&self, sample: &str) -> Option<f64> {
         kvgate_testenv::metrics::sample(&get(&self.metrics)?, sample)
+    }
+
+    /// The operator's /metrics lines whose labels name this deployment.
+    pub fn series_of(&self, ns: &str, name: &str) -> Vec<String> {
+        let text = get(&self.metrics).unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains(&format!("name=\"{name}\"")) && l.contains(&format!("namespace=\"{ns}\"")))
+            .map(String::from)
+            .collect()
     }
 }
 

@@ -70,13 +70,23 @@ fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> anyhow::
 }
 
 impl ControlPlane {
-    /// The control plane shared by every test of this binary, started on first use.
+    /// The control plane shared by every test of this binary, started on first use, with kvgate's
+    /// CRDs installed before its controllers start.
     pub fn shared() -> &'static ControlPlane {
         static CP: OnceLock<ControlPlane> = OnceLock::new();
-        CP.get_or_init(|| ControlPlane::start().unwrap_or_else(|e| panic!("starting the test control plane: {e:#}")))
+        CP.get_or_init(|| ControlPlane::start_with(true).unwrap_or_else(|e| panic!("starting the test control plane: {e:#}")))
     }
 
+    /// A control plane without kvgate's CRDs (the dev cluster installs them with the chart).
     pub fn start() -> anyhow::Result<ControlPlane> {
+        Self::start_with(false)
+    }
+
+    /// `with_crds`: apply `crds/` before kube-controller-manager starts, as in a cluster the
+    /// operator is installed into. Its garbage collector discovers new resource types only every
+    /// 30 s, and never collects the dependents of an owner deleted before it watched the owner's
+    /// type, which a test that deletes right after it creates would meet.
+    pub fn start_with(with_crds: bool) -> anyhow::Result<ControlPlane> {
         netns::require()?;
         netns::sweep();
         sweep_dirs(&std::env::temp_dir());
@@ -145,6 +155,13 @@ impl ControlPlane {
             Ok(cp.kubectl(&["get", "--raw", "/readyz"]).status.success())
         })?;
 
+        if with_crds {
+            let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
+            let out = cp.kubectl(&["apply", "-f", &path(&crds)]);
+            if !out.status.success() {
+                bail!("applying {}: {}", crds.display(), String::from_utf8_lossy(&out.stderr));
+            }
+        }
         let admin = path(&cp.kubeconfig);
         let kcm = Proc::spawn(
             "kube-controller-manager",

@@ -48,8 +48,8 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
     )
     .await?;
     let (decode_addr, prefill_addr) = (decode.addr(), prefill.addr());
-    println!("  {} on http://{decode_addr}", decode.summary);
-    println!("  {} on http://{prefill_addr}", prefill.summary);
+    kvgate_telemetry::announce(&format!("  {} on http://{decode_addr}", decode.summary));
+    kvgate_telemetry::announce(&format!("  {} on http://{prefill_addr}", prefill.summary));
     tokio::spawn(decode.serve(std::future::pending()));
     tokio::spawn(prefill.serve(std::future::pending()));
     let router = roles::router(
@@ -68,13 +68,16 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
         secret,
     )
     .await?;
-    println!("kvgate-worker local listening on http://{} (router -> prefill {prefill_addr} -> decode {decode_addr})", router.addr());
+    kvgate_telemetry::announce(&format!(
+        "kvgate-worker local listening on http://{} (router -> prefill {prefill_addr} -> decode {decode_addr})",
+        router.addr()
+    ));
     router.serve(shutdown_signal()).await
 }
 
 async fn colocated(args: LocalArgs, registry: prometheus::Registry) -> anyhow::Result<()> {
     let started = roles::colocated(&args, &registry).await?;
-    println!("kvgate-worker local listening on http://{} ({})", started.addr(), started.summary);
+    kvgate_telemetry::announce(&format!("kvgate-worker local listening on http://{} ({})", started.addr(), started.summary));
     started.serve(shutdown_signal()).await
 }
 

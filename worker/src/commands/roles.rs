@@ -205,7 +205,7 @@ pub fn registry() -> prometheus::Registry {
 
 /// Runs one role until SIGTERM / Ctrl-C.
 pub async fn run_single(started: Started) -> anyhow::Result<()> {
-    println!("kvgate-worker listening on http://{} ({})", started.addr(), started.summary);
+    kvgate_telemetry::announce(&format!("kvgate-worker listening on http://{} ({})", started.addr(), started.summary));
     started.serve(super::shutdown_signal()).await
 }
 
