@@ -6,20 +6,46 @@
 # relays on 127.0.0.1 and is never given an address, route or link.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-make -s test-deps controlplane tools
+
+# Each step says how long the one before it took; headings are bold only on a terminal.
+bold='' plain=''
+[ -t 1 ] && bold=$'\033[1m' plain=$'\033[0m'
+began=$SECONDS step_name='' step_start=$SECONDS
+took() { [ -z "$step_name" ] || printf '   (%s: %d s)\n' "$step_name" $((SECONDS - step_start)); }
+step() {
+  took
+  step_name=$* step_start=$SECONDS
+  printf '\n%s== %s%s\n' "$bold" "$*" "$plain"
+}
+
+# Only what the demo needs: not the linters, Prometheus or the Python tools the tests use.
+step "dependencies: Debian packages for the node agent and the images (scripts/test-deps.sh --demo)"
+bash scripts/test-deps.sh --demo
+step "the control plane from the Kubernetes Go modules (first time about 30 minutes on 2 cores)"
+bash tests/controlplane/build.sh
+step "helm and the CNI plugins"
+bash tests/tools/build.sh --helm-only
+bash tests/cni/build.sh
+step "cargo build of the worker, the operator and the dev cluster"
 cargo build -q -p kvgate-worker -p kvgate-operator -p kvgate-testenv
 kubeconfig=target/dev-cluster/kubeconfig
 rm -f "$kubeconfig"
+step "the dev cluster: etcd, kube-apiserver, kube-controller-manager and a node agent running pods under runc"
 target/debug/kvgate-dev-cluster --forward demo/tiny &
 cluster=$!
-trap 'kill $cluster 2>/dev/null; wait $cluster 2>/dev/null || true' EXIT INT TERM
+stop() {
+  kill "$cluster" 2>/dev/null || true
+  wait "$cluster" 2>/dev/null || true
+}
+# Ctrl-C is how the demo ends: stop the cluster and exit 0.
+trap 'echo; echo "stopping the dev cluster"; stop; exit 0' INT TERM
+trap stop EXIT
 for _ in $(seq 120); do [ -s "$kubeconfig" ] && break; sleep 0.5; done
 [ -s "$kubeconfig" ] || { echo "the dev cluster did not come up"; exit 1; }
 export KUBECONFIG=$PWD/$kubeconfig
 helm=target/tools/bin/helm
 kubectl() { target/controlplane/bin/kubectl "$@"; }
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace (the CRD comes with it)"
 $helm install kvgate charts/kvgate -n kvgate-system --create-namespace --wait --timeout 120s
 kubectl wait --for=condition=Established crd/inferencedeployments.kvgate.dev --timeout=30s
@@ -43,6 +69,8 @@ kubectl -n demo logs -l app.kubernetes.io/instance=tiny,app.kubernetes.io/compon
 step "why incident is refused"
 kubectl -n demo get infd incident -o jsonpath='{.status.conditions[?(@.type=="RolloutRefused")].message}'; echo
 kubectl -n demo get events --field-selector reason=RolloutRefused
+took
+echo "   (the demo took $((SECONDS - began)) s in all)"
 cat <<MSG
 
 The demo cluster stays up. In another shell:
@@ -53,4 +81,4 @@ The demo cluster stays up. In another shell:
   curl http://127.0.0.1:$port/v1/completions -d '{"prompt":"Hello","max_tokens":8}'
 Press Ctrl-C to stop everything.
 MSG
-wait $cluster
+wait "$cluster"

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests use when they are missing (run by `make test`).
+# With --demo, only what `make demo` needs: the node agent's tools (iproute2, runc, umoci,
+# skopeo), curl and the images' pinned packages; no Prometheus, nftables or Python tools.
 #   ip, tc (iproute2): the test world's links (pods' network namespaces, injected network faults).
 #   nft (nftables): the test that shows the host's firewall ruleset unchanged.
 #   prometheus, promtool (prometheus): the alert-rule tests and the live-Prometheus test.
@@ -11,23 +13,30 @@
 #   umoci, skopeo: scripts/images.sh builds the kvgate images (the tests run them under runc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+demo=0
+[ "${1:-}" = --demo ] && demo=1
 missing=()
 command -v ip >/dev/null && command -v tc >/dev/null || missing+=(iproute2)
-command -v nft >/dev/null || missing+=(nftables)
-command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
-command -v python3 >/dev/null || missing+=(python3)
 command -v curl >/dev/null || missing+=(curl)
-python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 for tool in runc umoci skopeo; do command -v $tool >/dev/null || missing+=($tool); done
+if [ "$demo" = 0 ]; then
+  command -v nft >/dev/null || missing+=(nftables)
+  command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
+  command -v python3 >/dev/null || missing+=(python3)
+  python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+fi
 # The pinned Debian packages the kvgate images are made of (scripts/images.sh): fetched here, in
 # the host's network namespace, because the tests build their images inside the test world's.
-fetch_image_packages() { bash scripts/images.sh --fetch; }
-[ ${#missing[@]} -eq 0 ] && { fetch_image_packages && exec bash scripts/py-deps.sh; }
+# Then the tests' Python tools (not for the demo).
+finish() {
+  bash scripts/images.sh --fetch
+  [ "$demo" = 1 ] || exec bash scripts/py-deps.sh
+}
+[ ${#missing[@]} -eq 0 ] && finish && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "missing Debian packages: ${missing[*]}; install them with: apt-get install ${missing[*]}" >&2
   exit 1
 fi
 echo "installing ${missing[*]}"
 apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fetch_image_packages
-exec bash scripts/py-deps.sh
+finish

@@ -1,6 +1,8 @@
 //! Operator benchmarks on the real test control plane (`make bench`): time from applying a spec
-//! the gate must refuse to `RolloutRefused`, memory with 100 InferenceDeployments, and
-//! reconciles per second. Prints a Markdown table (the README's numbers come from here).
+//! the gate must refuse to `RolloutRefused`, from a first handoff mismatch to a rollback, and at
+//! scale (1,000 idle and 10 serving InferenceDeployments): memory, time to every status, the
+//! requests the operator and the routers send while nothing changes (the API server's audit
+//! log), and a restart. Prints a Markdown table (the README's numbers come from here).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -28,6 +30,8 @@ fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 fn main() {
+    // The audit log counts who sends the API server what (section 3).
+    kvgate_testenv::ControlPlane::shared_with(kvgate_testenv::Options { crds: true, audit: true });
     let cp = cluster();
     let op = Operator::start(cp, "operator-bench");
     let mut rows = Vec::new();
@@ -114,32 +118,92 @@ fn main() {
     }
     rows.push((format!("first handoff mismatch -> RolledBack (median of {}, aim <= 5 s)", to_rollback.len()), format!("{:.2} s", median(to_rollback))));
 
-    // 3. Memory and reconcile rate with 100 InferenceDeployments (no pods: replicas 0, so this
-    // measures the operator, not the workers).
-    let ns = cp.namespace("bench-scale");
-    let idle = rss_kib(op.proc.pid());
-    let n = 100;
-    let yaml: String =
-        (0..n).map(|i| tiny(&format!("s{i:03}"), 256, 1024, 1024, "").replace("replicas: 1", "replicas: 0") + "  router: { replicas: 0 }\n---\n").collect();
+    // 3. Scale, side by side in one run: 1,000 idle InferenceDeployments (no pods: replicas 0)
+    // and 10 serving ones (router, prefill, decode each). The operator's memory, the time until
+    // every status is written, then a quiet minute in which the API server's audit log counts
+    // every request the operator and the routers send, then a restart.
+    let (n_idle, n_serving) = (1000, 10);
+    let idle_ns = cp.namespace("bench-scale");
+    let serving_ns = cp.restricted_namespace("bench-serving");
+    let rss_before = rss_kib(op.proc.pid());
+    let idle: String = (0..n_idle)
+        .map(|i| tiny(&format!("s{i:04}"), 256, 1024, 1024, "").replace("replicas: 1", "replicas: 0") + "  router: { replicas: 0 }\n---\n")
+        .collect();
+    let serving: String = (0..n_serving).map(|i| tiny(&format!("live{i:02}"), 256, 1024, 1024, "") + "---\n").collect();
     let start = Instant::now();
-    apply_yaml(cp, &ns, &yaml);
-    let all_have_status = || {
-        let list = get_json(cp, &["-n", &ns, "get", "infd"]);
-        list["items"].as_array().is_some_and(|a| a.len() == n && a.iter().all(|d| d["status"]["observedGeneration"].is_number()))
+    apply_yaml(cp, &serving_ns, &serving);
+    apply_yaml(cp, &idle_ns, &idle);
+    let settled = |ns: &str, n: usize, phase: Option<&str>| {
+        let list = get_json(cp, &["-n", ns, "get", "infd"]);
+        list["items"]
+            .as_array()
+            .is_some_and(|a| a.len() == n && a.iter().all(|d| d["status"]["observedGeneration"].is_number() && phase.is_none_or(|p| d["status"]["phase"] == p)))
     };
-    wait("100 statuses", Duration::from_secs(300), all_have_status);
-    let first_pass = start.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_secs(3));
-    let loaded = rss_kib(op.proc.pid());
-    rows.push((format!("operator RSS, idle / with {n} InferenceDeployments"), format!("{:.1} MiB / {:.1} MiB", idle as f64 / 1024.0, loaded as f64 / 1024.0)));
-    rows.push((format!("create {n} -> every status written"), format!("{first_pass:.1} s ({:.0} deployments/s)", n as f64 / first_pass)));
-    // A restarted operator reconciles all of them again; nothing changed, so nothing is written.
+    wait("every status written and the serving ones Available", Duration::from_secs(1800), || {
+        settled(&idle_ns, n_idle, None) && settled(&serving_ns, n_serving, Some("Available"))
+    });
+    let to_status = start.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(10));
+    let rss_loaded = rss_kib(op.proc.pid());
+    let total = n_idle + n_serving;
+    rows.push((
+        format!("operator RSS, idle / with {n_idle} idle + {n_serving} serving InferenceDeployments (aim <= 64 MiB)"),
+        format!("{:.1} MiB / {:.1} MiB", rss_before as f64 / 1024.0, rss_loaded as f64 / 1024.0),
+    ));
+    rows.push((
+        format!("create {total} -> every status written, the {n_serving} serving Available"),
+        format!("{to_status:.1} s ({:.0} deployments/s)", total as f64 / to_status),
+    ));
+
+    // The quiet minute: nothing changes; who asks the API server what?
+    let quiet = Duration::from_secs(60);
+    let from = k8s_openapi::jiff::Timestamp::now();
+    std::thread::sleep(quiet);
+    let to = k8s_openapi::jiff::Timestamp::now();
+    let requests = kvgate_testenv::audit::requests(&cp.audit_log(), from, to);
+    let per_s = |ua: &str, pick: &dyn Fn(&kvgate_testenv::audit::Request) -> bool| {
+        requests.iter().filter(|r| r.user_agent.starts_with(ua) && pick(r)).count() as f64 / quiet.as_secs_f64()
+    };
+    let reads = |r: &kvgate_testenv::audit::Request| matches!(r.verb.as_str(), "get" | "list");
+    let lease = |r: &kvgate_testenv::audit::Request| r.resource == "leases";
+    for (who, ua) in [("the operator", "kvgate-operator/"), (&*format!("the {n_serving} routers together"), "kvgate-router/")] {
+        rows.push((
+            format!("requests/s from {who} while nothing changes: GET+LIST / new WATCH / writes (aim: no periodic GET or LIST)"),
+            format!(
+                "{:.2} / {:.2} / {:.2} (of which the leader Lease's renewals {:.2})",
+                per_s(ua, &|r| reads(r) && !lease(r)),
+                per_s(ua, &|r| r.verb == "watch"),
+                per_s(ua, &|r| r.writes()),
+                per_s(ua, &|r| lease(r)),
+            ),
+        ));
+    }
+
+    // A restarted operator reconciles every deployment again; nothing changed, so it writes
+    // nothing (no apply, no status, no pod condition; only its Lease).
     drop(op);
     let op = Operator::start(cp, "operator-bench-2");
+    let from = k8s_openapi::jiff::Timestamp::now();
     let start = Instant::now();
-    wait("100 reconciles", Duration::from_secs(300), || op.metric(r#"kvgate_operator_reconcile_total{result="success"}"#).unwrap_or(0.0) >= n as f64);
+    wait("every deployment reconciled", Duration::from_secs(900), || {
+        op.metric(r#"kvgate_operator_reconcile_total{result="success"}"#).unwrap_or(0.0) >= total as f64
+    });
     let t = start.elapsed().as_secs_f64();
-    rows.push((format!("restart -> {n} idle reconciles"), format!("{t:.1} s ({:.0} reconciles/s)", n as f64 / t)));
+    std::thread::sleep(Duration::from_secs(2));
+    let writes: Vec<_> = kvgate_testenv::audit::requests(&cp.audit_log(), from, k8s_openapi::jiff::Timestamp::now())
+        .into_iter()
+        .filter(|r| r.user_agent.starts_with("kvgate-operator/") && r.writes() && r.resource != "leases")
+        .collect();
+    rows.push((
+        format!("restart -> {total} reconciles; writes they made besides the Lease"),
+        format!(
+            "{t:.1} s ({:.0} reconciles/s); {} writes{}",
+            total as f64 / t,
+            writes.len(),
+            writes.first().map(|w| format!(" (first: {} {})", w.verb, w.resource)).unwrap_or_default()
+        ),
+    ));
+    rows.push(("operator RSS after the restart and every reconcile".to_string(), format!("{:.1} MiB", rss_kib(op.proc.pid()) as f64 / 1024.0)));
 
     println!("\n| operator benchmark | result |\n| --- | --- |");
     for (k, v) in rows {

@@ -31,17 +31,20 @@ impl RootKey {
         RootKey(bytes)
     }
 
-    /// The handoff secret of the InferenceDeployment with this UID (what its Secret holds).
-    pub fn deployment_secret(&self, uid: &str) -> [u8; 32] {
+    /// The handoff secret of the InferenceDeployment with this UID (what its Secret holds): 256
+    /// bits as 64 hex digits. Text, because workers trim trailing whitespace from the secret
+    /// file (`echo secret > file` must work): raw bytes that happened to end in one would give
+    /// the workers another key than the operator's.
+    pub fn deployment_secret(&self, uid: &str) -> String {
         let mut h = blake3::Hasher::new_keyed(&self.0);
         h.update(DERIVE_CONTEXT);
         h.update(uid.as_bytes());
-        *h.finalize().as_bytes()
+        h.finalize().to_hex().to_string()
     }
 
     /// The keys every role of that deployment derives from its secret.
     pub fn deployment_key(&self, uid: &str) -> DeploymentKey {
-        DeploymentKey::new(&self.deployment_secret(uid)).expect("32 bytes is a valid secret")
+        DeploymentKey::new(self.deployment_secret(uid).as_bytes()).expect("64 hex digits are a valid secret")
     }
 }
 
@@ -94,5 +97,6 @@ mod tests {
         assert_ne!(a, root.deployment_secret("uid-b"), "a re-created deployment (new UID) gets a new secret");
         assert_ne!(a, RootKey([8; 32]).deployment_secret("uid-a"), "another root key, other secrets");
         assert_eq!(format!("{root:?}"), "RootKey(..)");
+        assert!(a.len() == 64 && a.bytes().all(|b| b.is_ascii_hexdigit()), "{a}: nothing a worker would trim");
     }
 }

@@ -1,6 +1,7 @@
 //! Leader election with a coordination.k8s.io Lease, so that of several operator replicas only
 //! one reconciles. Updates carry the Lease's resourceVersion: two replicas racing for it cannot
-//! both win.
+//! both win. The holder renews from the Lease its last update returned (one PUT every 5 s, no
+//! GET); it reads the Lease again only when an update conflicts.
 
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use kube::api::{Api, PostParams};
 
 pub struct Elector {
     api: Api<Lease>,
+    /// The Lease as this replica's last successful update left it.
+    held: std::sync::Mutex<Option<Lease>>,
     name: String,
     identity: String,
     /// A holder that has not renewed for this long has lost the Lease.
@@ -19,7 +22,13 @@ pub struct Elector {
 
 impl Elector {
     pub fn new(client: kube::Client, namespace: &str, name: &str, identity: &str) -> Self {
-        Elector { api: Api::namespaced(client, namespace), name: name.into(), identity: identity.into(), duration: Duration::from_secs(15) }
+        Elector {
+            api: Api::namespaced(client, namespace),
+            held: std::sync::Mutex::new(None),
+            name: name.into(),
+            identity: identity.into(),
+            duration: Duration::from_secs(15),
+        }
     }
 
     /// Blocks until this replica holds the Lease.
@@ -52,6 +61,7 @@ impl Elector {
 
     /// Gives the Lease up at shutdown so a standby takes over at once.
     pub async fn release(&self) {
+        self.held.lock().unwrap().take();
         if let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await
             && let Some(spec) = lease.spec.as_mut().filter(|s| s.holder_identity.as_deref() == Some(&self.identity))
         {
@@ -63,6 +73,20 @@ impl Elector {
 
     /// Takes or renews the Lease if it is free, expired or ours.
     async fn try_acquire(&self) -> anyhow::Result<bool> {
+        let held = self.held.lock().unwrap().take();
+        if let Some(mut lease) = held {
+            // Renewing: the Lease as our last update left it, unless someone changed it since.
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.renew_time = Some(MicroTime(Timestamp::now()));
+            match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+                Ok(renewed) => {
+                    *self.held.lock().unwrap() = Some(renewed);
+                    return Ok(true);
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let now = Timestamp::now();
         let secs = self.duration.as_secs() as i32;
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
@@ -77,7 +101,13 @@ impl Elector {
                     ..Default::default()
                 }),
             };
-            return Ok(self.api.create(&PostParams::default(), &lease).await.is_ok());
+            return Ok(match self.api.create(&PostParams::default(), &lease).await {
+                Ok(created) => {
+                    *self.held.lock().unwrap() = Some(created);
+                    true
+                }
+                Err(_) => false,
+            });
         };
         let spec = lease.spec.get_or_insert_with(Default::default);
         let ours = spec.holder_identity.as_deref() == Some(&self.identity);
@@ -96,6 +126,12 @@ impl Elector {
         spec.renew_time = Some(MicroTime(now));
         spec.lease_duration_seconds = Some(secs);
         // replace() sends the resourceVersion we read: a concurrent writer makes this fail.
-        Ok(self.api.replace(&self.name, &PostParams::default(), &lease).await.is_ok())
+        Ok(match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+            Ok(ours) => {
+                *self.held.lock().unwrap() = Some(ours);
+                true
+            }
+            Err(_) => false,
+        })
     }
 }

@@ -23,14 +23,20 @@ use crate::tasks::scrapes::Scrapes;
 use crate::watch::{self, Stores};
 use crate::{keys, lifecycle};
 
+/// The User-Agent of every request the operator sends.
+pub const USER_AGENT: &str = concat!("kvgate-operator/", env!("CARGO_PKG_VERSION"));
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let client = match &args.kubeconfig {
+    let mut config = match &args.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| anyhow::anyhow!("--kubeconfig {}: {e}", path.display()))?;
-            kube::Client::try_from(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)?
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
         }
-        None => kube::Client::try_default().await.map_err(|e| anyhow::anyhow!("connecting to the API server: {e}"))?,
+        None => kube::Config::infer().await.map_err(|e| anyhow::anyhow!("connecting to the API server: {e}"))?,
     };
+    // The API server's audit log and metrics tell the operator's requests apart by this.
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
+    let client = kube::Client::try_from(config)?;
     let metrics = Metrics::new();
     let health = Health::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -34,11 +34,6 @@ fn versions(cp: &ControlPlane, ns: &str, name: &str) -> BTreeMap<String, String>
     out
 }
 
-fn events(cp: &ControlPlane, ns: &str, reason: &str) -> i64 {
-    let evs = get_json(cp, &["-n", ns, "get", "events", &format!("--field-selector=reason={reason}")]);
-    evs["items"].as_array().into_iter().flatten().map(|e| e["series"]["count"].as_i64().unwrap_or(e["count"].as_i64().unwrap_or(1))).sum()
-}
-
 #[test]
 fn a_restart_mid_rollout_resumes_without_duplicates_and_an_idle_reconcile_writes_nothing() {
     let cp = cluster();

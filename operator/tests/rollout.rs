@@ -365,28 +365,10 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
     let (status, body) = complete(&router, &prompt, 8).unwrap();
     assert_eq!(status, 200, "{body}");
     let reference = completion_text(&body).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
     // The router follows the serving revision's image, so it is replaced at the promotion and at
-    // the rollback: a client moves to a ready router when its own goes away. Four clients at
-    // once, so the router (least-loaded first) spreads them over both revisions' pods.
-    let clients: Vec<_> = (0..4)
-        .map(|_| {
-            let (stop, prompt, ns) = (stop.clone(), prompt.clone(), ns.clone());
-            let mut router = router.clone();
-            std::thread::spawn(move || {
-                let cp = cluster();
-                let mut answers = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    match complete(&router, &prompt, 8) {
-                        Some(answer) => answers.push(answer),
-                        None => router = router_endpoints(cp, &ns, "bake").pop().unwrap_or(router),
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                answers
-            })
-        })
-        .collect();
+    // the rollback. Four clients at once, so the router (least-loaded first) spreads them over
+    // both revisions' pods.
+    let traffic = Traffic::start(&ns, "bake", &prompt, 4);
 
     let image = kvgate_testenv::images::faulty_worker("corrupt-after-20");
     let bad = with_image(&format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny("bake", 256, 1024, 1024, "")), &image);
@@ -409,22 +391,11 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
     });
     eventually(cp, &ns, "the bad revision scaled away", LONG, || pod_uids(cp, &ns, &promoted).is_empty());
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::SeqCst);
-    let answers: Vec<(u16, String)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let answers = traffic.stop();
     // After the rollback, the old revision answers again.
     let (status, body) = complete(&router_endpoints(cp, &ns, "bake").pop().unwrap(), &prompt, 8).unwrap();
     assert_eq!((status, completion_text(&body)), (200, Some(reference.clone())), "{body}");
-    let (mut ok, mut failed) = (0, 0);
-    for (i, (status, body)) in answers.iter().enumerate() {
-        if *status == 200 {
-            assert_eq!(completion_text(body).as_deref(), Some(reference.as_str()), "request {i}: a 200 with other text: {body}");
-            ok += 1;
-        } else {
-            let code = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v["error"]["code"].as_str().map(String::from));
-            assert!(code.is_some(), "request {i}: a failure that does not say what failed: {status} {body}");
-            failed += 1;
-        }
-    }
+    let (ok, failed) = never_wrong(&answers, &reference);
     assert!(failed >= 1 && ok >= 10, "{ok} served, {failed} failed: the fault never hit, or nothing was served");
 }
 

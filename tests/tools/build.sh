@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the helm client (v3.22.0, pinned by go.mod) and the chart linters (ct, kube-score,
-# kubeconform; lint/go.mod) the chart tests use into target/tools/bin/.
+# kubeconform; lint/go.mod) the chart tests use into target/tools/bin/. With --helm-only, helm
+# alone (what `make demo` needs).
 # Idempotent: Go's build cache makes a second run with nothing changed take seconds.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -12,7 +13,7 @@ cd "$here"
 # TOOLS_VERSIONS_ONLY=1 prints the versions of what is in $out without building (as
 # CONTROLPLANE_VERSIONS_ONLY does for the control plane; the build-script test runs it).
 if [ -n "${TOOLS_VERSIONS_ONLY:-}" ]; then
-  first_line first_line "$out/helm" version --short
+  first_line "$out/helm" version --short
   first_line "$out/ct" version
   exit 0
 fi
@@ -28,6 +29,7 @@ done
 with_progress "building helm (helm.sh/helm/v3/cmd/helm, Kubernetes 1.$minor from client-go $client_go)" \
   go build -trimpath -ldflags "$ldflags" -o "$out/helm" helm.sh/helm/v3/cmd/helm
 first_line "$out/helm" version --short
+[ "${1:-}" = --helm-only ] && exit 0
 
 # The chart linters (tests/tools/lint/go.mod pins them; their own module so their dependencies
 # never move helm's): chart-testing's `ct` with its default lint and schema configuration (from

@@ -1,7 +1,7 @@
 //! Apply: writes what `decide` planned, and only what differs from what the watches show.
 //! Server-side apply of owned objects (skipped when the watched object already holds every
-//! field), deletion of those no longer wanted, pod gate conditions that changed, Events,
-//! metrics and, when it changed, status.
+//! field), deletion of those no longer wanted, pod gate conditions that changed, status when it
+//! changed, then Events and metrics.
 
 use std::hash::{Hash, Hasher};
 
@@ -103,6 +103,11 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
             Err(e) => return Err(Error::api(format!("setting the gate condition of pod {}", gate.pod))(e)),
         }
     }
+    // Status first: it is the record the next pass (of this or another operator) decides on.
+    // A pass killed after it announces nothing twice; one killed before it decides again.
+    if Some(&plan.status) != d.status.as_ref() {
+        status(ctx, d, &plan.status).await?;
+    }
     let reference = d.object_ref(&());
     if let Some(reason) = plan.refused_reason {
         ctx.metrics.refused.with_label_values(&[reason.as_str()]).inc();
@@ -117,9 +122,6 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         event(ctx, &reference, kind, e.reason, e.action, e.note.clone()).await;
     }
     ctx.metrics.export(&ns, &name, d.spec.context_window, &plan.status, plan.unverified.len());
-    if Some(&plan.status) != d.status.as_ref() {
-        status(ctx, d, &plan.status).await?;
-    }
     Ok(())
 }
 

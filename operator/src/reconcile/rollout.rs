@@ -43,7 +43,9 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         let uid = d.uid().unwrap_or_default();
         ctx.canaries.start(&ObjectRef::from_obj(&d), &uid, run, ctx.root.deployment_key(&uid));
     }
-    // Unsettled passes come back soon (bake timers, pods starting); the background tasks wake
-    // a pass as soon as they learn something.
-    Ok(Action::requeue(if plan.settled { Duration::from_secs(30) } else { Duration::from_secs(2) }))
+    // Passes that wait on time come back soon: a bake's clock, a pod whose report is retried, a
+    // rollout whose pods exist but are not all verified. Everything else is woken by the watches
+    // and the background tasks, and otherwise looked at every 30 s (re-verification).
+    let waiting = plan.status.bake.is_some() || world.pods.iter().any(|p| p.report.is_err()) || (!plan.settled && !world.pods.is_empty());
+    Ok(Action::requeue(Duration::from_secs(if waiting { 2 } else { 30 })))
 }

@@ -25,7 +25,7 @@ pub fn generated(d: &InferenceDeployment, root: &RootKey) -> Secret {
     let bytes = root.deployment_secret(&d.uid().unwrap_or_default());
     Secret {
         metadata: owned_meta(d, secret_name(d), labels::common(name(d))),
-        data: Some([(KEY.to_string(), ByteString(bytes.to_vec()))].into()),
+        data: Some([(KEY.to_string(), ByteString(bytes.into_bytes()))].into()),
         type_: Some("Opaque".into()),
         ..Default::default()
     }

@@ -207,3 +207,64 @@ pub fn tiny(name: &str, window: u64, prefill_tokens: u64, decode_tokens: u64, ex
         "apiVersion: kvgate.dev/v1alpha1\nkind: InferenceDeployment\nmetadata: {{ name: {name} }}\nspec:\n  model: {{ name: tiny }}\n  contextWindow: {window}\n  prefill:\n    replicas: 1\n    kvPool: {{ tokens: {prefill_tokens}{extra} }}\n  decode:\n    replicas: 1\n    kvPool: {{ tokens: {decode_tokens} }}\n"
     )
 }
+
+/// How many times Events of `reason` were published in `ns` (series counted).
+pub fn events(cp: &ControlPlane, ns: &str, reason: &str) -> i64 {
+    let evs = get_json(cp, &["-n", ns, "get", "events", &format!("--field-selector=reason={reason}")]);
+    evs["items"].as_array().into_iter().flatten().map(|e| e["series"]["count"].as_i64().unwrap_or(e["count"].as_i64().unwrap_or(1))).sum()
+}
+
+/// Clients sending one greedy prompt through a deployment's routers until stopped; a client
+/// whose router goes away (routers follow the serving revision) moves to a ready one.
+pub struct Traffic {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    clients: Vec<std::thread::JoinHandle<Vec<(u16, String)>>>,
+}
+
+impl Traffic {
+    pub fn start(ns: &str, name: &str, prompt: &str, clients: usize) -> Traffic {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients = (0..clients)
+            .map(|_| {
+                let (stop, prompt, ns, name) = (stop.clone(), prompt.to_string(), ns.to_string(), name.to_string());
+                std::thread::spawn(move || {
+                    let cp = cluster();
+                    let mut router = router_endpoints(cp, &ns, &name).pop();
+                    let mut answers = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        match router.as_deref().and_then(|r| complete(r, &prompt, 8)) {
+                            Some(answer) => answers.push(answer),
+                            None => router = router_endpoints(cp, &ns, &name).pop().or(router),
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    answers
+                })
+            })
+            .collect();
+        Traffic { stop, clients }
+    }
+
+    /// Stops every client; what each request got.
+    pub fn stop(self) -> Vec<(u16, String)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.clients.into_iter().flat_map(|c| c.join().unwrap()).collect()
+    }
+}
+
+/// Every answer is a 200 with `reference`, or a failure whose JSON names its code; (served,
+/// failed).
+pub fn never_wrong(answers: &[(u16, String)], reference: &str) -> (usize, usize) {
+    let (mut ok, mut failed) = (0, 0);
+    for (i, (status, body)) in answers.iter().enumerate() {
+        if *status == 200 {
+            assert_eq!(completion_text(body).as_deref(), Some(reference), "request {i}: a 200 with other text: {body}");
+            ok += 1;
+        } else {
+            let code = serde_json::from_str::<Value>(body).ok().and_then(|v| v["error"]["code"].as_str().map(String::from));
+            assert!(code.is_some(), "request {i}: a failure that does not say what failed: {status} {body}");
+            failed += 1;
+        }
+    }
+    (ok, failed)
+}

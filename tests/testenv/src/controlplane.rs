@@ -49,6 +49,19 @@ fn sweep_dirs(tmp: &Path) {
     }
 }
 
+/// What a control plane starts with besides its components.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Apply `crds/` before kube-controller-manager starts, as in a cluster the operator is
+    /// installed into. Its garbage collector discovers new resource types only every 30 s, and
+    /// never collects the dependents of an owner deleted before it watched the owner's type,
+    /// which a test that deletes right after it creates would meet.
+    pub crds: bool,
+    /// Write the API server's audit log (every request's metadata: user, user agent, verb,
+    /// resource; `audit_log()`), for benchmarks that count who asks what.
+    pub audit: bool,
+}
+
 #[derive(Debug)]
 pub struct ControlPlane {
     pub dir: PathBuf,
@@ -73,20 +86,22 @@ impl ControlPlane {
     /// The control plane shared by every test of this binary, started on first use, with kvgate's
     /// CRDs installed before its controllers start.
     pub fn shared() -> &'static ControlPlane {
+        Self::shared_with(Options { crds: true, audit: false })
+    }
+
+    /// The shared control plane, started with `options` if this is the first use (a bench that
+    /// needs the audit log calls this before anything else starts it).
+    pub fn shared_with(options: Options) -> &'static ControlPlane {
         static CP: OnceLock<ControlPlane> = OnceLock::new();
-        CP.get_or_init(|| ControlPlane::start_with(true).unwrap_or_else(|e| panic!("starting the test control plane: {e:#}")))
+        CP.get_or_init(|| ControlPlane::start_with(options).unwrap_or_else(|e| panic!("starting the test control plane: {e:#}")))
     }
 
     /// A control plane without kvgate's CRDs (the dev cluster installs them with the chart).
     pub fn start() -> anyhow::Result<ControlPlane> {
-        Self::start_with(false)
+        Self::start_with(Options::default())
     }
 
-    /// `with_crds`: apply `crds/` before kube-controller-manager starts, as in a cluster the
-    /// operator is installed into. Its garbage collector discovers new resource types only every
-    /// 30 s, and never collects the dependents of an owner deleted before it watched the owner's
-    /// type, which a test that deletes right after it creates would meet.
-    pub fn start_with(with_crds: bool) -> anyhow::Result<ControlPlane> {
+    pub fn start_with(options: Options) -> anyhow::Result<ControlPlane> {
         netns::require()?;
         netns::sweep();
         sweep_dirs(&std::env::temp_dir());
@@ -120,33 +135,43 @@ impl ControlPlane {
         )?;
         cp.procs.lock().unwrap().push(etcd);
 
+        let mut audit = Vec::new();
+        if options.audit {
+            let policy = dir.join("audit-policy.yaml");
+            std::fs::write(&policy, "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n")?;
+            audit = vec![format!("--audit-policy-file={}", path(&policy)), format!("--audit-log-path={}", path(&cp.audit_log()))];
+        }
         let apiserver = Proc::spawn(
             "kube-apiserver",
             &binary("kube-apiserver")?,
-            &s(&[
-                &format!("--etcd-servers=http://127.0.0.1:{client}"),
-                "--bind-address=0.0.0.0",
-                &format!("--advertise-address={}", network::GATEWAY),
-                &format!("--secure-port={secure}"),
-                &format!("--tls-cert-file={}", path(&cp.certs.server_cert)),
-                &format!("--tls-private-key-file={}", path(&cp.certs.server_key)),
-                &format!("--client-ca-file={}", path(&cp.certs.ca)),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                &format!("--service-account-key-file={}", path(&cp.certs.sa_pub)),
-                &format!("--service-account-signing-key-file={}", path(&cp.certs.sa_key)),
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--authorization-mode=RBAC",
-                // Node agents' kubelet API (kubectl logs): dialled at the Node's InternalIP,
-                // its certificate checked against the cluster CA.
-                "--kubelet-preferred-address-types=InternalIP",
-                &format!("--kubelet-certificate-authority={}", path(&cp.certs.ca)),
-                &format!("--kubelet-client-certificate={}", path(&cp.certs.kubelet_client_cert)),
-                &format!("--kubelet-client-key={}", path(&cp.certs.kubelet_client_key)),
-                // Pods get the API server's address in their kubeconfig; no kube-proxy runs
-                // to make the kubernetes Service's ClusterIP reachable.
-                "--endpoint-reconciler-type=none",
-                "--v=1",
-            ]),
+            &[
+                s(&[
+                    &format!("--etcd-servers=http://127.0.0.1:{client}"),
+                    "--bind-address=0.0.0.0",
+                    &format!("--advertise-address={}", network::GATEWAY),
+                    &format!("--secure-port={secure}"),
+                    &format!("--tls-cert-file={}", path(&cp.certs.server_cert)),
+                    &format!("--tls-private-key-file={}", path(&cp.certs.server_key)),
+                    &format!("--client-ca-file={}", path(&cp.certs.ca)),
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    &format!("--service-account-key-file={}", path(&cp.certs.sa_pub)),
+                    &format!("--service-account-signing-key-file={}", path(&cp.certs.sa_key)),
+                    "--service-cluster-ip-range=10.0.0.0/24",
+                    "--authorization-mode=RBAC",
+                    // Node agents' kubelet API (kubectl logs): dialled at the Node's InternalIP,
+                    // its certificate checked against the cluster CA.
+                    "--kubelet-preferred-address-types=InternalIP",
+                    &format!("--kubelet-certificate-authority={}", path(&cp.certs.ca)),
+                    &format!("--kubelet-client-certificate={}", path(&cp.certs.kubelet_client_cert)),
+                    &format!("--kubelet-client-key={}", path(&cp.certs.kubelet_client_key)),
+                    // Pods get the API server's address in their kubeconfig; no kube-proxy runs
+                    // to make the kubernetes Service's ClusterIP reachable.
+                    "--endpoint-reconciler-type=none",
+                    "--v=1",
+                ]),
+                audit,
+            ]
+            .concat(),
             &dir,
         )?;
         cp.procs.lock().unwrap().push(apiserver);
@@ -155,7 +180,7 @@ impl ControlPlane {
             Ok(cp.kubectl(&["get", "--raw", "/readyz"]).status.success())
         })?;
 
-        if with_crds {
+        if options.crds {
             let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
             let out = cp.kubectl(&["apply", "-f", &path(&crds)]);
             if !out.status.success() {
@@ -192,6 +217,20 @@ impl ControlPlane {
         })?;
         eprintln!("kvgate-testenv: control plane ready at {} in {:.1?} ({})", cp.server, started.elapsed(), cp.dir.display());
         Ok(cp)
+    }
+
+    /// Stops kube-apiserver and starts it again (same ports, same etcd), waiting until it is
+    /// ready: every client sees its connections drop and its watches end.
+    pub fn restart_apiserver(&self) -> anyhow::Result<()> {
+        {
+            let mut procs = self.procs.lock().unwrap();
+            let apiserver = procs.iter_mut().find(|p| p.name == "kube-apiserver").expect("the control plane runs kube-apiserver");
+            apiserver.restart()?;
+        }
+        wait_until("kube-apiserver after its restart", Duration::from_secs(90), || {
+            self.check_alive()?;
+            Ok(self.kubectl(&["get", "--raw", "/readyz"]).status.success())
+        })
     }
 
     fn check_alive(&self) -> anyhow::Result<()> {
@@ -278,6 +317,11 @@ impl ControlPlane {
             Ok(self.kubectl(&["get", "node", node]).status.success())
         })?;
         Ok(p)
+    }
+
+    /// The API server's audit log (with `Options::audit`): one JSON event per line.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
     }
 
     /// Where node `node`'s agent keeps its pods' files (one directory per pod UID).

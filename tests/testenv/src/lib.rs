@@ -3,6 +3,7 @@
 //! identity, and cleaned up however the test binary ends; and the helpers every test suite
 //! shares (a blocking HTTP client, a `/metrics` reader, waiting with diagnostics).
 
+pub mod audit;
 pub mod certs;
 pub mod controlplane;
 pub mod http;
@@ -15,4 +16,4 @@ pub mod process;
 pub mod relay;
 pub mod wait;
 
-pub use controlplane::{ControlPlane, bin_dir};
+pub use controlplane::{ControlPlane, Options, bin_dir};

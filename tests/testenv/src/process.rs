@@ -46,23 +46,35 @@ fn register(pid: i32) {
 pub struct Proc {
     pub name: String,
     pub log: PathBuf,
+    program: PathBuf,
+    args: Vec<String>,
     child: Child,
 }
 
 impl Proc {
     pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> anyhow::Result<Proc> {
         let log = log_dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log)?;
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("starting {}: {e}", program.display()))?;
-        register(child.id() as i32);
-        Ok(Proc { name: name.into(), log, child })
+        let child = launch(program, args, std::fs::File::create(&log)?)?;
+        Ok(Proc { name: name.into(), log, program: program.into(), args: args.to_vec(), child })
+    }
+
+    /// Stops the process and starts it again with the same arguments, its output appended.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop();
+        self.child = launch(&self.program, &self.args, std::fs::OpenOptions::new().append(true).open(&self.log)?)?;
+        Ok(())
+    }
+
+    /// SIGKILL, no warning: the process cannot clean up or hand anything over (a crash, an
+    /// OOM kill, a node lost).
+    pub fn kill(&mut self) {
+        let pid = self.child.id() as i32;
+        // SAFETY: signalling the process group we created.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+        LIVE.lock().unwrap().retain(|p| *p != pid);
     }
 
     pub fn pid(&self) -> u32 {
@@ -103,6 +115,19 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn launch(program: &Path, args: &[String], log: std::fs::File) -> anyhow::Result<Child> {
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("starting {}: {e}", program.display()))?;
+    register(child.id() as i32);
+    Ok(child)
 }
 
 /// Whether `pid` runs: exists and is not a zombie (an orphan's zombie lingers until its new

@@ -171,7 +171,9 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
     backend.spawn_refresh(Duration::from_secs(5));
     let peers_text = match (&args.prefill_service, &args.decode_service) {
         (Some(prefill), Some(decode)) => {
-            let client = kube::Client::try_default().await.context("connecting to the API server for peer discovery")?;
+            let mut config = kube::Config::infer().await.context("connecting to the API server for peer discovery")?;
+            config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(discovery::USER_AGENT)));
+            let client = kube::Client::try_from(config).context("connecting to the API server for peer discovery")?;
             let services = discovery::Services { namespace: args.namespace.clone(), prefill: prefill.clone(), decode: decode.clone() };
             tokio::spawn(discovery::run(client, services, backend.peers.clone(), backend.http.clone()));
             format!("peers from EndpointSlices of services {prefill} and {decode} in {}", args.namespace)

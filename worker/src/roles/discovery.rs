@@ -41,6 +41,9 @@ pub fn ready_addresses(slices: &[EndpointSlice]) -> Vec<String> {
     out
 }
 
+/// The User-Agent of the router's requests to the API server.
+pub const USER_AGENT: &str = concat!("kvgate-router/", env!("CARGO_PKG_VERSION"));
+
 /// The label EndpointSlices carry with their Service's name.
 const SERVICE_NAME: &str = "kubernetes.io/service-name";
 

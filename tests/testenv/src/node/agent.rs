@@ -162,6 +162,13 @@ impl NodeAgent {
                     }
                 };
             }
+            let automount = pod.spec.as_ref().and_then(|s| s.automount_service_account_token) != Some(false);
+            if automount && self.pods[&uid].token.is_none() {
+                let dir = self.pods[&uid].dir().to_path_buf();
+                if let Some((token, kubeconfig)) = self.retry_token(&pod, &dir).await {
+                    self.pods.get_mut(&uid).unwrap().set_token(token, kubeconfig);
+                }
+            }
             let rt = self.pods.get_mut(&uid).unwrap();
             if rt.volumes_missing() {
                 rt.set_volumes(super::volumes::prepare(&self.client, &pod, rt.dir(), rt.token.as_deref()).await);
@@ -224,22 +231,34 @@ impl NodeAgent {
             }
         };
         let kubeconfig = match &token {
-            Some(token) => {
-                use base64::Engine;
-                let path = dir.join("kubeconfig");
-                let ca = std::fs::read(&self.cfg.ca_file)?;
-                let text = format!(
-                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: sa\n    namespace: {}\ncurrent-context: c\n",
-                    self.cfg.server,
-                    base64::engine::general_purpose::STANDARD.encode(ca),
-                    pod.metadata.namespace.as_deref().unwrap_or("default"),
-                );
-                std::fs::write(&path, text).ok().map(|_| path)
-            }
+            Some(token) => self.kubeconfig(pod, &dir, token)?,
             None => None,
         };
         let volumes = super::volumes::prepare(&self.client, pod, &dir, token.as_deref()).await;
         Ok(PodRt::new(pod, sandbox, cgroup, dir, kubeconfig, token, volumes))
+    }
+
+    /// Writes the pod's kubeconfig (the API server as pods reach it, the pod's token).
+    fn kubeconfig(&self, pod: &Pod, dir: &std::path::Path, token: &str) -> anyhow::Result<Option<PathBuf>> {
+        use base64::Engine;
+        let path = dir.join("kubeconfig");
+        let ca = std::fs::read(&self.cfg.ca_file)?;
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: sa\n    namespace: {}\ncurrent-context: c\n",
+            self.cfg.server,
+            base64::engine::general_purpose::STANDARD.encode(ca),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+        );
+        Ok(std::fs::write(&path, text).ok().map(|_| path))
+    }
+
+    /// A token and kubeconfig for a pod whose token request failed when it was admitted (the
+    /// API server was unreachable): asked again on every pass until it has one, as the kubelet
+    /// does.
+    async fn retry_token(&self, pod: &Pod, dir: &std::path::Path) -> Option<(String, Option<PathBuf>)> {
+        let token = self.token(pod).await.ok().flatten()?;
+        let kubeconfig = self.kubeconfig(pod, dir, &token).ok().flatten();
+        Some((token, kubeconfig))
     }
 
     async fn token(&self, pod: &Pod) -> anyhow::Result<Option<String>> {

@@ -145,6 +145,12 @@ impl PodRt {
         self.volumes = volumes;
     }
 
+    /// A service-account token obtained after the pod was admitted, and its kubeconfig.
+    pub fn set_token(&mut self, token: String, kubeconfig: Option<PathBuf>) {
+        self.token = Some(token);
+        self.kubeconfig = kubeconfig;
+    }
+
     fn start(&mut self, i: usize, pod: &Pod, rt: &Runtime) {
         let launch = self.launch(i, pod, rt);
         let cgroup = self.cgroup.as_ref().ok().and_then(Option::as_ref);
