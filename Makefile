@@ -42,7 +42,9 @@ bench:
 	bench/venv.sh bench/plot.py
 	$(CARGO) build --release -p kvgate-worker
 	bench/venv.sh bench/peer.py --worker target/release/kvgate-worker
-	$(CARGO) build -p kvgate-worker -p kvgate-testenv
+	# The test images run these debug binaries; the worker with its test faults (a bench
+	# revision goes bad after its 20th handoff).
+	$(CARGO) build -p kvgate-worker --features testing -p kvgate-testenv
 	$(CARGO) bench -p kvgate-operator --bench operator
 
 ## The fuzz targets (frame decoder; JSON bodies of /v1/* and /internal/*) with a long budget;

@@ -8,12 +8,18 @@
 # Reproducible: every file's time is SOURCE_DATE_EPOCH (default: the commit's time), so the same
 # binary and packages give the same digest.
 #
+# The test image of an engine users run, built the same way (the tests ask for it; `make images`
+# does not): `llamacpp`, llama.cpp's server from the pinned `xllamacpp` wheel
+# (images/llamacpp/requirements.txt) on Python 3.11 from the pinned Debian packages of
+# images/python.lock, started by images/llamacpp/llama-server (llama-server's flags).
+#
 # usage: scripts/images.sh [--profile release|debug] [--out DIR] [--no-archives] [--offline] [IMAGE...]
-#        scripts/images.sh --fetch       (only download and check the pinned packages; make test-deps)
+#        scripts/images.sh --fetch       (only download and check the pinned packages and wheels; make test-deps)
 #        scripts/images.sh --relock      (pin the packages' current Debian versions)
-# The packages are kept in target/images/debs/. --offline never downloads (the tests build their
-# images inside the test world's network namespace, which reaches nothing outside 127.0.0.0/8).
-# IMAGE is kvgate-operator or kvgate-worker (default both); binaries come from target/PROFILE/.
+# The packages are kept in target/images/debs/, the wheels in target/images/wheels/. --offline
+# never downloads (the tests build their images inside the test world's network namespace, which
+# reaches nothing outside 127.0.0.0/8).
+# IMAGE is kvgate-operator, kvgate-worker (default both; binaries from target/PROFILE/) or llamacpp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,24 +38,33 @@ while [ $# -gt 0 ]; do
     --relock) relock=1; shift ;;
     --fetch) fetch=1; shift ;;
     --offline) offline=1; shift ;;
-    kvgate-operator|kvgate-worker) images+=("$1"); shift ;;
+    kvgate-operator|kvgate-worker|llamacpp) images+=("$1"); shift ;;
     *) echo "scripts/images.sh: unknown argument $1 (see the usage at the top of the script)" >&2; exit 2 ;;
   esac
 done
 [ ${#images[@]} -gt 0 ] || images=(kvgate-operator kvgate-worker)
 
 lock=images/packages.lock
+python_lock=images/python.lock
+# What each lock pins: the base of every image; Python 3.11 and the C++ runtime of the engine image.
+base_packages="libc6 libgcc-s1 ca-certificates netbase base-files"
+python_packages="python3.11-minimal libpython3.11-minimal libpython3.11-stdlib media-types libexpat1 zlib1g libssl3 libbz2-1.0
+  libcrypt1 libdb5.3 libffi8 liblzma5 libncursesw6 libtinfo6 libnsl2 libtirpc3 libtirpc-common libgssapi-krb5-2 libkrb5-3
+  libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2 libreadline8 readline-common libsqlite3-0 libuuid1 libstdc++6 libgomp1 gcc-12-base"
 if [ "$relock" = 1 ]; then
   tmp=$(mktemp -d)
-  { grep '^#' "$lock"
-    for name in libc6 libgcc-s1 ca-certificates netbase base-files; do
-      (cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root "$name" >/dev/null)
-      deb=$(ls "$tmp"/"${name}"_*.deb)
-      echo "$name $(dpkg-deb -f "$deb" Version) $(sha256sum "$deb" | cut -d' ' -f1)"
-    done; } >"$lock.new"
-  mv "$lock.new" "$lock"
+  for pair in "$lock:$base_packages" "$python_lock:$python_packages"; do
+    file=${pair%%:*}
+    { grep '^#' "$file"
+      for name in ${pair#*:}; do
+        (cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root "$name" >/dev/null)
+        deb=$(ls "$tmp"/"${name}"_*.deb)
+        echo "$name $(dpkg-deb -f "$deb" Version) $(sha256sum "$deb" | cut -d' ' -f1)"
+      done; } >"$file.new"
+    mv "$file.new" "$file"
+    echo "pinned in $file:"; grep -v '^#' "$file"
+  done
   rm -rf "$tmp"
-  echo "pinned in $lock:"; grep -v '^#' "$lock"
   exit 0
 fi
 
@@ -69,26 +84,45 @@ mkdir -p "$out"
 work=$(mktemp -d "$out/.work.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# The base root filesystem: the pinned packages, checked against their digests.
+# The pinned packages of a lock, checked against their digests (downloaded unless --offline), and
+# unpacked into DIR (not with --fetch).
 debs=target/images/debs
 mkdir -p "$debs"
+packages() {
+  local file=$1 dir=$2 name ver sum deb got
+  while read -r name ver sum; do
+    case "$name" in ''|'#'*) continue ;; esac
+    deb=$debs/${name}_${ver//:/%3a}.deb
+    if [ ! -f "$deb" ] || [ "$(sha256sum "$deb" | cut -d' ' -f1)" != "$sum" ]; then
+      [ "$offline" = 0 ] || { echo "scripts/images.sh: $deb is missing and --offline forbids downloading it; fetch the pinned packages with: make test-deps (or bash scripts/images.sh --fetch)" >&2; exit 1; }
+      (cd "$work" && apt-get download -q -o APT::Sandbox::User=root "$name=$ver" >/dev/null) || {
+        echo "scripts/images.sh: cannot download $name=$ver (pinned in $file); if the mirror moved on, run: bash scripts/images.sh --relock" >&2; exit 1; }
+      mv "$work"/"${name}"_*.deb "$deb"
+    fi
+    got=$(sha256sum "$deb" | cut -d' ' -f1)
+    [ "$got" = "$sum" ] || { echo "scripts/images.sh: $deb has sha256 $got, $file pins $sum" >&2; exit 1; }
+    [ "$fetch" = 1 ] || dpkg-deb -x "$deb" "$dir"
+  done <"$file"
+}
+# The engine image's wheels, pinned by digest (pip --require-hashes), kept in target/images/wheels.
+wheels=target/images/wheels
+fetch_wheels() {
+  local pip=target/images/pip
+  mkdir -p "$wheels"
+  [ -x "$pip/bin/pip" ] || python3 -m venv "$pip" || {
+    echo "scripts/images.sh: cannot make a Python venv for pip (python3 -m venv; make test-deps installs python3-venv)" >&2; exit 1; }
+  "$pip/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: --require-hashes \
+    -r images/llamacpp/requirements.txt -d "$wheels" || {
+    echo "scripts/images.sh: cannot download the wheels of images/llamacpp/requirements.txt" >&2; exit 1; }
+}
+
 base=$work/base
 mkdir -p "$base"
-while read -r name ver sum; do
-  case "$name" in ''|'#'*) continue ;; esac
-  deb=$debs/${name}_${ver//:/%3a}.deb
-  if [ ! -f "$deb" ] || [ "$(sha256sum "$deb" | cut -d' ' -f1)" != "$sum" ]; then
-    [ "$offline" = 0 ] || { echo "scripts/images.sh: $deb is missing and --offline forbids downloading it; fetch the pinned packages with: make test-deps (or bash scripts/images.sh --fetch)" >&2; exit 1; }
-    (cd "$work" && apt-get download -q -o APT::Sandbox::User=root "$name=$ver" >/dev/null) || {
-      echo "scripts/images.sh: cannot download $name=$ver (pinned in $lock); if the mirror moved on, run: bash scripts/images.sh --relock" >&2; exit 1; }
-    mv "$work"/"${name}"_*.deb "$deb"
-  fi
-  got=$(sha256sum "$deb" | cut -d' ' -f1)
-  [ "$got" = "$sum" ] || { echo "scripts/images.sh: $deb has sha256 $got, $lock pins $sum" >&2; exit 1; }
-  [ "$fetch" = 1 ] || dpkg-deb -x "$deb" "$base"
-done <"$lock"
+packages "$lock" "$base"
 if [ "$fetch" = 1 ]; then
-  echo "the pinned packages of $lock are in $debs"
+  packages "$python_lock" "$base"
+  fetch_wheels
+  echo "the pinned packages of $lock and $python_lock are in $debs, the wheels of images/llamacpp/requirements.txt in $wheels"
   exit 0
 fi
 # What maintainer scripts would have made: the CA bundle, the users, a writable /tmp.
@@ -100,24 +134,24 @@ chmod 1777 "$base/tmp"
 chown 65532:65532 "$base/home/nonroot"
 rm -rf "$base/usr/share/doc" "$base/usr/share/man" "$base/usr/share/lintian"
 
-for image in "${images[@]}"; do
-  bin=target/$profile/$image
-  [ -x "$bin" ] || { echo "scripts/images.sh: $bin not found; build it with: cargo build --profile $profile -p $image" >&2; exit 1; }
-  layout=$out/oci/$image
-  app=$work/$image
-  mkdir -p "$app"
-  install -m 0755 "$bin" "$app/$image"
-  find "$base" "$app" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+# An image: the base, then what makes it (LAYER DESCRIPTION pairs), as user 65532 with an entrypoint.
+pack() {
+  local image=$1 entrypoint=$2 layout=$out/oci/$1
+  shift 2
   rm -rf "$layout"
   mkdir -p "$(dirname "$layout")"
   umoci init --layout "$layout"
   umoci new --image "$layout:$version"
   history=(--history.created "$created" --history.author kvgate)
   umoci insert --image "$layout:$version" "${history[@]}" --history.created_by "debian packages: $(grep -v '^#' "$lock" | cut -d' ' -f1,2 | tr '\n' ' ')" "$base" /
-  umoci insert --image "$layout:$version" "${history[@]}" --history.created_by "target/$profile/$image" "$app" /
+  while [ $# -gt 0 ]; do
+    find "$1" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+    umoci insert --image "$layout:$version" "${history[@]}" --history.created_by "$2" "$1" /
+    shift 2
+  done
   umoci config --image "$layout:$version" --no-history \
     --created "$created" --author kvgate --architecture amd64 --os linux \
-    --config.user 65532:65532 --config.entrypoint "/$image" --config.workingdir /home/nonroot \
+    --config.user 65532:65532 --config.entrypoint "$entrypoint" --config.workingdir /home/nonroot \
     --config.env PATH=/usr/local/bin:/usr/bin:/bin --config.env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     --manifest.annotation "org.opencontainers.image.title=$image" \
     --manifest.annotation "org.opencontainers.image.version=$version" \
@@ -126,6 +160,33 @@ for image in "${images[@]}"; do
     --manifest.annotation "org.opencontainers.image.created=$created" \
     --manifest.annotation "org.opencontainers.image.base.name=debian:bookworm (packages in images/packages.lock)"
   umoci gc --layout "$layout"
+}
+
+find "$base" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+for image in "${images[@]}"; do
+  layout=$out/oci/$image
+  app=$work/$image
+  mkdir -p "$app"
+  if [ "$image" = llamacpp ]; then
+    # Python 3.11 and the C++ runtime, then the wheel unpacked where Debian's Python looks, and
+    # the llama-server launcher.
+    python=$work/python
+    mkdir -p "$python"
+    packages "$python_lock" "$python"
+    rm -rf "$python/usr/share/doc" "$python/usr/share/man"
+    site=$app/usr/local/lib/python3.11/dist-packages
+    mkdir -p "$site"
+    whl=$(ls "$wheels"/xllamacpp-*.whl 2>/dev/null) || { echo "scripts/images.sh: no xllamacpp wheel in $wheels; fetch it with: make test-deps (or bash scripts/images.sh --fetch)" >&2; exit 1; }
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$whl" "$site"
+    install -D -m 0755 images/llamacpp/llama-server "$app/usr/local/bin/llama-server"
+    pack "$image" /usr/local/bin/llama-server "$python" "debian packages: $(grep -v '^#' "$python_lock" | cut -d' ' -f1,2 | tr '\n' ' ')" \
+      "$app" "$(basename "$whl") and images/llamacpp/llama-server"
+  else
+    bin=target/$profile/$image
+    [ -x "$bin" ] || { echo "scripts/images.sh: $bin not found; build it with: cargo build --profile $profile -p $image" >&2; exit 1; }
+    install -m 0755 "$bin" "$app/$image"
+    pack "$image" "/$image" "$app" "target/$profile/$image"
+  fi
   digest=$(sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p' "$layout/index.json")
   echo "$image:$version  $layout  $digest"
   if [ "$archives" = 1 ]; then

@@ -62,7 +62,7 @@ impl ReportError {
 }
 
 /// The innermost cause (e.g. `connection refused`), not reqwest's generic outer text.
-fn cause(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut inner = e;
     while let Some(next) = inner.source() {
         inner = next;

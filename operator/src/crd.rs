@@ -30,26 +30,58 @@ use crate::rollout_state::{Phase, RefusalReason};
     category = "kvgate",
     status = "InferenceDeploymentStatus",
     doc = "A disaggregated LLM deployment: a router, prefill workers and decode workers of one model. The operator rolls a revision out only when every prefill and decode pod has measured a KV pool at least as large as spec.contextWindow; a revision that falls short is refused (status.refusedRevision, condition RolloutRefused) and never receives traffic.",
+    printcolumn(
+        name = "Engine",
+        type_ = "string",
+        json_path = ".spec.engine",
+        description = "kvgate (its own prefill/decode workers), llamacpp, vllm or sglang"
+    ),
     printcolumn(name = "Window", type_ = "integer", json_path = ".spec.contextWindow", description = "Declared context window (tokens)"),
+    printcolumn(
+        name = "Pool",
+        type_ = "integer",
+        json_path = ".status.minMeasuredTokens",
+        description = "Smallest measured per-request KV capacity of the current revision's pods, any role (tokens)"
+    ),
     printcolumn(
         name = "Prefill-Pool",
         type_ = "integer",
         json_path = ".status.prefill.minMeasuredTokens",
-        description = "Smallest measured prefill KV pool of the current revision (tokens)"
+        description = "Smallest measured prefill KV pool of the current revision (tokens)",
+        priority = "1"
     ),
     printcolumn(
         name = "Decode-Pool",
         type_ = "integer",
         json_path = ".status.decode.minMeasuredTokens",
-        description = "Smallest measured decode KV pool of the current revision (tokens)"
+        description = "Smallest measured decode KV pool of the current revision (tokens)",
+        priority = "1"
     ),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready", description = "Ready router/prefill/decode pods of the serving revision"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.ready",
+        description = "Ready pods of the serving revision: router/prefill/decode, or the engine's server pods"
+    ),
     printcolumn(name = "Status", type_ = "string", json_path = ".status.phase", description = "Progressing, Canary, Baking, Available, RolledBack or Refused"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.prefill.kvPool.pageSize == self.decode.kvPool.pageSize").message("spec.prefill.kvPool.pageSize must equal spec.decode.kvPool.pageSize: decode stores the pages prefill sends").reason(Reason::FieldValueInvalid).field_path(".prefill.kvPool.pageSize"))]
+#[x_kube(validation = Rule::new("!has(self.prefill) || !has(self.decode) || self.prefill.kvPool.pageSize == self.decode.kvPool.pageSize").message("spec.prefill.kvPool.pageSize must equal spec.decode.kvPool.pageSize: decode stores the pages prefill sends").reason(Reason::FieldValueInvalid).field_path(".prefill.kvPool.pageSize"))]
+#[x_kube(validation = Rule::new("self.engine != 'kvgate' || (has(self.prefill) && has(self.decode))").message("spec.prefill and spec.decode are required with engine kvgate").reason(Reason::FieldValueRequired).field_path(".prefill"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || (!has(self.prefill) && !has(self.decode))").message("spec.prefill and spec.decode are kvgate's own roles: an external engine serves whole requests from spec.server").reason(Reason::FieldValueForbidden).field_path(".prefill"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' ? !has(self.server) : has(self.server)").message("spec.server is the external engine's container: required with engine llamacpp, vllm or sglang, not allowed with kvgate").reason(Reason::FieldValueInvalid).field_path(".server"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.model.name)").message("spec.model.name (a built-in model) is kvgate's: an external engine loads spec.model.path").reason(Reason::FieldValueForbidden).field_path(".model.name"))]
+#[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.model.path) || has(self.model.volume)").message("spec.model.path needs spec.model.volume: the volume the checkpoint is on").reason(Reason::FieldValueRequired).field_path(".model.volume"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.image)").message("spec.image is kvgate's worker image: an external engine's image is spec.server.container.image").reason(Reason::FieldValueForbidden).field_path(".image"))]
 pub struct InferenceDeploymentSpec {
+    /// What serves requests: `kvgate` (the default: kvgate's router, prefill and decode workers,
+    /// with handoff integrity) or an engine you already run, `llamacpp`, `vllm` or `sglang`,
+    /// whose container is spec.server. Either way no pod takes traffic before its measured
+    /// per-request capacity holds contextWindow. Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.engine is immutable: create another InferenceDeployment to change engines").reason(Reason::FieldValueForbidden))]
+    pub engine: Engine,
     /// The model every role serves.
     pub model: ModelSpec,
     /// Declared context window in tokens: the most prompt + completion tokens one request may
@@ -57,16 +89,23 @@ pub struct InferenceDeploymentSpec {
     /// revision is refused and never receives traffic.
     #[schemars(range(min = 1))]
     pub context_window: u64,
-    /// Worker image. Defaults to the kvgate-worker image of the operator's own version.
+    /// Worker image (engine kvgate). Defaults to the kvgate-worker image of the operator's own
+    /// version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// Prefill workers: compute prompts' KV and stream it to decode.
-    pub prefill: WorkerRole,
-    /// Decode workers: reserve KV pages, verify each handoff, generate.
-    pub decode: WorkerRole,
-    /// The router: the deployment's API; admits requests and pairs prefill with decode.
+    /// Prefill workers (engine kvgate): compute prompts' KV and stream it to decode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<WorkerRole>,
+    /// Decode workers (engine kvgate): reserve KV pages, verify each handoff, generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<WorkerRole>,
+    /// The router (engine kvgate; ignored otherwise): the deployment's API; admits requests and
+    /// pairs prefill with decode.
     #[serde(default)]
     pub router: RouterRole,
+    /// The external engine's pods (engines llamacpp, vllm, sglang).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerRole>,
     /// Handoff between prefill and decode.
     #[serde(default)]
     pub handoff: HandoffSpec,
@@ -76,14 +115,93 @@ pub struct InferenceDeploymentSpec {
     pub rollout: RolloutSpec,
 }
 
+/// The settings of a kvgate role the spec leaves out (the CRD requires both with engine kvgate).
+static ABSENT_WORKER: std::sync::LazyLock<WorkerRole> =
+    std::sync::LazyLock::new(|| WorkerRole { replicas: 0, kv_pool: KvPoolSpec::default(), resources: None, node_selector: None, tolerations: None });
+
 impl InferenceDeploymentSpec {
-    /// The prefill or decode settings.
+    /// The prefill or decode settings (engine kvgate).
     pub fn worker(&self, role: Role) -> &WorkerRole {
-        match role {
+        let w = match role {
             Role::Prefill => &self.prefill,
             Role::Decode => &self.decode,
+            Role::Server => &None,
+        };
+        w.as_ref().unwrap_or(&ABSENT_WORKER)
+    }
+
+    /// The roles whose pods the gate verifies: prefill and decode, or the engine's server.
+    pub fn roles(&self) -> &'static [Role] {
+        match self.engine {
+            Engine::Kvgate => &[Role::Prefill, Role::Decode],
+            _ => &[Role::Server],
         }
     }
+
+    /// The HTTP port of `role`'s pods: the worker's, or the engine's.
+    pub fn port(&self, role: Role) -> u16 {
+        match role.worker() {
+            Some(worker) => worker.port(),
+            None => self.server.as_ref().and_then(|s| s.port).and_then(|p| u16::try_from(p).ok()).unwrap_or_else(|| crate::engines::default_port(self.engine)),
+        }
+    }
+
+    /// Pods the spec asks for in `role`.
+    pub fn replicas(&self, role: Role) -> i32 {
+        match role {
+            Role::Server => self.server.as_ref().map_or(0, |s| s.replicas),
+            _ => self.worker(role).replicas,
+        }
+    }
+}
+
+/// What serves requests.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema, strum::IntoStaticStr)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum Engine {
+    // kvgate's router, prefill and decode workers (handoff integrity end to end).
+    #[default]
+    Kvgate,
+    // llama.cpp's server: per-request capacity is /props default_generation_settings.n_ctx.
+    Llamacpp,
+    // vLLM: the smaller of /v1/models max_model_len and the KV cache in vllm:cache_config_info.
+    Vllm,
+    // SGLang: /get_server_info max_total_num_tokens, max_req_input_len, context_length.
+    Sglang,
+}
+
+impl Engine {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// An external engine's pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerRole {
+    /// Pods of the engine.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// The engine's container, as in a pod spec: image, command and args (the engine's own
+    /// flags: its context size, slots, KV cache), env, resources, probes, securityContext. The
+    /// operator adds the model volume (read-only at /models), a port named `http` when the
+    /// container names none, health probes on the engine's health endpoint when it has none,
+    /// and the restricted security context when it sets none.
+    pub container: k8s_openapi::api::core::v1::Container,
+    /// The port the engine serves HTTP on: its OpenAI-compatible API and what the operator reads
+    /// its capacity from. Default: llamacpp 8080, vllm 8000, sglang 30000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+    /// Node labels the pods must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
 }
 
 /// Which model: the built-in `tiny` model, or a checkpoint directory on a volume.
@@ -176,6 +294,12 @@ pub struct KvPoolSpec {
     #[serde(default = "device")]
     #[schemars(regex(pattern = r"^(cpu|cuda(:[0-9]+)?)$"))]
     pub device: String,
+}
+
+impl Default for KvPoolSpec {
+    fn default() -> Self {
+        KvPoolSpec { page_size: page_size(), bytes: None, tokens: None, memory_fraction: None, dtype: dtype(), device: device() }
+    }
 }
 
 fn page_size() -> u32 {
@@ -360,6 +484,12 @@ pub struct InferenceDeploymentStatus {
     /// Router pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router: Option<RoleStatus>,
+    /// The external engine's server pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<RoleStatus>,
+    /// Smallest measured per-request KV capacity among the shown revision's pods, any role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_measured_tokens: Option<u64>,
 }
 
 /// `Option<Phase>` as a structural schema: the phases' enum, nullable (schemars would list

@@ -3,17 +3,94 @@
 
 use kvgate_proto::CapacityReport;
 
+use crate::engines::EngineCapacity;
+
 /// The readiness gate the operator owns on every prefill and decode pod.
 pub const CONDITION: &str = "kvgate.dev/kv-pool-verified";
 
-pub use kvgate_proto::contract::Role;
+/// A role whose pods the gate verifies: kvgate's prefill and decode workers, or an external
+/// engine's server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    Prefill,
+    Decode,
+    Server,
+}
 
-/// One pod's capacity report (or none yet: still starting, or unreachable).
+impl Role {
+    /// The `app.kubernetes.io/component` label and the metrics' `role` label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Server => "server",
+        }
+    }
+
+    /// The kvgate worker role (its subcommand and port), for prefill and decode.
+    pub const fn worker(self) -> Option<kvgate_proto::contract::Role> {
+        match self {
+            Role::Prefill => Some(kvgate_proto::contract::Role::Prefill),
+            Role::Decode => Some(kvgate_proto::contract::Role::Decode),
+            Role::Server => None,
+        }
+    }
+
+    /// The role whose pages this one exchanges (and whose fingerprints must agree).
+    pub const fn peer(self) -> Option<Role> {
+        match self {
+            Role::Prefill => Some(Role::Decode),
+            Role::Decode => Some(Role::Prefill),
+            Role::Server => None,
+        }
+    }
+
+    /// The role a pod's component label names.
+    pub fn from_component(label: &str) -> Option<Role> {
+        [Role::Prefill, Role::Decode, Role::Server].into_iter().find(|r| r.as_str() == label)
+    }
+}
+
+/// What a pod measured: a kvgate worker's signed capacity report, or what an external engine
+/// says one request may use.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Measured {
+    Kvgate(CapacityReport),
+    Engine(EngineCapacity),
+}
+
+impl Measured {
+    /// Tokens one request may use.
+    pub fn tokens(&self) -> u64 {
+        match self {
+            Measured::Kvgate(r) => r.capacity_tokens,
+            Measured::Engine(c) => c.tokens,
+        }
+    }
+
+    /// Model and KV-layout fingerprints (kvgate's workers only).
+    pub fn fingerprints(&self) -> Option<(&str, &str)> {
+        match self {
+            Measured::Kvgate(r) => Some((&r.model_fingerprint, &r.layout_fingerprint)),
+            Measured::Engine(_) => None,
+        }
+    }
+
+    /// `prefill pod P measured N tokens` or `llamacpp pod P: n_ctx per slot N`.
+    fn describe(&self, role: Role, pod: &str) -> String {
+        match self {
+            Measured::Kvgate(r) => format!("{} pod {pod} measured {} tokens", role.as_str(), r.capacity_tokens),
+            Measured::Engine(c) => format!("{} pod {pod}: {} {}", c.engine.as_str(), c.field, c.tokens),
+        }
+    }
+}
+
+/// One pod's capacity (or none yet: still starting, or unreachable).
 #[derive(Debug, Clone)]
 pub struct PodReport {
     pub role: Role,
     pub pod: String,
-    pub report: Option<CapacityReport>,
+    pub report: Option<Measured>,
 }
 
 /// Why a pod fails the gate: the `reason` of its condition and of the refusal.
@@ -48,36 +125,30 @@ pub enum Verdict {
 /// equal those of the other role's pods (the pages decode stores must be the ones prefill
 /// computes). With no pod of the other role reporting yet, the fingerprint check waits.
 pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdict) {
-    let fingerprints = |role: Role| -> Option<(&str, &str)> {
-        pods.iter().filter(|p| p.role == role).find_map(|p| p.report.as_ref().map(|r| (r.model_fingerprint.as_str(), r.layout_fingerprint.as_str())))
-    };
+    let fingerprints = |role: Role| -> Option<(&str, &str)> { pods.iter().filter(|p| p.role == role).find_map(|p| p.report.as_ref()?.fingerprints()) };
     let verdicts: Vec<PodVerdict> = pods
         .iter()
         .map(|p| {
             let Some(r) = &p.report else { return PodVerdict::Pending };
-            let role = p.role.as_str();
-            if r.capacity_tokens < context_window {
-                return PodVerdict::Failed {
-                    failure: Failure::KVPoolBelowContextWindow,
-                    message: format!("{role} pod {} measured {} tokens < contextWindow {context_window}", p.pod, r.capacity_tokens),
-                };
+            let measured = r.describe(p.role, &p.pod);
+            if r.tokens() < context_window {
+                return PodVerdict::Failed { failure: Failure::KVPoolBelowContextWindow, message: format!("{measured} < contextWindow {context_window}") };
             }
-            let other = p.role.peer();
+            let verified = PodVerdict::Verified { message: format!("{measured} >= contextWindow {context_window}") };
+            // Prefill and decode exchange pages: their fingerprints must agree.
+            let (Some(other), Some((own_model, own_layout))) = (p.role.peer(), r.fingerprints()) else { return verified };
             match fingerprints(other) {
                 None => PodVerdict::Pending,
-                Some((model, layout)) if model != r.model_fingerprint || layout != r.layout_fingerprint => PodVerdict::Failed {
+                Some((model, layout)) if model != own_model || layout != own_layout => PodVerdict::Failed {
                     failure: Failure::FingerprintMismatch,
                     message: format!(
-                        "{role} pod {} has model/layout fingerprints {}/{} but the {} pods have {model}/{layout}",
+                        "{} pod {} has model/layout fingerprints {own_model}/{own_layout} but the {} pods have {model}/{layout}",
+                        p.role.as_str(),
                         p.pod,
-                        r.model_fingerprint,
-                        r.layout_fingerprint,
                         other.as_str()
                     ),
                 },
-                Some(_) => {
-                    PodVerdict::Verified { message: format!("{role} pod {} measured {} tokens >= contextWindow {context_window}", p.pod, r.capacity_tokens) }
-                }
+                Some(_) => verified,
             }
         })
         .collect();
@@ -98,8 +169,8 @@ pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdi
 mod tests {
     use super::*;
 
-    fn report(tokens: u64, model: &str, layout: &str) -> Option<CapacityReport> {
-        Some(CapacityReport {
+    fn report(tokens: u64, model: &str, layout: &str) -> Option<Measured> {
+        Some(Measured::Kvgate(CapacityReport {
             capacity_tokens: tokens,
             page_size: 16,
             num_pages: tokens / 16,
@@ -110,10 +181,10 @@ mod tests {
             model_fingerprint: model.into(),
             layout_fingerprint: layout.into(),
             vocab_size: Some(258),
-        })
+        }))
     }
 
-    fn pod(role: Role, name: &str, report: Option<CapacityReport>) -> PodReport {
+    fn pod(role: Role, name: &str, report: Option<Measured>) -> PodReport {
         PodReport { role, pod: name.into(), report }
     }
 
@@ -142,6 +213,27 @@ mod tests {
         let Verdict::Refused { failure, message } = verdict else { panic!("{verdict:?}") };
         assert_eq!(failure, Failure::FingerprintMismatch);
         assert!(message.contains("l-bf16") && message.contains("l-f32"), "{message}");
+    }
+
+    #[test]
+    fn an_engine_pod_is_judged_on_its_own_numbers_named_as_the_engine_names_them() {
+        let engine = |tokens: u64| {
+            Some(Measured::Engine(EngineCapacity {
+                engine: crate::crd::Engine::Llamacpp,
+                tokens,
+                field: "n_ctx per slot".into(),
+                model: "tiny.gguf".into(),
+                detail: "4 slots".into(),
+            }))
+        };
+        let (per_pod, verdict) = judge(4096, &[pod(Role::Server, "s-0", engine(1024))]);
+        assert_eq!(
+            verdict,
+            Verdict::Refused { failure: Failure::KVPoolBelowContextWindow, message: "llamacpp pod s-0: n_ctx per slot 1024 < contextWindow 4096".into() }
+        );
+        assert_eq!(per_pod.len(), 1);
+        // No peer role, no fingerprints: a pool that holds the window is verified on its own.
+        assert_eq!(judge(4096, &[pod(Role::Server, "s-0", engine(4096))]).1, Verdict::Verified);
     }
 
     #[test]

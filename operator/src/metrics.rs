@@ -142,7 +142,7 @@ impl Metrics {
         for p in Phase::ALL {
             self.phase.with_label_values(&[ns, name, p.as_str()]).set(i64::from(status.phase == Some(*p)));
         }
-        for (role, rs) in [("prefill", &status.prefill), ("decode", &status.decode)] {
+        for (role, rs) in [("prefill", &status.prefill), ("decode", &status.decode), ("server", &status.server)] {
             let serving = rs.as_ref().filter(|r| r.revision.is_some() && r.revision == status.current_revision);
             match serving.and_then(|r| r.min_measured_tokens) {
                 Some(tokens) => self.pool_tokens.with_label_values(&[ns, name, role]).set(tokens as i64),
@@ -168,7 +168,7 @@ impl Metrics {
         for p in Phase::ALL {
             let _ = self.phase.remove_label_values(&[ns, name, p.as_str()]);
         }
-        for role in ["prefill", "decode"] {
+        for role in ["prefill", "decode", "server"] {
             let _ = self.pool_tokens.remove_label_values(&[ns, name, role]);
         }
         for reason in RefusalReason::ALL {

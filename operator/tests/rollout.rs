@@ -426,9 +426,13 @@ fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "shown")["status"]["phase"] == "Available");
     let table = cp.kubectl_ok(&["-n", &ns, "get", "infd"]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "WINDOW", "PREFILL-POOL", "DECODE-POOL", "READY", "STATUS", "AGE"], "{table}");
+    assert_eq!(header, ["NAME", "ENGINE", "WINDOW", "POOL", "READY", "STATUS", "AGE"], "{table}");
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
-    assert_eq!(&row[..6], ["shown", "256", "1024", "1024", "1/1/1", "Available"], "{table}");
+    assert_eq!(&row[..6], ["shown", "kvgate", "256", "1024", "1/1/1", "Available"], "{table}");
+    // The pool of each role in the wide view.
+    let wide = cp.kubectl_ok(&["-n", &ns, "get", "infd", "-o", "wide"]);
+    let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "ENGINE", "WINDOW", "POOL", "PREFILL-POOL", "DECODE-POOL", "READY", "STATUS", "AGE"], "{wide}");
 
     // Deleting it deletes everything it owned.
     cp.kubectl_ok(&["-n", &ns, "delete", "infd", "shown", "--wait=true"]);

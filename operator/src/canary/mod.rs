@@ -1,11 +1,14 @@
 //! The integrity canary: before a candidate revision's pods take traffic, the operator drives
-//! fixed greedy prompts through every candidate prefill x decode pair itself, over the path the
-//! router uses (`pair.rs`). Checksums prove a transfer arrived as sent; only comparing outputs
-//! proves that prefill computed the right KV and that decode read it where it landed.
+//! fixed greedy prompts through them itself. For kvgate's workers, through every candidate
+//! prefill x decode pair over the path the router uses (`pair.rs`): checksums prove a transfer
+//! arrived as sent; only comparing outputs proves that prefill computed the right KV and that
+//! decode read it where it landed. For an external engine, through every server pod's own API
+//! (`engines::generate`).
 //!
-//! The revision passes only if every pair answers, every pair gives the same tokens for each
-//! prompt, those equal what a serving pair gives when the serving revision has the same model
-//! and KV layout, and no candidate pod's `kvgate_handoff_mismatch_total` moved.
+//! The revision passes only if every pair (or pod) answers, all give the same tokens for each
+//! prompt, those equal what the serving revision gives when it serves the same model (and, for
+//! kvgate, the same KV layout), and no candidate kvgate pod's `kvgate_handoff_mismatch_total`
+//! moved.
 
 mod pair;
 pub mod prompts;
@@ -15,17 +18,16 @@ pub use pair::Endpoint;
 use kvgate_proto::auth::DeploymentKey;
 use kvgate_proto::contract::{DECODE_PORT, PREFILL_PORT};
 
-use crate::crd::CanaryStatus;
-use crate::scrape;
+use crate::crd::{CanaryStatus, Engine};
+use crate::{engines, scrape};
 
 /// One canary run, as decided from what a reconcile observed (pure data).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CanaryRun {
     pub revision: String,
-    pub prefill: Vec<Endpoint>,
-    pub decode: Vec<Endpoint>,
-    /// A serving revision with the same model and layout, one of its pairs, and the window it
-    /// was verified for (longer prompts are compared among the candidate's pairs only).
+    pub target: Target,
+    /// A serving revision serving the same model (and layout), and the window it was verified
+    /// for (longer prompts are compared among the candidate's pods only).
     pub reference: Option<Reference>,
     pub prompts: u32,
     pub page_size: u32,
@@ -34,23 +36,73 @@ pub struct CanaryRun {
     pub max_tokens: u32,
 }
 
-/// A serving revision the candidate's outputs must equal.
+/// What a canary drives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// kvgate: every prefill x decode pair.
+    Pairs { prefill: Vec<Endpoint>, decode: Vec<Endpoint> },
+    /// An external engine: every server pod, through its own API.
+    Servers { engine: Engine, port: u16, model: String, pods: Vec<Endpoint> },
+}
+
+/// A serving revision the candidate's outputs must equal (one pair, or one pod).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reference {
     pub revision: String,
-    pub prefill: Endpoint,
-    pub decode: Endpoint,
+    pub target: Target,
     pub context_window: u64,
 }
 
-/// Runs the canary; the status to record for the revision.
-pub async fn run(http: &reqwest::Client, key: &DeploymentKey, run: &CanaryRun) -> CanaryStatus {
-    let result = check(http, key, run).await;
-    CanaryStatus { revision: run.revision.clone(), passed: result.is_ok(), message: result.unwrap_or_else(|e| e) }
+/// One thing that generates: a prefill x decode pair or an engine pod.
+enum Unit<'a> {
+    Pair(&'a Endpoint, &'a Endpoint),
+    Server { engine: Engine, port: u16, model: &'a str, pod: &'a Endpoint },
 }
 
-fn pair_name(prefill: &Endpoint, decode: &Endpoint) -> String {
-    format!("prefill {} x decode {}", prefill.pod, decode.pod)
+impl Target {
+    fn units(&self) -> Vec<Unit<'_>> {
+        match self {
+            Target::Pairs { prefill, decode } => prefill.iter().flat_map(|p| decode.iter().map(move |d| Unit::Pair(p, d))).collect(),
+            Target::Servers { engine, port, model, pods } => pods.iter().map(|pod| Unit::Server { engine: *engine, port: *port, model, pod }).collect(),
+        }
+    }
+
+    /// The kvgate pods whose mismatch counters must not move.
+    fn counted(&self) -> Vec<(&Endpoint, u16)> {
+        match self {
+            Target::Pairs { prefill, decode } => prefill.iter().map(|e| (e, PREFILL_PORT)).chain(decode.iter().map(|e| (e, DECODE_PORT))).collect(),
+            Target::Servers { .. } => Vec::new(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Target::Pairs { prefill, decode } => format!("{} pairs", prefill.len() * decode.len()),
+            Target::Servers { engine, pods, .. } => format!("{} {} pods", pods.len(), engine.as_str()),
+        }
+    }
+}
+
+impl Unit<'_> {
+    fn name(&self) -> String {
+        match self {
+            Unit::Pair(p, d) => format!("pair prefill {} x decode {}", p.pod, d.pod),
+            Unit::Server { engine, pod, .. } => format!("{} pod {}", engine.as_str(), pod.pod),
+        }
+    }
+
+    async fn generate(&self, http: &reqwest::Client, key: Option<&DeploymentKey>, prompt: &[u32], max_tokens: u32) -> Result<Vec<u32>, String> {
+        match self {
+            Unit::Pair(p, d) => pair::generate(http, key.ok_or("no handoff key to sign the canary's calls")?, p, d, prompt, max_tokens).await,
+            Unit::Server { engine, port, model, pod } => engines::generate(http, *engine, &pod.ip, *port, model, prompt, max_tokens).await,
+        }
+    }
+}
+
+/// Runs the canary (`key` signs kvgate's internal calls); the status to record for the revision.
+pub async fn run(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> CanaryStatus {
+    let result = check(http, key, run).await;
+    CanaryStatus { revision: run.revision.clone(), passed: result.is_ok(), message: result.unwrap_or_else(|e| e) }
 }
 
 /// Where two outputs first differ.
@@ -62,45 +114,42 @@ fn token_at(tokens: &[u32], i: usize) -> String {
     tokens.get(i).map_or_else(|| "the end of its output".to_string(), |t| format!("token id {t}"))
 }
 
-async fn check(http: &reqwest::Client, key: &DeploymentKey, run: &CanaryRun) -> Result<String, String> {
-    let pods: Vec<(&Endpoint, u16)> = run.prefill.iter().map(|e| (e, PREFILL_PORT)).chain(run.decode.iter().map(|e| (e, DECODE_PORT))).collect();
-    let before = mismatches(http, &pods).await?;
+async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> Result<String, String> {
+    let counted = run.target.counted();
+    let before = mismatches(http, &counted).await?;
     let prompts = prompts::prompts(run.prompts, run.page_size, run.max_prompt_tokens, run.vocab);
-    // What each prompt must give: the serving revision's output, else the first pair's.
+    // What each prompt must give: the serving revision's output, else the first unit's.
     let mut want: Vec<Option<(String, Vec<u32>)>> = vec![None; prompts.len()];
-    if let Some(r) = &run.reference {
-        let by = format!("serving revision {} ({})", r.revision, pair_name(&r.prefill, &r.decode));
+    if let Some(r) = &run.reference
+        && let Some(unit) = r.target.units().first()
+    {
+        let by = format!("serving revision {} ({})", r.revision, unit.name());
         let fits = |p: &Vec<u32>| p.len() as u64 + u64::from(run.max_tokens) <= r.context_window;
         for (w, prompt) in want.iter_mut().zip(&prompts).filter(|(_, p)| fits(p)) {
-            let tokens = pair::generate(http, key, &r.prefill, &r.decode, prompt, run.max_tokens)
-                .await
-                .map_err(|e| format!("{by}, prompt of {} tokens: {e}", prompt.len()))?;
+            let tokens = unit.generate(http, key, prompt, run.max_tokens).await.map_err(|e| format!("{by}, prompt of {} tokens: {e}", prompt.len()))?;
             *w = Some((by.clone(), tokens));
         }
     }
-    for prefill in &run.prefill {
-        for decode in &run.decode {
-            let pair = pair_name(prefill, decode);
-            for (w, prompt) in want.iter_mut().zip(&prompts) {
-                let n = prompt.len();
-                let got =
-                    pair::generate(http, key, prefill, decode, prompt, run.max_tokens).await.map_err(|e| format!("pair {pair}, prompt of {n} tokens: {e}"))?;
-                match w {
-                    None => *w = Some((format!("pair {pair}"), got)),
-                    Some((by, expected)) => {
-                        if let Some(i) = first_difference(expected, &got) {
-                            return Err(format!(
-                                "pair {pair}, prompt of {n} tokens: output token {i} is {}, but {by} gave {}",
-                                token_at(&got, i),
-                                token_at(expected, i)
-                            ));
-                        }
+    for unit in run.target.units() {
+        let name = unit.name();
+        for (w, prompt) in want.iter_mut().zip(&prompts) {
+            let n = prompt.len();
+            let got = unit.generate(http, key, prompt, run.max_tokens).await.map_err(|e| format!("{name}, prompt of {n} tokens: {e}"))?;
+            match w {
+                None => *w = Some((name.clone(), got)),
+                Some((by, expected)) => {
+                    if let Some(i) = first_difference(expected, &got) {
+                        return Err(format!(
+                            "{name}, prompt of {n} tokens: output token {i} is {}, but {by} gave {}",
+                            token_at(&got, i),
+                            token_at(expected, i)
+                        ));
                     }
                 }
             }
         }
     }
-    let after = mismatches(http, &pods).await?;
+    let after = mismatches(http, &counted).await?;
     for ((pod, was), (_, now)) in before.iter().zip(&after) {
         if now > was {
             return Err(format!("pod {pod} counted {} handoff mismatches during the canary (kvgate_handoff_mismatch_total {was} -> {now})", now - was));
@@ -111,16 +160,17 @@ async fn check(http: &reqwest::Client, key: &DeploymentKey, run: &CanaryRun) -> 
         Some(r) => format!(", equal to serving revision {}'s where they fit its window of {}", r.revision, r.context_window),
         None => String::new(),
     };
+    let mismatch = if counted.is_empty() { "" } else { "; no handoff mismatch" };
     Ok(format!(
-        "{} prompts ({} tokens) x {} generated tokens through {} pairs: every pair gave the same tokens{compared}; no handoff mismatch",
+        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{mismatch}",
         prompts.len(),
         lengths.join(", "),
         run.max_tokens,
-        run.prefill.len() * run.decode.len()
+        run.target.describe()
     ))
 }
 
-/// Each pod's `kvgate_handoff_mismatch_total`, summed over reasons.
+/// Each counted pod's `kvgate_handoff_mismatch_total`, summed over reasons.
 async fn mismatches(http: &reqwest::Client, pods: &[(&Endpoint, u16)]) -> Result<Vec<(String, f64)>, String> {
     let mut out = Vec::new();
     for (e, port) in pods {
@@ -140,5 +190,17 @@ mod tests {
         assert_eq!(first_difference(&[1, 2, 3], &[1, 5, 3]), Some(1));
         assert_eq!(first_difference(&[1, 2], &[1, 2, 3]), Some(2));
         assert_eq!(token_at(&[1, 2], 2), "the end of its output");
+    }
+
+    #[test]
+    fn pairs_are_every_prefill_with_every_decode_and_servers_every_pod() {
+        let e = |n: &str| Endpoint { pod: n.into(), ip: "10.0.0.1".into() };
+        let pairs = Target::Pairs { prefill: vec![e("p0"), e("p1")], decode: vec![e("d0"), e("d1"), e("d2")] };
+        assert_eq!(pairs.units().len(), 6);
+        assert_eq!(pairs.counted().len(), 5);
+        assert_eq!(pairs.units()[0].name(), "pair prefill p0 x decode d0");
+        let servers = Target::Servers { engine: Engine::Llamacpp, port: 8080, model: "m".into(), pods: vec![e("s0"), e("s1")] };
+        assert_eq!(servers.units().iter().map(Unit::name).collect::<Vec<_>>(), ["llamacpp pod s0", "llamacpp pod s1"]);
+        assert!(servers.counted().is_empty(), "an engine has no handoff counters");
     }
 }

@@ -20,9 +20,9 @@ use serde_json::json;
 
 use super::decide::Plan;
 use super::{Context, Error, MANAGER, event};
-use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
+use crate::crd::{Engine, InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
-use crate::render::{router, secret, workers};
+use crate::render::{engine, router, secret, workers};
 use crate::watch::{self, diff};
 
 /// Applies `obj` unless the watched copy in `store` already holds it. Unchanged objects are
@@ -73,15 +73,23 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     let ns = d.namespace().unwrap_or_else(|| "default".into());
     let name = d.name_any();
     let log = ctx.settings.worker_log_format;
-    ensure_secret(ctx, d, &ns).await?;
-    for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
-        apply(ctx, d, &stores.services, &svc).await?;
+    if d.spec.engine == Engine::Kvgate {
+        ensure_secret(ctx, d, &ns).await?;
+        for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
+            apply(ctx, d, &stores.services, &svc).await?;
+        }
+        apply(ctx, d, &stores.service_accounts, &router::service_account(d)).await?;
+        apply(ctx, d, &stores.roles, &router::role(d)).await?;
+        apply(ctx, d, &stores.role_bindings, &router::role_binding(d)).await?;
+    } else {
+        apply(ctx, d, &stores.services, &engine::api_service(d)).await?;
     }
-    apply(ctx, d, &stores.service_accounts, &router::service_account(d)).await?;
-    apply(ctx, d, &stores.roles, &router::role(d)).await?;
-    apply(ctx, d, &stores.role_bindings, &router::role_binding(d)).await?;
     for w in &plan.workers {
-        apply(ctx, d, &stores.deployments, &workers::deployment(d, w.role, &w.revision, image, w.replicas, log)).await?;
+        let dep = match w.role {
+            Role::Server => engine::deployment(d, &w.revision, w.replicas),
+            role => workers::deployment(d, role, &w.revision, image, w.replicas, log),
+        };
+        apply(ctx, d, &stores.deployments, &dep).await?;
     }
     for dep in &plan.delete {
         delete::<Deployment>(&ctx.client, &ns, dep).await?;

@@ -8,14 +8,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use kvgate_proto::CapacityReport;
 
 use super::Context;
 use super::pod_problems::{self, StuckPod};
-use crate::crd::{CanaryStatus, InferenceDeployment};
-use crate::gate::{self, Role};
+use crate::crd::{CanaryStatus, Engine, InferenceDeployment};
+use crate::gate::{self, Measured, Role};
 use crate::render::{labels, router};
-use crate::tasks::probes::Target;
+use crate::tasks::probes::{Source, Target};
 
 pub use crate::capacity::NoReport;
 
@@ -37,8 +36,9 @@ pub struct WorkerPod {
     pub revision: String,
     /// The pod's IP, once it has one.
     pub ip: Option<String>,
-    /// The pod's verified capacity report, or why there is none.
-    pub report: Result<CapacityReport, NoReport>,
+    /// What the pod measured (a kvgate worker's verified report, or its engine's answer), or
+    /// why there is none.
+    pub report: Result<Measured, NoReport>,
     pub condition: Option<PodCondition>,
 }
 
@@ -106,17 +106,16 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
             Some(StuckPod { pod: p.name_any(), revision: p.labels().get(labels::REVISION).cloned(), reason, message })
         })
         .collect();
-    let key = ctx.root.deployment_key(&uid);
+    let source = match d.spec.engine {
+        Engine::Kvgate => Source::Kvgate(ctx.root.deployment_key(&uid)),
+        engine => Source::Engine(engine),
+    };
     let mut unread = Vec::new();
     let workers: Vec<WorkerPod> = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| {
-            let role = match p.labels().get(labels::COMPONENT).map(String::as_str) {
-                Some("prefill") => Role::Prefill,
-                Some("decode") => Role::Decode,
-                _ => return None,
-            };
+            let role = Role::from_component(p.labels().get(labels::COMPONENT)?).filter(|r| d.spec.roles().contains(r))?;
             let status = p.status.as_ref();
             let ip = status.and_then(|s| s.pod_ip.clone());
             let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
@@ -127,11 +126,11 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
                     pod_uid: p.uid().unwrap_or_default(),
                     pod: p.name_any(),
                     ip: ip.clone(),
-                    port: role.port(),
+                    port: d.spec.port(role),
                     restarts: restarts(p),
                     owner: owner.clone(),
                     owner_uid: uid.clone(),
-                    key: key.clone(),
+                    source: source.clone(),
                 }) {
                     Some(report) => report,
                     None => {
@@ -147,7 +146,7 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
 
     let canary = ctx.canaries.result(&uid, revision);
     let mismatches = mismatches_wanted(d, revision, canary.as_ref()).then(|| {
-        let targets = workers.iter().filter_map(|p| Some((p.ip.clone()?, p.role.port()))).collect();
+        let targets = workers.iter().filter_map(|p| Some((p.ip.clone()?, d.spec.port(p.role)))).collect();
         let counters = ctx.scrapes.want(&owner, &uid, targets)?;
         // A promotion's baseline must cover every pod; a bake judges on whatever answered.
         let baking = d.status.as_ref().is_some_and(|s| s.bake.is_some());
@@ -170,8 +169,11 @@ fn restarts(p: &Pod) -> i32 {
 }
 
 /// The mismatch counters matter during a bake, and when a promotion over a serving revision may
-/// start one (its baseline).
+/// start one (its baseline). External engines have none: their bake watches nothing but time.
 fn mismatches_wanted(d: &InferenceDeployment, revision: &str, canary: Option<&CanaryStatus>) -> bool {
+    if d.spec.engine != Engine::Kvgate {
+        return false;
+    }
     let status = d.status.clone().unwrap_or_default();
     let rollout = &d.spec.rollout;
     let canary_done =

@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
 use super::{Context, Error, apply, decide, observe};
-use crate::crd::InferenceDeployment;
+use crate::crd::{Engine, InferenceDeployment};
 use crate::render::{revision, secret};
 
 pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Action, Error> {
@@ -41,7 +41,8 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     apply::plan(ctx, &d, &image, &plan).await?;
     if let Some(run) = &plan.canary {
         let uid = d.uid().unwrap_or_default();
-        ctx.canaries.start(&ObjectRef::from_obj(&d), &uid, run, ctx.root.deployment_key(&uid));
+        let key = (d.spec.engine == Engine::Kvgate).then(|| ctx.root.deployment_key(&uid));
+        ctx.canaries.start(&ObjectRef::from_obj(&d), &uid, run, key);
     }
     // Passes that wait on time come back soon: a bake's clock, a pod whose report is retried, a
     // rollout whose pods exist but are not all verified. Everything else is woken by the watches

@@ -2,8 +2,10 @@
 //! It says only what was observed: a canary runs only once every pod was verified, and a pod
 //! that cannot start is named with its own reason and message.
 
+use std::collections::BTreeMap;
+
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PROGRESSING, ROLLOUT_REFUSED};
-use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
+use crate::crd::{BakeStatus, CanaryStatus, Engine, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
 use crate::gate::{Role, Verdict};
 use crate::rollout_state::{Phase, RefusalReason};
 
@@ -27,8 +29,8 @@ pub struct Observed {
     pub candidate: Verification,
     /// The pods of the revision the role counts describe: `shown()`.
     pub shown_pods: Verification,
-    /// Ready pods of `shown()`: prefill, decode.
-    pub ready: [i32; 2],
+    /// Ready pods of `shown()`, per role.
+    pub ready: BTreeMap<Role, i32>,
     pub router_ready: i32,
     /// Every pod of the candidate is verified and its integrity canary runs.
     pub canary_running: bool,
@@ -63,39 +65,41 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     let generation = d.metadata.generation;
     let refused_now = o.refused.as_ref().filter(|r| r.revision == o.spec_revision);
     let rolled_out = o.serving.as_ref() == Some(&o.spec_revision);
-    let role = |role: Role, idx: usize, prev: &Option<RoleStatus>| -> RoleStatus {
-        let desired = d.spec.worker(role).replicas;
-        // A refused revision is scaled to zero: keep what its pods measured.
-        let kept = prev.as_ref().filter(|p| p.revision.as_deref() == Some(o.shown())).and_then(|p| p.min_measured_tokens);
-        RoleStatus {
-            revision: Some(o.shown().to_string()),
-            desired_replicas: desired,
-            ready_replicas: o.ready[idx],
-            verified_replicas: o.shown_pods.verified.get(&role).copied().unwrap_or(0),
-            min_measured_tokens: o.shown_pods.min_measured.get(&role).copied().or(kept),
-        }
+    let kvgate = d.spec.engine == Engine::Kvgate;
+    let ready = |role: Role| o.ready.get(&role).copied().unwrap_or(0);
+    let role = |role: Role, prev: &Option<RoleStatus>| -> Option<RoleStatus> {
+        d.spec.roles().contains(&role).then(|| {
+            // A refused revision is scaled to zero: keep what its pods measured.
+            let kept = prev.as_ref().filter(|p| p.revision.as_deref() == Some(o.shown())).and_then(|p| p.min_measured_tokens);
+            RoleStatus {
+                revision: Some(o.shown().to_string()),
+                desired_replicas: d.spec.replicas(role),
+                ready_replicas: ready(role),
+                verified_replicas: o.shown_pods.verified.get(&role).copied().unwrap_or(0),
+                min_measured_tokens: o.shown_pods.min_measured.get(&role).copied().or(kept),
+            }
+        })
     };
-    let prefill = role(Role::Prefill, 0, &prev.prefill);
-    let decode = role(Role::Decode, 1, &prev.decode);
-    let router = RoleStatus {
+    let (prefill, decode, server) = (role(Role::Prefill, &prev.prefill), role(Role::Decode, &prev.decode), role(Role::Server, &prev.server));
+    let router = kvgate.then_some(RoleStatus {
         revision: None,
         desired_replicas: d.spec.router.replicas,
         ready_replicas: o.router_ready,
         verified_replicas: 0,
         min_measured_tokens: None,
-    };
+    });
     let stuck = |pods: &[String]| pods.join("; ");
 
     let mut conds = prev.conditions.clone();
-    let available = o.serving.is_some() && o.router_ready > 0 && o.ready[0] > 0 && o.ready[1] > 0;
+    let all_ready = d.spec.roles().iter().all(|&r| ready(r) > 0);
+    let available = o.serving.is_some() && all_ready && (!kvgate || o.router_ready > 0);
+    let counts = if kvgate {
+        format!("{} router, {} prefill, {} decode pods ready", o.router_ready, ready(Role::Prefill), ready(Role::Decode))
+    } else {
+        format!("{} {} server pods ready", ready(Role::Server), d.spec.engine.as_str())
+    };
     let serving_text = o.serving.as_ref().map_or("no revision has passed the rollout gate".to_string(), |s| {
-        format!(
-            "revision {s} serves contextWindow {}: {} router, {} prefill, {} decode pods ready",
-            o.serving_window.unwrap_or(0),
-            o.router_ready,
-            o.ready[0],
-            o.ready[1]
-        )
+        format!("revision {s} serves contextWindow {}: {counts}", o.serving_window.unwrap_or(0))
     });
     let (reason, message) = match (&o.serving, available, refused_now) {
         (_, true, _) => ("Serving", serving_text.clone()),
@@ -118,8 +122,9 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         ("IntegrityCanary", format!("revision {}: every pod's KV pool verified; the integrity canary runs before any pod takes traffic", o.spec_revision))
     } else {
         let v = &o.candidate;
-        let count = |r: Role| format!("{}/{}", v.verified.get(&r).copied().unwrap_or(0), d.spec.worker(r).replicas);
-        ("VerifyingKVPools", format!("revision {}: {} prefill and {} decode pods verified", o.spec_revision, count(Role::Prefill), count(Role::Decode)))
+        let count = |r: &Role| format!("{}/{} {}", v.verified.get(r).copied().unwrap_or(0), d.spec.replicas(*r), r.as_str());
+        let counts: Vec<String> = d.spec.roles().iter().map(count).collect();
+        ("VerifyingKVPools", format!("revision {}: {} pods verified", o.spec_revision, counts.join(" and ")))
     };
     conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation);
 
@@ -165,7 +170,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     InferenceDeploymentStatus {
         observed_generation: generation,
         phase: Some(phase),
-        ready: Some(format!("{}/{}/{}", o.router_ready, o.ready[0], o.ready[1])),
+        ready: Some(if kvgate { format!("{}/{}/{}", o.router_ready, ready(Role::Prefill), ready(Role::Decode)) } else { ready(Role::Server).to_string() }),
         conditions: conds,
         current_revision: o.serving.clone(),
         current_context_window: o.serving_window,
@@ -173,8 +178,10 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         refused_revision: o.refused.clone(),
         canary: o.canary.clone(),
         bake: o.bake.clone(),
-        prefill: Some(prefill),
-        decode: Some(decode),
-        router: Some(router),
+        min_measured_tokens: [&prefill, &decode, &server].into_iter().flatten().filter_map(|r| r.min_measured_tokens).min(),
+        prefill,
+        decode,
+        router,
+        server,
     }
 }

@@ -1,5 +1,6 @@
 //! The objects an `InferenceDeployment` owns, built from its spec. Pure: no I/O.
 
+pub mod engine;
 pub mod labels;
 pub mod revision;
 pub mod router;

@@ -3,19 +3,22 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::crd::InferenceDeploymentSpec;
+use crate::crd::{Engine, InferenceDeploymentSpec, ServerRole, WorkerRole};
 
-/// 10 hex digits of SHA-256 over the worker-shaping fields (the router's own settings and the
+/// 10 hex digits of SHA-256 over the pod-shaping fields (the router's own settings and the
 /// replica counts are not part of it: scaling is not a rollout).
 pub fn of(spec: &InferenceDeploymentSpec, image: &str) -> String {
-    let mut prefill = spec.prefill.clone();
-    let mut decode = spec.decode.clone();
-    prefill.replicas = 0;
-    decode.replicas = 0;
-    let shaping = serde_json::json!({
-        "model": spec.model, "contextWindow": spec.context_window, "image": image,
-        "prefill": prefill, "decode": decode, "handoff": spec.handoff,
-    });
+    let unscaled = |w: &Option<WorkerRole>| w.clone().map(|w| WorkerRole { replicas: 0, ..w });
+    let shaping = match spec.engine {
+        Engine::Kvgate => serde_json::json!({
+            "model": spec.model, "contextWindow": spec.context_window, "image": image,
+            "prefill": unscaled(&spec.prefill), "decode": unscaled(&spec.decode), "handoff": spec.handoff,
+        }),
+        engine => serde_json::json!({
+            "engine": engine, "model": spec.model, "contextWindow": spec.context_window,
+            "server": spec.server.clone().map(|s| ServerRole { replicas: 0, ..s }),
+        }),
+    };
     let digest = Sha256::digest(shaping.to_string().as_bytes());
     digest.iter().take(5).map(|b| format!("{b:02x}")).collect()
 }
@@ -38,11 +41,11 @@ mod tests {
         let base = of(&spec(), "img");
         assert_eq!(base.len(), 10);
         let mut s = spec();
-        s.prefill.replicas = 5;
+        s.prefill.as_mut().unwrap().replicas = 5;
         s.router.replicas = 3;
         assert_eq!(of(&s, "img"), base);
         let mut s = spec();
-        s.prefill.kv_pool.tokens = Some(8192);
+        s.prefill.as_mut().unwrap().kv_pool.tokens = Some(8192);
         assert_ne!(of(&s, "img"), base);
         let mut s = spec();
         s.context_window = 512;

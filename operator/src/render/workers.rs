@@ -109,7 +109,8 @@ pub fn worker_args(d: &InferenceDeployment, role: Role, log: LogFormat) -> Vec<S
     let r = d.spec.worker(role);
     let pool = &r.kv_pool;
     let (model, _) = model_flag(d);
-    let mut args = vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("0.0.0.0:{}", role.port())), flag::arg(flag::LOG_FORMAT, log.as_str())];
+    let mut args =
+        vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("0.0.0.0:{}", d.spec.port(role))), flag::arg(flag::LOG_FORMAT, log.as_str())];
     if role == Role::Decode {
         args.push(flag::arg(flag::KV_LISTEN, format!("0.0.0.0:{KV_PORT}")));
         args.push(flag::arg(flag::KV_ADVERTISE, format!("$(POD_IP):{KV_PORT}")));
@@ -143,7 +144,7 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
     let mut mounts: Vec<VolumeMount> =
         volumes.iter().map(|v| VolumeMount { name: v.name.clone(), mount_path: MODEL_DIR.into(), read_only: Some(true), ..Default::default() }).collect();
-    let mut ports = vec![ContainerPort { name: Some("http".into()), container_port: role.port().into(), ..Default::default() }];
+    let mut ports = vec![ContainerPort { name: Some("http".into()), container_port: d.spec.port(role).into(), ..Default::default() }];
     if role == Role::Decode {
         ports.push(ContainerPort { name: Some("kv".into()), container_port: KV_PORT, ..Default::default() });
     }
@@ -204,8 +205,12 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
 /// The headless Service of one role (all revisions; only Ready pods are used by the router).
 pub fn service(d: &InferenceDeployment, role: Role) -> Service {
     let n = name(d);
-    let mut ports =
-        vec![ServicePort { name: Some("http".into()), port: role.port().into(), target_port: Some(IntOrString::String("http".into())), ..Default::default() }];
+    let mut ports = vec![ServicePort {
+        name: Some("http".into()),
+        port: d.spec.port(role).into(),
+        target_port: Some(IntOrString::String("http".into())),
+        ..Default::default()
+    }];
     if role == Role::Decode {
         ports.push(ServicePort { name: Some("kv".into()), port: KV_PORT, target_port: Some(IntOrString::String("kv".into())), ..Default::default() });
     }

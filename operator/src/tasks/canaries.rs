@@ -38,7 +38,7 @@ impl Canaries {
     }
 
     /// Starts `run` unless it runs (or ran) already.
-    pub fn start(self: &Arc<Self>, owner: &ObjectRef<InferenceDeployment>, owner_uid: &str, run: &CanaryRun, key: DeploymentKey) {
+    pub fn start(self: &Arc<Self>, owner: &ObjectRef<InferenceDeployment>, owner_uid: &str, run: &CanaryRun, key: Option<DeploymentKey>) {
         let mut entries = self.entries.lock().unwrap();
         if entries.get(owner_uid).is_some_and(|e| e.revision == run.revision) {
             return;
@@ -46,20 +46,14 @@ impl Canaries {
         if let Some(old) = entries.remove(owner_uid) {
             old.task.abort();
         }
-        tracing::info!(
-            name = owner.name,
-            namespace = owner.namespace,
-            revision = run.revision,
-            pairs = run.prefill.len() * run.decode.len(),
-            "integrity canary"
-        );
+        tracing::info!(name = owner.name, namespace = owner.namespace, revision = run.revision, "integrity canary");
         let task = tokio::spawn(self.clone().run(owner.clone(), owner_uid.to_string(), run.clone(), key));
         entries.insert(owner_uid.to_string(), Entry { revision: run.revision.clone(), result: None, task });
     }
 
-    async fn run(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String, run: CanaryRun, key: DeploymentKey) {
+    async fn run(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String, run: CanaryRun, key: Option<DeploymentKey>) {
         let started = Instant::now();
-        let result = canary::run(&self.http, &key, &run).await;
+        let result = canary::run(&self.http, key.as_ref(), &run).await;
         self.metrics.canary_duration.observe(started.elapsed().as_secs_f64());
         self.metrics.canaries.with_label_values(&[if result.passed { "passed" } else { "failed" }]).inc();
         if let Some(e) = self.entries.lock().unwrap().get_mut(&uid).filter(|e| e.revision == run.revision) {

@@ -13,13 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::ObjectRef;
-use kvgate_proto::CapacityReport;
 use kvgate_proto::auth::DeploymentKey;
 use tokio::sync::Semaphore;
 
 use super::Trigger;
 use crate::capacity::{self, NoReport};
-use crate::crd::InferenceDeployment;
+use crate::crd::{Engine, InferenceDeployment};
+use crate::engines;
+use crate::gate::Measured;
 
 /// A good report is read again this often (re-verification of serving pods).
 pub const REFRESH: Duration = Duration::from_secs(20);
@@ -28,7 +29,16 @@ pub const RETRY: Duration = Duration::from_secs(1);
 /// Reads in flight at once, over every deployment.
 const CONCURRENT: usize = 32;
 
-pub type Report = Result<CapacityReport, NoReport>;
+pub type Report = Result<Measured, NoReport>;
+
+/// Where a pod's capacity comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A kvgate worker's report, verified with the deployment's key.
+    Kvgate(DeploymentKey),
+    /// What an external engine says (unsigned).
+    Engine(Engine),
+}
 
 /// One pod to read.
 #[derive(Clone, Debug)]
@@ -41,7 +51,7 @@ pub struct Target {
     pub restarts: i32,
     pub owner: ObjectRef<InferenceDeployment>,
     pub owner_uid: String,
-    pub key: DeploymentKey,
+    pub source: Source,
 }
 
 struct Entry {
@@ -95,7 +105,10 @@ impl Probes {
     async fn probe(self: Arc<Self>, t: Target) {
         let report = {
             let _permit = self.limit.acquire().await.expect("never closed");
-            capacity::read(&self.http, &t.ip, t.port, &t.pod, &t.key).await.map_err(NoReport::from)
+            match &t.source {
+                Source::Kvgate(key) => capacity::read(&self.http, &t.ip, t.port, &t.pod, key).await.map(Measured::Kvgate).map_err(NoReport::from),
+                Source::Engine(engine) => engines::read(&self.http, *engine, &t.ip, t.port).await.map(Measured::Engine),
+            }
         };
         let changed = {
             let mut entries = self.entries.lock().unwrap();
@@ -171,7 +184,7 @@ mod tests {
             restarts: 0,
             owner: ObjectRef::new("d").within("ns"),
             owner_uid: "u".into(),
-            key: crate::keys::RootKey::from_bytes([1; 32]).deployment_key("u"),
+            source: Source::Kvgate(crate::keys::RootKey::from_bytes([1; 32]).deployment_key("u")),
         };
         assert_eq!(probes.read(&t), None, "not read yet: unknown, not failed");
         for _ in 0..250 {

@@ -12,6 +12,14 @@ use anyhow::Context;
 
 pub const WORKER: &str = "ghcr.io/kvgate/kvgate-worker";
 pub const OPERATOR: &str = "ghcr.io/kvgate/kvgate-operator";
+/// llama.cpp's server (`llama-server` flags), the engine test image `scripts/images.sh llamacpp`
+/// builds from the pinned xllamacpp wheel: a real engine for the engine-gate tests.
+pub const LLAMACPP: &str = "ghcr.io/kvgate/llamacpp";
+
+/// The image name of the llama.cpp test image.
+pub fn llamacpp() -> String {
+    format!("{LLAMACPP}:{}", tag())
+}
 
 /// Test-only worker images: the debug worker's layers under another tag whose configuration
 /// switches a fault on through the environment. The node agent maps `WORKER-<name>` to them, so
@@ -41,11 +49,15 @@ pub fn tag() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
-fn stamp(bins: &[PathBuf]) -> anyhow::Result<String> {
+/// What the images are made of: the binaries (size and time) and the engine image's inputs.
+fn stamp(bins: &[PathBuf], inputs: &[PathBuf]) -> anyhow::Result<String> {
     let mut out = String::new();
     for bin in bins {
         let m = std::fs::metadata(bin).with_context(|| format!("{} not found: build it with `cargo build --workspace` (make test does)", bin.display()))?;
         out += &format!("{} {} {:?}\n", bin.display(), m.len(), m.modified()?);
+    }
+    for input in inputs {
+        out += &format!("{}\n{}\n", input.display(), std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?);
     }
     Ok(out)
 }
@@ -61,7 +73,8 @@ fn build() -> anyhow::Result<PathBuf> {
     let root = root();
     let out = root.join("target/images-debug");
     let bins = ["kvgate-worker", "kvgate-operator"].map(|b| root.join("target/debug").join(b));
-    let want = stamp(&bins)?;
+    let inputs = ["images/python.lock", "images/llamacpp/requirements.txt", "images/llamacpp/llama-server"].map(|f| root.join(f));
+    let want = stamp(&bins, &inputs)?;
     let stamp_file = out.join("stamp");
     if std::fs::read_to_string(&stamp_file).ok().as_deref() == Some(want.as_str()) {
         return Ok(out);
@@ -70,6 +83,7 @@ fn build() -> anyhow::Result<PathBuf> {
         .arg(root.join("scripts/images.sh"))
         .args(["--profile", "debug", "--no-archives", "--offline", "--out"])
         .arg(&out)
+        .args(["kvgate-worker", "kvgate-operator", "llamacpp"])
         .env("SOURCE_DATE_EPOCH", "0")
         .status()
         .context("running scripts/images.sh")?;
@@ -92,7 +106,7 @@ fn build() -> anyhow::Result<PathBuf> {
 }
 
 /// Image-table entries mapping both kvgate images to their debug layouts (`NAME=oci:DIR:TAG`).
-/// The test-only faulty workers (`FAULTY_WORKERS`) come with them.
+/// The test-only faulty workers (`FAULTY_WORKERS`) and the llama.cpp image come with them.
 pub fn debug_table() -> anyhow::Result<Vec<(String, String)>> {
     let dir = debug_layouts()?;
     let layout = |image: &str| dir.join("oci").join(image).display().to_string();
@@ -103,5 +117,6 @@ pub fn debug_table() -> anyhow::Result<Vec<(String, String)>> {
     for (name, _) in FAULTY_WORKERS {
         table.push((format!("{WORKER}-{name}"), format!("oci:{}:{}-{name}", layout("kvgate-worker"), tag())));
     }
+    table.push((LLAMACPP.to_string(), format!("oci:{}:{}", layout("llamacpp"), tag())));
     Ok(table)
 }

@@ -10,6 +10,13 @@ use super::{Inputs, Rollout, normal, total, warning};
 use crate::crd::{BakeStatus, InferenceDeploymentStatus};
 use crate::rollout_state::RollbackReason;
 
+/// Whether a promotion of this deployment bakes: kvgate's workers count handoff mismatches to
+/// judge it on; an external engine has no such counter, so its previous revision is retired at
+/// once.
+pub(super) fn bakes(d: &crate::crd::InferenceDeployment) -> bool {
+    d.spec.rollout.bake_seconds > 0 && d.spec.engine == crate::crd::Engine::Kvgate
+}
+
 /// Starts a bake at a promotion over a serving revision; judges the bake in progress.
 pub(super) fn advance(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &mut Rollout) {
     let current = prev.current_revision.clone();
@@ -17,7 +24,7 @@ pub(super) fn advance(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &mut 
     let rollout = &i.d.spec.rollout;
     if r.serving != current {
         // Promoted in this pass.
-        if let (Some(previous), true) = (current, rollout.bake_seconds > 0) {
+        if let (Some(previous), true) = (current, bakes(i.d)) {
             r.bake = Some(BakeStatus {
                 revision: i.revision.into(),
                 previous,

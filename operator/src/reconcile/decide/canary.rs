@@ -3,8 +3,8 @@
 //! finished run in `status.canary` (once, with its Event) and asks for one while none finished.
 
 use super::{Inputs, Rollout, normal, warning};
-use crate::canary::{CanaryRun, Endpoint, Reference};
-use crate::gate::Role;
+use crate::canary::{CanaryRun, Endpoint, Reference, Target};
+use crate::gate::{Measured, Role};
 use crate::reconcile::observe::WorkerPod;
 
 /// Records a run that finished since the last pass, and whether the candidate still waits for
@@ -26,35 +26,64 @@ pub(super) fn failed(r: &Rollout, rev: &str) -> Option<String> {
     r.canary.as_ref().filter(|c| c.revision == rev && !c.passed).map(|c| c.message.clone())
 }
 
-/// The canary for the spec's revision: its pods, and a serving pair to compare with when the
-/// serving revision reports the same model and KV layout.
+/// The canary for the spec's revision: its pods, and a serving pair (or pod) to compare with
+/// when the serving revision serves the same model (and, for kvgate, KV layout).
 pub(super) fn run(i: &Inputs<'_>, r: &Rollout) -> Option<CanaryRun> {
     let (world, rev) = (i.world, i.revision);
-    let endpoint = |p: &WorkerPod| Some(Endpoint { pod: p.name.clone(), ip: p.ip.clone()? });
-    let of = |rev: &str, role: Role| world.pods_of(rev).filter(|p| p.role == role).filter_map(endpoint).collect::<Vec<_>>();
-    let (prefill, decode) = (of(rev, Role::Prefill), of(rev, Role::Decode));
     let report = world.pods_of(rev).find_map(|p| p.report.as_ref().ok())?;
-    let same_model = |p: &&WorkerPod| {
-        p.report.as_ref().is_ok_and(|r| r.model_fingerprint == report.model_fingerprint && r.layout_fingerprint == report.layout_fingerprint)
-            && p.condition.as_ref().is_some_and(|c| c.status == "True")
-    };
-    let reference = r.serving.as_deref().zip(r.serving_window).and_then(|(s, context_window)| {
-        let pick = |role: Role| world.pods_of(s).filter(|p| p.role == role).find(same_model).and_then(endpoint);
-        Some(Reference { revision: s.to_string(), prefill: pick(Role::Prefill)?, decode: pick(Role::Decode)?, context_window })
-    });
+    let same_model =
+        |p: &&WorkerPod| p.report.as_ref().is_ok_and(|m| identity(m) == identity(report)) && p.condition.as_ref().is_some_and(|c| c.status == "True");
     let spec = &i.d.spec.rollout.canary;
     let max_tokens = spec.max_tokens.min(i.window().saturating_sub(1).max(1) as u32);
+    let reference = r.serving.as_deref().zip(r.serving_window).and_then(|(s, context_window)| {
+        let target = target(i, s, report, |p| same_model(&p), true)?;
+        Some(Reference { revision: s.to_string(), target, context_window })
+    });
+    let (page_size, vocab) = match report {
+        Measured::Kvgate(k) => (k.page_size, k.vocab_size.unwrap_or(2)),
+        // Ids every vocabulary an engine serves has: the byte range of a byte-fallback one.
+        Measured::Engine(_) => (16, ENGINE_VOCAB),
+    };
     Some(CanaryRun {
         revision: rev.to_string(),
-        prefill,
-        decode,
+        target: target(i, rev, report, |_| true, false)?,
         reference,
         prompts: spec.prompts,
-        page_size: report.page_size,
+        page_size,
         max_prompt_tokens: spec.max_prompt_tokens.min(i.window() - u64::from(max_tokens)).max(1),
-        vocab: report.vocab_size.unwrap_or(2),
+        vocab,
         max_tokens,
     })
+}
+
+/// Token ids below this are in every vocabulary the canary meets on an external engine.
+const ENGINE_VOCAB: u32 = 259;
+
+/// What makes two pods' outputs comparable: model and layout fingerprints, or the engine's
+/// model identity.
+fn identity(m: &Measured) -> (&str, &str) {
+    match m {
+        Measured::Kvgate(k) => (&k.model_fingerprint, &k.layout_fingerprint),
+        Measured::Engine(e) => (&e.model, e.engine.as_str()),
+    }
+}
+
+/// The revision's pods the canary drives (`keep` picks them; `one`: a single pair or pod).
+fn target(i: &Inputs<'_>, rev: &str, report: &Measured, keep: impl Fn(&WorkerPod) -> bool, one: bool) -> Option<Target> {
+    let endpoint = |p: &WorkerPod| Some(Endpoint { pod: p.name.clone(), ip: p.ip.clone()? });
+    let of = |role: Role| {
+        let pods = i.world.pods_of(rev).filter(|p| p.role == role && keep(p)).filter_map(endpoint);
+        if one { pods.take(1).collect::<Vec<_>>() } else { pods.collect() }
+    };
+    let target = match report {
+        Measured::Kvgate(_) => Target::Pairs { prefill: of(Role::Prefill), decode: of(Role::Decode) },
+        Measured::Engine(e) => Target::Servers { engine: e.engine, port: i.d.spec.port(Role::Server), model: e.model.clone(), pods: of(Role::Server) },
+    };
+    let empty = match &target {
+        Target::Pairs { prefill, decode } => prefill.is_empty() || decode.is_empty(),
+        Target::Servers { pods, .. } => pods.is_empty(),
+    };
+    (!empty).then_some(target)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! it once every desired pod is verified and Ready.
 
 use super::{Inputs, Rollout, all_pods, canary, normal, warning};
-use crate::gate::{Role, Verdict};
+use crate::gate::Verdict;
 use crate::render::workers;
 use crate::rollout_state::RefusalReason;
 
@@ -58,18 +58,15 @@ pub(super) fn judge(i: &Inputs<'_>, candidate: &Verification, r: &mut Rollout) {
     }
 }
 
-/// Every desired pod of both roles exists, passed the gate and is Ready.
+/// Every desired pod of every role exists, passed the gate and is Ready.
 fn full_strength(i: &Inputs<'_>, v: &Verification) -> bool {
-    all_pods(i.d, v)
-        && [Role::Prefill, Role::Decode]
-            .into_iter()
-            .all(|role| i.world.ready(&workers::deployment_name(i.d, role, i.revision)) >= i.d.spec.worker(role).replicas)
+    all_pods(i.d, v) && i.d.spec.roles().iter().all(|&role| i.world.ready(&workers::deployment_name(i.d, role, i.revision)) >= i.d.spec.replicas(role))
 }
 
 /// A promotion over a serving revision starts a bake whose baseline is the deployment's
 /// mismatch counters at that moment: it waits until they have been read.
 fn baseline_known(i: &Inputs<'_>, r: &Rollout) -> bool {
-    r.serving.is_none() || i.d.spec.rollout.bake_seconds == 0 || i.world.mismatches.is_some()
+    r.serving.is_none() || !super::bake::bakes(i.d) || i.world.mismatches.is_some()
 }
 
 #[cfg(test)]

@@ -86,7 +86,7 @@ pub(super) fn verify(world: &World, revision: &str, context_window: u64) -> (Ver
         *v.pods.entry(pod.role).or_default() += 1;
         if let Ok(r) = &pod.report {
             let m = v.min_measured.entry(pod.role).or_insert(u64::MAX);
-            *m = (*m).min(r.capacity_tokens);
+            *m = (*m).min(r.tokens());
         }
         if matches!(pod_verdict, PodVerdict::Verified { .. }) {
             *v.verified.entry(pod.role).or_default() += 1;
@@ -105,7 +105,8 @@ fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[Pod
                     let (reason, why) = match &pod.report {
                         Err(why) => (why.reason, why.message.clone()),
                         Ok(_) => {
-                            ("AwaitingCapacityReport", format!("waiting for the {} pods' capacity reports to compare fingerprints", pod.role.peer().as_str()))
+                            let peer = pod.role.peer().map_or("other", |p| p.as_str());
+                            ("AwaitingCapacityReport", format!("waiting for the {peer} pods' capacity reports to compare fingerprints"))
                         }
                     };
                     ("False", reason.to_string(), why)

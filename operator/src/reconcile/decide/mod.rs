@@ -36,7 +36,7 @@ use super::observe::World;
 use super::status::{self, Observed};
 use crate::canary::CanaryRun;
 use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
-use crate::gate::{PodVerdict, Role};
+use crate::gate::PodVerdict;
 use crate::rollout_state::{RefusalReason, RollbackReason};
 
 pub use gates::{PodGate, Verification};
@@ -177,7 +177,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         refused: r.refused.clone(),
         candidate,
         shown_pods: gates.shown,
-        ready: [Role::Prefill, Role::Decode].map(|role| i.world.ready(&crate::render::workers::deployment_name(i.d, role, &shown))),
+        ready: i.d.spec.roles().iter().map(|&role| (role, i.world.ready(&crate::render::workers::deployment_name(i.d, role, &shown)))).collect(),
         router_ready: i.world.router_ready.unwrap_or(0),
         canary_running: r.canary_run.is_some(),
         canary: r.canary.clone(),
@@ -210,10 +210,10 @@ pub fn total(mismatches: &BTreeMap<String, u64>) -> u64 {
     mismatches.values().sum()
 }
 
-/// Whether every desired pod of both roles exists and passed the pool check.
+/// Whether every desired pod of every role exists and passed the pool check.
 fn all_pods(d: &InferenceDeployment, v: &Verification) -> bool {
-    [Role::Prefill, Role::Decode].into_iter().all(|r| {
-        let want = d.spec.worker(r).replicas;
+    d.spec.roles().iter().all(|&r| {
+        let want = d.spec.replicas(r);
         want > 0 && v.pods.get(&r).copied().unwrap_or(0) == want && v.verified.get(&r).copied().unwrap_or(0) == want
     })
 }

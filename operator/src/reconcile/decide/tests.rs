@@ -5,8 +5,9 @@
 pub(super) use kvgate_proto::CapacityReport;
 
 pub(super) use super::*;
+use crate::canary::Target;
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, PROGRESSING, ROLLOUT_REFUSED};
-use crate::gate;
+pub(super) use crate::gate::{self, Measured, Role};
 pub(super) use crate::reconcile::observe::{NoReport, OwnedDeployment, WorkerPod, World};
 use crate::render::workers;
 
@@ -26,8 +27,8 @@ pub(super) fn deployment(window: u64) -> InferenceDeployment {
     d
 }
 
-pub(super) fn report(tokens: u64, layout: &str) -> CapacityReport {
-    CapacityReport {
+pub(super) fn report(tokens: u64, layout: &str) -> Measured {
+    Measured::Kvgate(CapacityReport {
         capacity_tokens: tokens,
         page_size: 16,
         num_pages: tokens / 16,
@@ -38,16 +39,16 @@ pub(super) fn report(tokens: u64, layout: &str) -> CapacityReport {
         model_fingerprint: "m".into(),
         layout_fingerprint: layout.into(),
         vocab_size: Some(258),
-    }
+    })
 }
 
 /// The pods and Deployments of one revision: one prefill, two decode, each reporting `tokens`
 /// (prefill) and 8192 (decode), all Ready when `ready`.
-pub(super) fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Result<CapacityReport, NoReport>, ready: bool) {
+pub(super) fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, prefill: Result<Measured, NoReport>, ready: bool) {
     for (role, n, rep) in [(Role::Prefill, 1, prefill), (Role::Decode, 2, Ok(report(8192, "l")))] {
         for i in 0..n {
             let name = format!("{}-{i}", workers::deployment_name(d, role, rev));
-            let ip = Some(format!("10.0.{}.{i}", role.port() - 8080));
+            let ip = Some(format!("10.0.{}.{i}", d.spec.port(role) - 8080));
             world.pods.push(WorkerPod { name, role, revision: rev.into(), ip, report: rep.clone(), condition: None });
         }
         let image = Some(format!("worker:{rev}"));
@@ -286,10 +287,11 @@ fn a_first_revision_takes_no_traffic_until_its_canary_passed() {
     assert!(plan.pod_gates.iter().all(|g| g.status == "False" && g.reason == "AwaitingCanary"), "{:?}", plan.pod_gates);
     assert_eq!(phase(&plan), "Canary");
     let run = plan.canary.clone().expect("a canary to run");
-    assert_eq!((run.revision.as_str(), run.prefill.len(), run.decode.len(), run.reference.clone()), ("r1", 1, 2, None));
+    let Target::Pairs { prefill, decode } = &run.target else { panic!("{run:?}") };
+    assert_eq!((run.revision.as_str(), prefill.len(), decode.len(), run.reference.clone()), ("r1", 1, 2, None));
     assert_eq!((run.prompts, run.page_size, run.vocab, run.max_tokens), (3, 16, 258, 8));
     assert_eq!(run.max_prompt_tokens, WINDOW - 8, "the longest prompt leaves room for the generated tokens");
-    assert_eq!(run.decode[1].ip, "10.0.2.1");
+    assert_eq!(decode[1].ip, "10.0.2.1");
 
     // Passed: the gates open; once Ready at full strength the revision serves.
     canary_result(&mut d, "r1", true, "3 prompts ... no handoff mismatch");
@@ -308,12 +310,14 @@ fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_referen
     let (mut d, world) = serving_r1();
     let mut world = world_with_conditions(&world, &pass(&mut d.clone(), "r1", &world));
     canary_on(&mut d);
-    d.spec.decode.kv_pool.tokens = Some(16_384);
+    d.spec.decode.as_mut().unwrap().kv_pool.tokens = Some(16_384);
     revision(&mut world, &d, "r2", Ok(report(8192, "l")), false);
     let plan = pass(&mut d, "r2", &world);
     let run = plan.canary.clone().expect("a canary to run");
     let r = run.reference.clone().expect("r1 has the same model and layout");
-    assert_eq!((r.revision.as_str(), r.prefill.pod.as_str(), r.decode.pod.as_str(), r.context_window), ("r1", "llm-prefill-r1-0", "llm-decode-r1-0", WINDOW));
+    let Target::Pairs { prefill, decode } = &r.target else { panic!("{r:?}") };
+    assert_eq!((r.revision.as_str(), prefill[0].pod.as_str(), decode[0].pod.as_str(), r.context_window), ("r1", "llm-prefill-r1-0", "llm-decode-r1-0", WINDOW));
+    assert_eq!((prefill.len(), decode.len()), (1, 1), "one serving pair is the reference");
 
     let message = "pair prefill llm-prefill-r2-0 x decode llm-decode-r2-1, prompt of 128 tokens: output token 2 is token id 7, but serving revision r1 (prefill llm-prefill-r1-0 x decode llm-decode-r1-0) gave token id 9";
     canary_result(&mut d, "r2", false, message);
@@ -330,7 +334,7 @@ fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_referen
     let (mut d, world) = serving_r1();
     canary_on(&mut d);
     let mut world = world_with_conditions(&world, &pass(&mut d.clone(), "r1", &world));
-    d.spec.prefill.kv_pool.dtype = "bf16".into();
+    d.spec.prefill.as_mut().unwrap().kv_pool.dtype = "bf16".into();
     revision(&mut world, &d, "r3", Ok(report(8192, "l-bf16")), false);
     for p in world.pods.iter_mut().filter(|p| p.revision == "r3") {
         p.report = Ok(report(8192, "l-bf16"));
@@ -368,7 +372,7 @@ pub(super) fn bake_from_r1(window: u64) -> (InferenceDeployment, World) {
     let (mut d, mut world) = serving_r1();
     d.spec.rollout.bake_seconds = 60;
     d.spec.rollout.max_handoff_mismatches = 0;
-    d.spec.decode.kv_pool.tokens = Some(16_384);
+    d.spec.decode.as_mut().unwrap().kv_pool.tokens = Some(16_384);
     d.spec.context_window = window;
     revision(&mut world, &d, "r2", Ok(report(8192, "l")), true);
     world.mismatches = Some(BTreeMap::from([("timeout".to_string(), 1)]));

@@ -24,10 +24,13 @@ pub(super) fn plan(i: &Inputs<'_>, r: &Rollout) -> Workloads {
     let rev = i.revision;
     let workers = match i.host_path_refusal {
         Some(_) => Vec::new(),
-        None => [Role::Prefill, Role::Decode]
-            .into_iter()
-            .map(|role| WorkerDeployment { role, revision: rev.into(), replicas: if r.scale_to_zero { 0 } else { i.d.spec.worker(role).replicas } })
-            .collect(),
+        None => {
+            i.d.spec
+                .roles()
+                .iter()
+                .map(|&role| WorkerDeployment { role, revision: rev.into(), replicas: if r.scale_to_zero { 0 } else { i.d.spec.replicas(role) } })
+                .collect()
+        }
     };
     let kept = r.bake.as_ref().map(|b| b.previous.as_str());
     let delete = i
@@ -40,7 +43,9 @@ pub(super) fn plan(i: &Inputs<'_>, r: &Rollout) -> Workloads {
     // The router admits what the serving revision was verified for, and runs its image.
     let router_window = r.serving_window.unwrap_or(i.window());
     let router_image = r.serving.as_ref().and_then(|s| i.world.deployments.iter().filter(|dep| &dep.revision == s).find_map(|dep| dep.image.clone()));
-    Workloads { workers, delete, router_window: i.host_path_refusal.is_none().then_some(router_window), router_image }
+    // External engines serve requests themselves: no router.
+    let routed = i.host_path_refusal.is_none() && i.d.spec.engine == crate::crd::Engine::Kvgate;
+    Workloads { workers, delete, router_window: routed.then_some(router_window), router_image }
 }
 
 #[cfg(test)]

@@ -1,0 +1,160 @@
+//! An external engine's pods (llama.cpp, vLLM, SGLang): one Deployment per revision running
+//! the user's container behind the same readiness gate as kvgate's workers, and the
+//! deployment's Service in front of every revision's pods (only verified ones are ready).
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ContainerPort, EmptyDirVolumeSource, PodReadinessGate, PodSpec, PodTemplateSpec, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::workers::{http_probe, model_flag, restricted};
+use super::{MODEL_DIR, labels, name, owned_meta};
+use crate::crd::InferenceDeployment;
+use crate::engines;
+use crate::gate::{self, Role};
+
+/// The Deployment of the engine's pods at one revision, with `replicas` pods.
+pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Deployment {
+    let n = name(d);
+    let server = d.spec.server.as_ref();
+    let selector = labels::revision_selector(n, Role::Server.as_str(), revision);
+    let pod_labels = labels::pod(labels::with(labels::common(n), selector.clone()), d.metadata.uid.as_deref());
+    let mut c = server.map(|s| s.container.clone()).unwrap_or_default();
+    if c.name.is_empty() {
+        c.name = "engine".into();
+    }
+    // The gate and the Service reach the engine on a port named `http`.
+    let port = i32::from(d.spec.port(Role::Server));
+    let ports = c.ports.get_or_insert_with(Vec::new);
+    if !ports.iter().any(|p| p.name.as_deref() == Some("http")) {
+        match ports.iter_mut().find(|p| p.container_port == port) {
+            Some(p) => p.name = Some("http".into()),
+            None => ports.push(ContainerPort { name: Some("http".into()), container_port: port, ..Default::default() }),
+        }
+    }
+    // Ready only once it answers its health endpoint (and, through the gate, once verified).
+    c.readiness_probe.get_or_insert_with(|| http_probe(engines::health_path(d.spec.engine), 2));
+    // The restricted profile, unless the container sets its own; engines write caches next to
+    // their binaries, so their root filesystem stays writable.
+    c.security_context.get_or_insert_with(|| SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        ..Default::default()
+    });
+    let (pod_sc, _) = restricted();
+    let (_, model_volume) = model_flag(d);
+    let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
+    let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+    mounts.extend(volumes.iter().map(|v| VolumeMount { name: v.name.clone(), mount_path: MODEL_DIR.into(), read_only: Some(true), ..Default::default() }));
+    if !mounts.iter().any(|m| m.mount_path == "/tmp") {
+        volumes.push(Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource { size_limit: Some(Quantity("1Gi".into())), ..Default::default() }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() });
+    }
+    Deployment {
+        metadata: owned_meta(d, super::workers::deployment_name(d, Role::Server, revision), labels::with(labels::common(n), selector.clone())),
+        spec: DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector { match_labels: Some(selector), ..Default::default() },
+            strategy: Some(DeploymentStrategy { type_: Some("RollingUpdate".into()), ..Default::default() }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
+                spec: Some(PodSpec {
+                    containers: vec![c],
+                    readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
+                    // Engines never call the API server.
+                    automount_service_account_token: Some(false),
+                    security_context: Some(pod_sc),
+                    node_selector: server.and_then(|s| s.node_selector.clone()),
+                    tolerations: server.and_then(|s| s.tolerations.clone()),
+                    volumes: (!volumes.is_empty()).then_some(volumes),
+                    termination_grace_period_seconds: Some(10),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The deployment's API: `<name>` port 80 -> the engine's verified pods, every revision.
+pub fn api_service(d: &InferenceDeployment) -> Service {
+    let n = name(d);
+    Service {
+        metadata: owned_meta(d, n.to_string(), labels::with(labels::common(n), labels::role_selector(n, Role::Server.as_str()))),
+        spec: Some(ServiceSpec {
+            selector: Some(labels::role_selector(n, Role::Server.as_str())),
+            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, target_port: Some(IntOrString::String("http".into())), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(server: serde_json::Value) -> InferenceDeployment {
+        let spec = serde_json::json!({
+            "engine": "llamacpp", "contextWindow": 4096,
+            "model": { "path": "tiny.gguf", "volume": { "persistentVolumeClaim": "models" } },
+            "server": server,
+        });
+        let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
+        d.metadata.namespace = Some("ns".into());
+        d.metadata.uid = Some("uid-1".into());
+        d
+    }
+
+    #[test]
+    fn the_users_container_gets_the_gate_a_named_port_the_model_and_a_health_probe() {
+        let dep = deployment(
+            &d(serde_json::json!({ "replicas": 2, "container": { "name": "llama", "image": "llama:1", "args": ["-c", "4096", "-np", "4"] } })),
+            "abc",
+            2,
+        );
+        assert_eq!(dep.metadata.name.as_deref(), Some("llm-server-abc"));
+        let pod = dep.spec.template.spec.unwrap();
+        assert_eq!(pod.readiness_gates.unwrap()[0].condition_type, gate::CONDITION);
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let c = &pod.containers[0];
+        assert_eq!(c.args.as_deref().unwrap(), ["-c", "4096", "-np", "4"], "the engine's own flags, untouched");
+        assert_eq!(c.ports.as_ref().unwrap()[0].name.as_deref(), Some("http"));
+        assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 8080, "llama.cpp's default port");
+        assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().path.as_deref(), Some("/health"));
+        let mounts: Vec<_> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+        assert_eq!(mounts, ["/models", "/tmp"]);
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!((sc.allow_privilege_escalation, sc.read_only_root_filesystem), (Some(false), None));
+        assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+        assert_eq!(pod.containers[0].image.as_deref(), Some("llama:1"));
+    }
+
+    #[test]
+    fn what_the_user_set_is_kept() {
+        let server = serde_json::json!({ "port": 9000, "container": {
+            "name": "vllm", "image": "vllm:1", "ports": [{ "containerPort": 9000 }],
+            "readinessProbe": { "httpGet": { "path": "/ready", "port": 9000 } },
+            "securityContext": { "readOnlyRootFilesystem": true, "runAsUser": 1000 },
+        }});
+        let pod = deployment(&d(server), "abc", 1).spec.template.spec.unwrap();
+        let c = &pod.containers[0];
+        assert_eq!((c.ports.as_ref().unwrap().len(), c.ports.as_ref().unwrap()[0].name.as_deref()), (1, Some("http")), "its port named, not added");
+        assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().path.as_deref(), Some("/ready"));
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!((sc.read_only_root_filesystem, sc.run_as_user), (Some(true), Some(1000)));
+        assert_eq!(
+            api_service(&d(serde_json::json!({ "container": { "name": "x" } }))).spec.unwrap().selector.unwrap()["app.kubernetes.io/component"],
+            "server"
+        );
+    }
+}

@@ -1,0 +1,166 @@
+//! The gate in front of an engine users already run: llama.cpp's real server (the test image
+//! `ghcr.io/kvgate/llamacpp`, llama-server's flags over the xllamacpp wheel) serving a random
+//! Llama written as a GGUF with the `gguf` package, under runc like every pod here.
+//!
+//! `-c 4096 -np 4` splits the KV cache into four slots of 1,024 tokens: a deployment that
+//! declares 4,096 is the incident's misconfiguration in miniature, refused with llama.cpp's own
+//! numbers. With a unified cache every slot may use 4,096: Available, answering through the
+//! Service. A pod of the serving revision that comes up with a smaller cache is out of the
+//! Service at once and the deployment Degraded.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use kvgate_testenv::ControlPlane;
+use support::*;
+
+const LONG: Duration = Duration::from_secs(180);
+
+/// The directory holding the tiny GGUF (a hostPath the operator allows), made once.
+fn models(cp: &ControlPlane) -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = cp.dir.join("models");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = std::process::Command::new("bash").arg(repo("tests/engines/gguf.sh")).arg(dir.join("tiny.gguf")).output().unwrap();
+        assert!(out.status.success(), "writing the GGUF model: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        dir
+    })
+}
+
+/// A namespace for pods that mount the models directory: Pod Security's `restricted` and
+/// `baseline` profiles forbid hostPath volumes (a cluster would give the engine a
+/// PersistentVolumeClaim); everything else the operator renders is `restricted`.
+fn models_namespace(cp: &ControlPlane, prefix: &str) -> String {
+    let ns = cp.namespace(prefix);
+    cp.kubectl_ok(&["label", "namespace", &ns, "pod-security.kubernetes.io/enforce=privileged"]);
+    ns
+}
+
+/// One operator for this binary, allowed to mount the models directory.
+fn env() -> (&'static ControlPlane, &'static Operator) {
+    static OP: OnceLock<Operator> = OnceLock::new();
+    let cp = cluster();
+    let dir = models(cp).display().to_string();
+    (cp, OP.get_or_init(|| Operator::start_with(cp, "operator-engines", "lease-engines", None, &[&format!("--allowed-host-paths={dir}")])))
+}
+
+/// A llama.cpp deployment declaring `window`, its server started with `args`.
+fn llamacpp(cp: &ControlPlane, name: &str, window: u64, args: &[&str]) -> String {
+    let args: Vec<String> = ["-m", "/models/tiny.gguf", "--port", "8080"].iter().chain(args).map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "apiVersion: kvgate.dev/v1alpha1\nkind: InferenceDeployment\nmetadata: {{ name: {name} }}\nspec:\n  engine: llamacpp\n  contextWindow: {window}\n  model: {{ path: tiny.gguf, volume: {{ hostPath: {dir} }} }}\n  server:\n    replicas: 1\n    container:\n      name: llama-server\n      image: {image}\n      args: [{args}]\n  rollout: {{ bakeSeconds: 0 }}\n",
+        dir = models(cp).display(),
+        image = kvgate_testenv::images::llamacpp(),
+        args = args.join(", "),
+    )
+}
+
+#[test]
+fn four_slots_of_a_4096_token_cache_are_refused_for_a_4096_token_window_with_llamacpps_numbers() {
+    let (cp, op) = env();
+    let ns = models_namespace(cp, "llamacpp-slots");
+    apply_yaml(cp, &ns, &llamacpp(cp, "slots", 4096, &["-c", "4096", "-np", "4"]));
+    eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "slots"), "RolloutRefused"));
+    let d = infd(cp, &ns, "slots");
+    let refused = &d["status"]["refusedRevision"];
+    assert_eq!(refused["reason"], "KVPoolBelowContextWindow", "{d}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(message.starts_with("llamacpp pod slots-server-") && message.ends_with(": n_ctx per slot 1024 < contextWindow 4096"), "{message}");
+    assert_eq!(d["status"]["phase"], "Refused");
+    assert_eq!(d["status"]["server"]["minMeasuredTokens"], 1024, "{d}");
+    assert_eq!(condition(&d, "Available").unwrap()["status"], "False");
+    assert!(op.metric(r#"kvgate_operator_rollouts_refused_total{reason="KVPoolBelowContextWindow"}"#).unwrap_or(0.0) >= 1.0);
+    eventually(cp, &ns, "a RolloutRefused Event with llama.cpp's numbers", Duration::from_secs(30), || {
+        let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=RolloutRefused"]);
+        evs["items"].as_array().is_some_and(|a| a.iter().any(|e| e["message"].as_str().unwrap_or("").contains("n_ctx per slot 1024 < contextWindow 4096")))
+    });
+    // Scaled away; nothing ever served: no endpoint was ever ready.
+    eventually(cp, &ns, "the refused pods gone", LONG, || {
+        get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=server"])["items"].as_array().is_some_and(|a| a.is_empty())
+    });
+    assert!(router_endpoints(cp, &ns, "slots").is_empty());
+}
+
+#[test]
+fn a_unified_cache_holds_the_window_passes_the_canary_and_serves_and_a_smaller_serving_pod_is_degraded() {
+    let (cp, op) = env();
+    let ns = models_namespace(cp, "llamacpp-unified");
+    apply_yaml(cp, &ns, &llamacpp(cp, "unified", 4096, &["-c", "4096", "-np", "4", "--kv-unified"]));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "unified")["status"]["phase"] == "Available");
+    let d = infd(cp, &ns, "unified");
+    assert_eq!((d["status"]["minMeasuredTokens"].as_u64(), d["status"]["ready"].as_str()), (Some(4096), Some("1")), "{d}");
+    let canary = &d["status"]["canary"];
+    assert_eq!(canary["passed"], true, "{d}");
+    assert!(canary["message"].as_str().unwrap().contains("through 1 llamacpp pods"), "{canary}");
+    let gate = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=server"])["items"][0]["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "kvgate.dev/kv-pool-verified")
+        .cloned()
+        .unwrap();
+    assert_eq!(gate["message"].as_str().unwrap().split(": ").nth(1), Some("n_ctx per slot 4096 >= contextWindow 4096"), "{gate}");
+    // Requests go to the engine through the deployment's Service: llama.cpp answers them.
+    let server = router_endpoints(cp, &ns, "unified").pop().expect("a ready server endpoint");
+    let (status, body) = complete(&server, "Hello", 4).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"text_completion\""), "{body}");
+
+    // A pod of the serving revision that came up with a smaller cache (labels of the revision,
+    // -c 1024): verified again like every serving pod, it fails, leaves the Service and the
+    // deployment is Degraded; the serving revision keeps serving on its good pod.
+    let real = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=server"])["items"][0].clone();
+    let mut labels = real["metadata"]["labels"].clone();
+    labels.as_object_mut().unwrap().remove("pod-template-hash");
+    let mut small = serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "smaller", "labels": labels }, "spec": real["spec"] });
+    small["spec"]["containers"][0]["args"] = serde_json::json!(["-m", "/models/tiny.gguf", "--port", "8080", "-c", "1024", "-np", "1"]);
+    small["spec"].as_object_mut().unwrap().remove("nodeName");
+    apply_yaml(cp, &ns, &small.to_string());
+    eventually(cp, &ns, "Degraded naming the smaller pod", LONG, || {
+        condition(&infd(cp, &ns, "unified"), "Degraded").is_some_and(|c| {
+            c["status"] == "True" && c["message"].as_str().unwrap_or("").contains("llamacpp pod smaller: n_ctx per slot 1024 < contextWindow 4096")
+        })
+    });
+    let d = infd(cp, &ns, "unified");
+    assert_eq!(d["status"]["phase"], "Available", "still serving: {d}");
+    assert_eq!(
+        op.metric(&format!(r#"kvgate_operator_serving_pods_unverified{{name="unified",namespace="{ns}"}}"#)),
+        Some(1.0),
+        "the series KvgateServingPodUnverified fires on"
+    );
+    let ips: Vec<String> = router_endpoints(cp, &ns, "unified");
+    let smaller_ip = get_json(cp, &["-n", &ns, "get", "pod", "smaller"])["status"]["podIP"].as_str().map(String::from);
+    assert!(smaller_ip.is_some_and(|ip| !ips.contains(&format!("{ip}:8080"))), "the smaller pod is not in the Service: {ips:?}");
+    // The smaller pod goes: Degraded clears.
+    cp.kubectl_ok(&["-n", &ns, "delete", "pod", "smaller", "--wait=false"]);
+    eventually(cp, &ns, "Degraded cleared", LONG, || !condition_true(&infd(cp, &ns, "unified"), "Degraded"));
+}
+
+#[test]
+fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
+    let (cp, _) = env();
+    let ns = cp.namespace("engine-specs");
+    let base = llamacpp(cp, "bad", 4096, &["-c", "4096"]);
+    let rows = [
+        (
+            base.replace("  engine: llamacpp\n", "  engine: llamacpp\n  prefill: { kvPool: { tokens: 8 } }\n"),
+            "spec.prefill and spec.decode are kvgate's own roles",
+        ),
+        (base.replace("  model: { path: tiny.gguf,", "  model: { name: tiny, path: tiny.gguf,"), "spec.model"),
+        (base.replace("  engine: llamacpp\n", "  engine: llamacpp\n  image: x\n"), "spec.image is kvgate's worker image"),
+        (base[..base.find("  server:").unwrap()].to_string(), "spec.server is the external engine's container"),
+        (base.replace("engine: llamacpp", "engine: tgi"), "spec.engine"),
+    ];
+    for (yaml, want) in rows {
+        let (ok, err) = try_apply(cp, &ns, &yaml);
+        assert!(!ok && err.contains(want), "applied, or not naming {want:?}: {err}");
+    }
+    // The engine is immutable.
+    apply_yaml(cp, &ns, &base);
+    let (ok, err) = try_apply(cp, &ns, &base.replace("engine: llamacpp", "engine: vllm"));
+    assert!(!ok && err.contains("spec.engine is immutable"), "{err}");
+}
