@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run demo test test-deps lint generate bench fuzz controlplane tools images images-docker dev-cluster
+.PHONY: run demo test test-deps test-vllm test-vllm-deps lint generate bench fuzz controlplane tools images images-docker dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
@@ -21,6 +21,18 @@ test: test-deps controlplane tools
 ## Debian packages the tests need (installed with apt-get when missing and run as root).
 test-deps:
 	bash scripts/test-deps.sh
+
+## vLLM behind the gate, against vLLM's real CPU build: its image is several GB (pinned wheels,
+## images/vllm/requirements.txt), so these tests are not in `make test`. README "vLLM" has the
+## last result.
+test-vllm: test-vllm-deps controlplane tools
+	$(CARGO) build --workspace --locked
+	bash scripts/images.sh --profile debug --no-archives --offline --out target/images-debug vllm
+	$(CARGO) test -p kvgate-operator --features vllm-tests --test vllm --locked
+
+## The vLLM image's pinned wheels (about 3 GB) and packages, downloaded once.
+test-vllm-deps: test-deps
+	bash scripts/images.sh --fetch-vllm
 
 ## Formatting (rustfmt.toml) and clippy with warnings as errors; .ci/run runs it before the tests.
 lint:

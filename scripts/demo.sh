@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make demo: a local control plane and node agent, the CRDs and the Helm chart, the tiny example
-# (Available, answering a completion) and the incident example (refused with both numbers).
+# (Available, answering a completion), the incident example (refused with both numbers) and
+# llama.cpp's real server split into slots smaller than its declared window (refused with
+# llama.cpp's own numbers).
 # Stays up for kubectl until Ctrl-C. Needs root: the cluster lives in network namespaces of its own
 # (pods wired by the CNI bridge plugin, limits through cgroups); the host reaches it only through
 # relays on 127.0.0.1 and is never given an address, route or link.
@@ -46,8 +48,12 @@ export KUBECONFIG=$PWD/$kubeconfig
 helm=target/tools/bin/helm
 kubectl() { target/controlplane/bin/kubectl "$@"; }
 
-step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace (the CRD comes with it)"
-$helm install kvgate charts/kvgate -n kvgate-system --create-namespace --wait --timeout 120s
+# The llama.cpp example's model: a random Llama as a GGUF, in a node directory the operator may mount.
+models=$PWD/target/dev-cluster/models
+mkdir -p "$models"
+bash tests/engines/models.sh gguf "$models/tiny.gguf" >/dev/null
+step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace --set allowedHostPaths={$models} (the CRD comes with it)"
+$helm install kvgate charts/kvgate -n kvgate-system --create-namespace --set "allowedHostPaths={$models}" --wait --timeout 120s
 kubectl wait --for=condition=Established crd/inferencedeployments.kvgate.dev --timeout=30s
 step "helm test kvgate -n kvgate-system"
 $helm test kvgate -n kvgate-system
@@ -69,6 +75,13 @@ kubectl -n demo logs -l app.kubernetes.io/instance=tiny,app.kubernetes.io/compon
 step "why incident is refused"
 kubectl -n demo get infd incident -o jsonpath='{.status.conditions[?(@.type=="RolloutRefused")].message}'; echo
 kubectl -n demo get events --field-selector reason=RolloutRefused
+step "an engine you already run: examples/llamacpp.yaml, llama.cpp's server with -c 4096 -np 4 declaring 4096 tokens"
+# Its model is a node directory (hostPath), which Pod Security's restricted profile forbids.
+kubectl create namespace engines
+sed "s|/var/lib/kvgate/models|$models|" examples/llamacpp.yaml | kubectl -n engines apply -f -
+kubectl -n engines wait --for=jsonpath='{.status.phase}'=Refused infd/llamacpp --timeout=180s
+kubectl get infd -A
+kubectl -n engines get infd llamacpp -o jsonpath='{.status.conditions[?(@.type=="RolloutRefused")].message}'; echo
 took
 echo "   (the demo took $((SECONDS - began)) s in all)"
 cat <<MSG

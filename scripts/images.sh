@@ -8,18 +8,21 @@
 # Reproducible: every file's time is SOURCE_DATE_EPOCH (default: the commit's time), so the same
 # binary and packages give the same digest.
 #
-# The test image of an engine users run, built the same way (the tests ask for it; `make images`
-# does not): `llamacpp`, llama.cpp's server from the pinned `xllamacpp` wheel
-# (images/llamacpp/requirements.txt) on Python 3.11 from the pinned Debian packages of
-# images/python.lock, started by images/llamacpp/llama-server (llama-server's flags).
+# The test images of engines users run, built the same way (the tests ask for them; `make images`
+# does not), on Python 3.11 from the pinned Debian packages of images/python.lock:
+#   `llamacpp`: llama.cpp's server from the pinned `xllamacpp` wheel (images/llamacpp/
+#   requirements.txt), started by images/llamacpp/llama-server (llama-server's flags);
+#   `vllm`: vLLM's CPU build and its pinned wheels (images/vllm/requirements.txt, several GB,
+#   fetched by --fetch-vllm only), started as `python3.11 -m vllm.entrypoints.openai.api_server`.
 #
 # usage: scripts/images.sh [--profile release|debug] [--out DIR] [--no-archives] [--offline] [IMAGE...]
 #        scripts/images.sh --fetch       (only download and check the pinned packages and wheels; make test-deps)
+#        scripts/images.sh --fetch-vllm  (the same for the vLLM image's wheels; make test-vllm-deps)
 #        scripts/images.sh --relock      (pin the packages' current Debian versions)
 # The packages are kept in target/images/debs/, the wheels in target/images/wheels/. --offline
 # never downloads (the tests build their images inside the test world's network namespace, which
 # reaches nothing outside 127.0.0.0/8).
-# IMAGE is kvgate-operator, kvgate-worker (default both; binaries from target/PROFILE/) or llamacpp.
+# IMAGE is kvgate-operator, kvgate-worker (default both; binaries from target/PROFILE/), llamacpp or vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +31,7 @@ out=target/images
 archives=1
 relock=0
 fetch=0
+fetch_vllm=0
 offline=0
 images=()
 while [ $# -gt 0 ]; do
@@ -37,8 +41,9 @@ while [ $# -gt 0 ]; do
     --no-archives) archives=0; shift ;;
     --relock) relock=1; shift ;;
     --fetch) fetch=1; shift ;;
+    --fetch-vllm) fetch=1; fetch_vllm=1; shift ;;
     --offline) offline=1; shift ;;
-    kvgate-operator|kvgate-worker|llamacpp) images+=("$1"); shift ;;
+    kvgate-operator|kvgate-worker|llamacpp|vllm) images+=("$1"); shift ;;
     *) echo "scripts/images.sh: unknown argument $1 (see the usage at the top of the script)" >&2; exit 2 ;;
   esac
 done
@@ -46,14 +51,16 @@ done
 
 lock=images/packages.lock
 python_lock=images/python.lock
+vllm_lock=images/vllm/packages.lock
 # What each lock pins: the base of every image; Python 3.11 and the C++ runtime of the engine image.
 base_packages="libc6 libgcc-s1 ca-certificates netbase base-files"
 python_packages="python3.11-minimal libpython3.11-minimal libpython3.11-stdlib media-types libexpat1 zlib1g libssl3 libbz2-1.0
   libcrypt1 libdb5.3 libffi8 liblzma5 libncursesw6 libtinfo6 libnsl2 libtirpc3 libtirpc-common libgssapi-krb5-2 libkrb5-3
   libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2 libreadline8 readline-common libsqlite3-0 libuuid1 libstdc++6 libgomp1 gcc-12-base"
+vllm_packages="dash util-linux libsmartcols1 libnuma1"
 if [ "$relock" = 1 ]; then
   tmp=$(mktemp -d)
-  for pair in "$lock:$base_packages" "$python_lock:$python_packages"; do
+  for pair in "$lock:$base_packages" "$python_lock:$python_packages" "$vllm_lock:$vllm_packages"; do
     file=${pair%%:*}
     { grep '^#' "$file"
       for name in ${pair#*:}; do
@@ -106,14 +113,15 @@ packages() {
 }
 # The engine image's wheels, pinned by digest (pip --require-hashes), kept in target/images/wheels.
 wheels=target/images/wheels
+pip=target/images/pip
 fetch_wheels() {
-  local pip=target/images/pip
+  local requirements=$1
   mkdir -p "$wheels"
   [ -x "$pip/bin/pip" ] || python3 -m venv "$pip" || {
     echo "scripts/images.sh: cannot make a Python venv for pip (python3 -m venv; make test-deps installs python3-venv)" >&2; exit 1; }
-  "$pip/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: --require-hashes \
-    -r images/llamacpp/requirements.txt -d "$wheels" || {
-    echo "scripts/images.sh: cannot download the wheels of images/llamacpp/requirements.txt" >&2; exit 1; }
+  "$pip/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.11 --require-hashes \
+    -r "$requirements" -d "$wheels" || {
+    echo "scripts/images.sh: cannot download the wheels of $requirements" >&2; exit 1; }
 }
 
 base=$work/base
@@ -121,8 +129,9 @@ mkdir -p "$base"
 packages "$lock" "$base"
 if [ "$fetch" = 1 ]; then
   packages "$python_lock" "$base"
-  fetch_wheels
-  echo "the pinned packages of $lock and $python_lock are in $debs, the wheels of images/llamacpp/requirements.txt in $wheels"
+  fetch_wheels images/llamacpp/requirements.txt
+  [ "$fetch_vllm" = 0 ] || { packages "$vllm_lock" "$base"; fetch_wheels images/vllm/requirements.txt; }
+  echo "the pinned packages of $lock and $python_lock are in $debs, the pinned wheels in $wheels"
   exit 0
 fi
 # What maintainer scripts would have made: the CA bundle, the users, a writable /tmp.
@@ -134,9 +143,11 @@ chmod 1777 "$base/tmp"
 chown 65532:65532 "$base/home/nonroot"
 rm -rf "$base/usr/share/doc" "$base/usr/share/man" "$base/usr/share/lintian"
 
-# An image: the base, then what makes it (LAYER DESCRIPTION pairs), as user 65532 with an entrypoint.
+# An image: the base, then what makes it (LAYER DESCRIPTION pairs), as user 65532 with an
+# entrypoint (its words separated by spaces).
 pack() {
-  local image=$1 entrypoint=$2 layout=$out/oci/$1
+  local image=$1 layout=$out/oci/$1 word entrypoint=()
+  for word in $2; do entrypoint+=(--config.entrypoint "$word"); done
   shift 2
   rm -rf "$layout"
   mkdir -p "$(dirname "$layout")"
@@ -151,7 +162,7 @@ pack() {
   done
   umoci config --image "$layout:$version" --no-history \
     --created "$created" --author kvgate --architecture amd64 --os linux \
-    --config.user 65532:65532 --config.entrypoint "$entrypoint" --config.workingdir /home/nonroot \
+    --config.user 65532:65532 "${entrypoint[@]}" --config.workingdir /home/nonroot \
     --config.env PATH=/usr/local/bin:/usr/bin:/bin --config.env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     --manifest.annotation "org.opencontainers.image.title=$image" \
     --manifest.annotation "org.opencontainers.image.version=$version" \
@@ -167,13 +178,25 @@ for image in "${images[@]}"; do
   layout=$out/oci/$image
   app=$work/$image
   mkdir -p "$app"
-  if [ "$image" = llamacpp ]; then
-    # Python 3.11 and the C++ runtime, then the wheel unpacked where Debian's Python looks, and
-    # the llama-server launcher.
-    python=$work/python
+  python=$work/python
+  if [ "$image" = llamacpp ] || [ "$image" = vllm ]; then
+    # Python 3.11 and the C++ runtime, then the wheels where Debian's Python looks.
     mkdir -p "$python"
-    packages "$python_lock" "$python"
+    [ -x "$python/usr/bin/python3.11" ] || packages "$python_lock" "$python"
     rm -rf "$python/usr/share/doc" "$python/usr/share/man"
+  fi
+  if [ "$image" = vllm ]; then
+    # A shell and lscpu (vLLM's CPU worker runs it), then every pinned wheel, installed (not
+    # downloaded: --no-index) for Debian's Python 3.11.
+    packages "$vllm_lock" "$app"
+    ln -sf dash "$app/bin/sh"
+    rm -rf "$app/usr/share/doc" "$app/usr/share/man" "$app/usr/share/locale"
+    "$pip/bin/pip" install -q --disable-pip-version-check --no-index --no-deps --only-binary=:all: --python-version 3.11 --find-links "$wheels" --require-hashes \
+      -r images/vllm/requirements.txt --target "$app/usr/local/lib/python3.11/dist-packages" || {
+      echo "scripts/images.sh: installing images/vllm/requirements.txt from $wheels failed; fetch the wheels with: make test-vllm-deps" >&2; exit 1; }
+    pack "$image" "/usr/bin/python3.11 -m vllm.entrypoints.openai.api_server" "$python" "debian packages: $(grep -v '^#' "$python_lock" | cut -d' ' -f1,2 | tr '\n' ' ')" \
+      "$app" "debian packages: $(grep -v '^#' "$vllm_lock" | cut -d' ' -f1,2 | tr '\n' ' '); the wheels of images/vllm/requirements.txt"
+  elif [ "$image" = llamacpp ]; then
     site=$app/usr/local/lib/python3.11/dist-packages
     mkdir -p "$site"
     whl=$(ls "$wheels"/xllamacpp-*.whl 2>/dev/null) || { echo "scripts/images.sh: no xllamacpp wheel in $wheels; fetch it with: make test-deps (or bash scripts/images.sh --fetch)" >&2; exit 1; }

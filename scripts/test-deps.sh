@@ -13,7 +13,7 @@
 #   runc: the node agent runs pods' containers with it.
 #   umoci, skopeo: scripts/images.sh builds the kvgate images (the tests run them under runc);
 #   it fetches the llama.cpp image's wheel with pip from a venv (python3-venv), and the
-#   llama.cpp tests' model is written with the `gguf` package (tests/engines/gguf.sh).
+#   llama.cpp tests' model is written with the `gguf` package (tests/engines/models.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 demo=0
@@ -33,7 +33,7 @@ fi
 # Then the tests' Python tools (not for the demo).
 finish() {
   bash scripts/images.sh --fetch
-  bash tests/engines/gguf.sh --install
+  bash tests/engines/models.sh --install
   [ "$demo" = 1 ] || exec bash scripts/py-deps.sh
 }
 [ ${#missing[@]} -eq 0 ] && finish && exit 0

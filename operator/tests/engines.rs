@@ -25,7 +25,7 @@ fn models(cp: &ControlPlane) -> &'static PathBuf {
     DIR.get_or_init(|| {
         let dir = cp.dir.join("models");
         std::fs::create_dir_all(&dir).unwrap();
-        let out = std::process::Command::new("bash").arg(repo("tests/engines/gguf.sh")).arg(dir.join("tiny.gguf")).output().unwrap();
+        let out = std::process::Command::new("bash").arg(repo("tests/engines/models.sh")).arg("gguf").arg(dir.join("tiny.gguf")).output().unwrap();
         assert!(out.status.success(), "writing the GGUF model: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         dir
     })
@@ -163,4 +163,22 @@ fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
     apply_yaml(cp, &ns, &base);
     let (ok, err) = try_apply(cp, &ns, &base.replace("engine: llamacpp", "engine: vllm"));
     assert!(!ok && err.contains("spec.engine is immutable"), "{err}");
+}
+
+/// Every example is an object the API server accepts as written (each engine's among them).
+#[test]
+fn every_example_passes_the_api_servers_validation() {
+    let (cp, _) = env();
+    let ns = cp.namespace("examples");
+    let mut checked = Vec::new();
+    for entry in std::fs::read_dir(repo("examples")).unwrap().flatten() {
+        let path = entry.path();
+        let out = cp.kubectl(&["-n", &ns, "apply", "--dry-run=server", "-f", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+        checked.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    checked.sort();
+    for want in ["llamacpp.yaml", "sglang-gpu.yaml", "tiny.yaml", "vllm.yaml"] {
+        assert!(checked.iter().any(|c| c == want), "{want} not among {checked:?}");
+    }
 }

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::workers::{http_probe, model_flag, restricted};
 use super::{MODEL_DIR, labels, name, owned_meta};
-use crate::crd::InferenceDeployment;
+use crate::crd::{Engine, InferenceDeployment};
 use crate::engines;
 use crate::gate::{self, Role};
 
@@ -50,13 +50,17 @@ pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Dep
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
     mounts.extend(volumes.iter().map(|v| VolumeMount { name: v.name.clone(), mount_path: MODEL_DIR.into(), read_only: Some(true), ..Default::default() }));
-    if !mounts.iter().any(|m| m.mount_path == "/tmp") {
-        volumes.push(Volume {
-            name: "tmp".into(),
-            empty_dir: Some(EmptyDirVolumeSource { size_limit: Some(Quantity("1Gi".into())), ..Default::default() }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() });
+    let mut scratch = |name: &str, path: &str, source: EmptyDirVolumeSource| {
+        if !mounts.iter().any(|m| m.mount_path == path) {
+            volumes.push(Volume { name: name.into(), empty_dir: Some(source), ..Default::default() });
+            mounts.push(VolumeMount { name: name.into(), mount_path: path.into(), ..Default::default() });
+        }
+    };
+    scratch("tmp", "/tmp", EmptyDirVolumeSource { size_limit: Some(Quantity("1Gi".into())), ..Default::default() });
+    // vLLM and SGLang pass tensors between their processes in shared memory, more than a
+    // container's default 64 MiB /dev/shm holds (vLLM: "Increase /dev/shm").
+    if matches!(d.spec.engine, Engine::Vllm | Engine::Sglang) {
+        scratch("dshm", "/dev/shm", EmptyDirVolumeSource { medium: Some("Memory".into()), ..Default::default() });
     }
     Deployment {
         metadata: owned_meta(d, super::workers::deployment_name(d, Role::Server, revision), labels::with(labels::common(n), selector.clone())),
@@ -104,8 +108,12 @@ mod tests {
     use super::*;
 
     fn d(server: serde_json::Value) -> InferenceDeployment {
+        engine_d("llamacpp", server)
+    }
+
+    fn engine_d(engine: &str, server: serde_json::Value) -> InferenceDeployment {
         let spec = serde_json::json!({
-            "engine": "llamacpp", "contextWindow": 4096,
+            "engine": engine, "contextWindow": 4096,
             "model": { "path": "tiny.gguf", "volume": { "persistentVolumeClaim": "models" } },
             "server": server,
         });
@@ -152,9 +160,20 @@ mod tests {
         assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().path.as_deref(), Some("/ready"));
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!((sc.read_only_root_filesystem, sc.run_as_user), (Some(true), Some(1000)));
+        let mounts: Vec<_> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+        assert_eq!(mounts, ["/models", "/tmp"], "llama.cpp needs no shared memory");
         assert_eq!(
             api_service(&d(serde_json::json!({ "container": { "name": "x" } }))).spec.unwrap().selector.unwrap()["app.kubernetes.io/component"],
             "server"
         );
+    }
+
+    #[test]
+    fn vllm_gets_shared_memory_beyond_a_containers_64_mib() {
+        let pod = deployment(&engine_d("vllm", serde_json::json!({ "container": { "name": "vllm", "image": "v" } })), "abc", 1).spec.template.spec.unwrap();
+        let shm = pod.volumes.unwrap().into_iter().find(|v| v.name == "dshm").expect("a /dev/shm volume");
+        assert_eq!(shm.empty_dir.unwrap().medium.as_deref(), Some("Memory"));
+        assert_eq!(pod.containers[0].ports.as_ref().unwrap()[0].container_port, 8000, "vLLM's default port");
+        assert!(pod.containers[0].volume_mounts.as_ref().unwrap().iter().any(|m| m.mount_path == "/dev/shm"));
     }
 }

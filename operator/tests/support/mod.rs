@@ -180,6 +180,19 @@ pub fn router_endpoints(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> 
         .collect()
 }
 
+/// `ip:port` of a Service's ready endpoints on its first port (the engine's own port).
+pub fn service_endpoints(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> {
+    let slices = get_json(cp, &["-n", ns, "get", "endpointslices", "-l", &format!("kubernetes.io/service-name={name}")]);
+    let mut out = Vec::new();
+    for s in slices["items"].as_array().into_iter().flatten() {
+        let Some(port) = s["ports"][0]["port"].as_u64() else { continue };
+        for e in s["endpoints"].as_array().into_iter().flatten().filter(|e| e["conditions"]["ready"] == true) {
+            out.extend(e["addresses"].as_array().into_iter().flatten().filter_map(|a| a.as_str()).map(|a| format!("{a}:{port}")));
+        }
+    }
+    out
+}
+
 /// A completion through the router: (status, body).
 pub fn complete(router: &str, prompt: &str, max_tokens: u32) -> Option<(u16, String)> {
     let body = serde_json::json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 }).to_string();

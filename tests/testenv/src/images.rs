@@ -16,6 +16,20 @@ pub const OPERATOR: &str = "ghcr.io/kvgate/kvgate-operator";
 /// builds from the pinned xllamacpp wheel: a real engine for the engine-gate tests.
 pub const LLAMACPP: &str = "ghcr.io/kvgate/llamacpp";
 
+/// vLLM's CPU build, the engine test image `scripts/images.sh vllm` builds from pinned wheels
+/// (several GB: `make test-vllm` builds it; the default suite does not).
+pub const VLLM: &str = "ghcr.io/kvgate/vllm";
+
+/// The image name of the vLLM test image.
+pub fn vllm() -> String {
+    format!("{VLLM}:{}", tag())
+}
+
+/// Whether the vLLM test image was built (`make test-vllm` builds it before its tests).
+pub fn vllm_built() -> bool {
+    root().join("target/images-debug/oci/vllm/index.json").is_file()
+}
+
 /// The image name of the llama.cpp test image.
 pub fn llamacpp() -> String {
     format!("{LLAMACPP}:{}", tag())
@@ -106,7 +120,8 @@ fn build() -> anyhow::Result<PathBuf> {
 }
 
 /// Image-table entries mapping both kvgate images to their debug layouts (`NAME=oci:DIR:TAG`).
-/// The test-only faulty workers (`FAULTY_WORKERS`) and the llama.cpp image come with them.
+/// The test-only faulty workers (`FAULTY_WORKERS`) and the llama.cpp image come with them, and
+/// the vLLM image when it was built.
 pub fn debug_table() -> anyhow::Result<Vec<(String, String)>> {
     let dir = debug_layouts()?;
     let layout = |image: &str| dir.join("oci").join(image).display().to_string();
@@ -118,5 +133,8 @@ pub fn debug_table() -> anyhow::Result<Vec<(String, String)>> {
         table.push((format!("{WORKER}-{name}"), format!("oci:{}:{}-{name}", layout("kvgate-worker"), tag())));
     }
     table.push((LLAMACPP.to_string(), format!("oci:{}:{}", layout("llamacpp"), tag())));
+    if vllm_built() {
+        table.push((VLLM.to_string(), format!("oci:{}:{}", layout("vllm"), tag())));
+    }
     Ok(table)
 }
