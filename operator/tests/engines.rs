@@ -31,15 +31,6 @@ fn models(cp: &ControlPlane) -> &'static PathBuf {
     })
 }
 
-/// A namespace for pods that mount the models directory: Pod Security's `restricted` and
-/// `baseline` profiles forbid hostPath volumes (a cluster would give the engine a
-/// PersistentVolumeClaim); everything else the operator renders is `restricted`.
-fn models_namespace(cp: &ControlPlane, prefix: &str) -> String {
-    let ns = cp.namespace(prefix);
-    cp.kubectl_ok(&["label", "namespace", &ns, "pod-security.kubernetes.io/enforce=privileged"]);
-    ns
-}
-
 /// One operator for this binary, allowed to mount the models directory.
 fn env() -> (&'static ControlPlane, &'static Operator) {
     static OP: OnceLock<Operator> = OnceLock::new();

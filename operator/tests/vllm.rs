@@ -36,13 +36,6 @@ fn env() -> (&'static ControlPlane, &'static Operator) {
     (cp, OP.get_or_init(|| Operator::start_with(cp, "operator-vllm", "lease-vllm", None, &[&format!("--allowed-host-paths={dir}")])))
 }
 
-/// A namespace whose Pod Security admits hostPath volumes (the model directory).
-fn models_namespace(cp: &ControlPlane, prefix: &str) -> String {
-    let ns = cp.namespace(prefix);
-    cp.kubectl_ok(&["label", "namespace", &ns, "pod-security.kubernetes.io/enforce=privileged"]);
-    ns
-}
-
 /// A vLLM deployment declaring `window`, started with `args` after the model flags.
 fn vllm(cp: &ControlPlane, name: &str, window: u64, args: &[&str]) -> String {
     let base = ["--model", "/models/tiny", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager", "--host", "0.0.0.0", "--port", "8000"];

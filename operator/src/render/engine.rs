@@ -2,27 +2,19 @@
 //! the user's container behind the same readiness gate as kvgate's workers, and the
 //! deployment's Service in front of every revision's pods (only verified ones are ready).
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
-use k8s_openapi::api::core::v1::{
-    Capabilities, ContainerPort, EmptyDirVolumeSource, PodReadinessGate, PodSpec, PodTemplateSpec, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount,
-};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Capabilities, ContainerPort, EmptyDirVolumeSource, SecurityContext, Service, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::workers::{http_probe, model_flag, restricted};
-use super::{MODEL_DIR, labels, name, owned_meta};
+use super::MODEL_DIR;
+use super::workers::{gated, http_probe, model_flag};
 use crate::crd::{Engine, InferenceDeployment};
 use crate::engines;
-use crate::gate::{self, Role};
+use crate::gate::Role;
 
 /// The Deployment of the engine's pods at one revision, with `replicas` pods.
 pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Deployment {
-    let n = name(d);
     let server = d.spec.server.as_ref();
-    let selector = labels::revision_selector(n, Role::Server.as_str(), revision);
-    let pod_labels = labels::pod(labels::with(labels::common(n), selector.clone()), d.metadata.uid.as_deref());
     let mut c = server.map(|s| s.container.clone()).unwrap_or_default();
     if c.name.is_empty() {
         c.name = "engine".into();
@@ -45,7 +37,6 @@ pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Dep
         capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
         ..Default::default()
     });
-    let (pod_sc, _) = restricted();
     let (_, model_volume) = model_flag(d);
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
@@ -62,45 +53,13 @@ pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Dep
     if matches!(d.spec.engine, Engine::Vllm | Engine::Sglang) {
         scratch("dshm", "/dev/shm", EmptyDirVolumeSource { medium: Some("Memory".into()), ..Default::default() });
     }
-    Deployment {
-        metadata: owned_meta(d, super::workers::deployment_name(d, Role::Server, revision), labels::with(labels::common(n), selector.clone())),
-        spec: DeploymentSpec {
-            replicas: Some(replicas),
-            selector: LabelSelector { match_labels: Some(selector), ..Default::default() },
-            strategy: Some(DeploymentStrategy { type_: Some("RollingUpdate".into()), ..Default::default() }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
-                spec: Some(PodSpec {
-                    containers: vec![c],
-                    readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
-                    // Engines never call the API server.
-                    automount_service_account_token: Some(false),
-                    security_context: Some(pod_sc),
-                    node_selector: server.and_then(|s| s.node_selector.clone()),
-                    tolerations: server.and_then(|s| s.tolerations.clone()),
-                    volumes: (!volumes.is_empty()).then_some(volumes),
-                    termination_grace_period_seconds: Some(10),
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        },
-        ..Default::default()
-    }
+    let placement = (server.and_then(|s| s.node_selector.clone()), server.and_then(|s| s.tolerations.clone()));
+    gated(d, Role::Server, revision, replicas, c, volumes, placement)
 }
 
 /// The deployment's API: `<name>` port 80 -> the engine's verified pods, every revision.
 pub fn api_service(d: &InferenceDeployment) -> Service {
-    let n = name(d);
-    Service {
-        metadata: owned_meta(d, n.to_string(), labels::with(labels::common(n), labels::role_selector(n, Role::Server.as_str()))),
-        spec: Some(ServiceSpec {
-            selector: Some(labels::role_selector(n, Role::Server.as_str())),
-            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, target_port: Some(IntOrString::String("http".into())), ..Default::default() }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    super::api_service(d, Role::Server.as_str())
 }
 
 #[cfg(test)]
@@ -132,7 +91,7 @@ mod tests {
         );
         assert_eq!(dep.metadata.name.as_deref(), Some("llm-server-abc"));
         let pod = dep.spec.template.spec.unwrap();
-        assert_eq!(pod.readiness_gates.unwrap()[0].condition_type, gate::CONDITION);
+        assert_eq!(pod.readiness_gates.unwrap()[0].condition_type, crate::gate::CONDITION);
         assert_eq!(pod.automount_service_account_token, Some(false));
         let c = &pod.containers[0];
         assert_eq!(c.args.as_deref().unwrap(), ["-c", "4096", "-np", "4"], "the engine's own flags, untouched");

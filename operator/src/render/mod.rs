@@ -7,7 +7,9 @@ pub mod router;
 pub mod secret;
 pub mod workers;
 
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use kvgate_proto::contract;
 
@@ -33,6 +35,21 @@ pub fn owner(d: &InferenceDeployment) -> OwnerReference {
     let mut o = d.controller_owner_ref(&()).expect("an InferenceDeployment read from the API has a name and uid");
     o.block_owner_deletion = Some(true);
     o
+}
+
+/// The deployment's API, `<name>` port 80, in front of `component`'s pods (the routers, or an
+/// engine's servers): only Ready ones, which for gated pods means verified.
+pub fn api_service(d: &InferenceDeployment, component: &str) -> Service {
+    let n = name(d);
+    Service {
+        metadata: owned_meta(d, n.to_string(), labels::with(labels::common(n), labels::role_selector(n, component))),
+        spec: Some(ServiceSpec {
+            selector: Some(labels::role_selector(n, component)),
+            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, target_port: Some(IntOrString::String("http".into())), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 pub fn name(d: &InferenceDeployment) -> &str {

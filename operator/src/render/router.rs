@@ -2,10 +2,9 @@
 //! Role with which it reads the workers' EndpointSlices.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServiceAccount, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvgate_proto::contract::flag;
 use kvgate_telemetry::LogFormat;
 
@@ -88,16 +87,7 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, log
 
 /// The deployment's API: `<name>` port 80 -> the routers.
 pub fn api_service(d: &InferenceDeployment) -> Service {
-    let n = name(d);
-    Service {
-        metadata: owned_meta(d, n.to_string(), labels::with(labels::common(n), labels::role_selector(n, COMPONENT))),
-        spec: Some(ServiceSpec {
-            selector: Some(labels::role_selector(n, COMPONENT)),
-            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, target_port: Some(IntOrString::String("http".into())), ..Default::default() }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    super::api_service(d, COMPONENT)
 }
 
 pub fn service_account(d: &InferenceDeployment) -> ServiceAccount {

@@ -136,10 +136,7 @@ pub fn worker_args(d: &InferenceDeployment, role: Role, log: LogFormat) -> Vec<S
 
 /// The Deployment of one role at one revision, with `replicas` pods.
 pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &str, replicas: i32, log: LogFormat) -> Deployment {
-    let n = name(d);
     let r = d.spec.worker(role);
-    let selector = labels::revision_selector(n, role.as_str(), revision);
-    let pod_labels = labels::pod(labels::with(labels::common(n), selector.clone()), d.metadata.uid.as_deref());
     let (_, model_volume) = model_flag(d);
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
     let mut mounts: Vec<VolumeMount> =
@@ -159,7 +156,7 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
         ..Default::default()
     });
     mounts.push(VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() });
-    let (pod_sc, container_sc) = restricted();
+    let (_, container_sc) = restricted();
     let container = Container {
         name: "worker".into(),
         image: Some(image.into()),
@@ -173,6 +170,25 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Default::default()
     };
+    gated(d, role, revision, replicas, container, volumes, (r.node_selector.clone(), r.tolerations.clone()))
+}
+
+/// The Deployment of `role`'s pods at one revision: `container`, non-root, no service-account
+/// token (neither workers nor engines call the API server), and the readiness gate the
+/// operator sets only once the pod's measured pool holds the window.
+pub fn gated(
+    d: &InferenceDeployment,
+    role: Role,
+    revision: &str,
+    replicas: i32,
+    container: Container,
+    volumes: Vec<Volume>,
+    (node_selector, tolerations): (Option<std::collections::BTreeMap<String, String>>, Option<Vec<k8s_openapi::api::core::v1::Toleration>>),
+) -> Deployment {
+    let n = name(d);
+    let selector = labels::revision_selector(n, role.as_str(), revision);
+    let pod_labels = labels::pod(labels::with(labels::common(n), selector.clone()), d.metadata.uid.as_deref());
+    let (pod_sc, _) = restricted();
     Deployment {
         metadata: owned_meta(d, deployment_name(d, role, revision), labels::with(labels::common(n), selector.clone())),
         spec: DeploymentSpec {
@@ -186,11 +202,10 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
                 spec: Some(PodSpec {
                     containers: vec![container],
                     readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
-                    // Workers never call the API server.
                     automount_service_account_token: Some(false),
                     security_context: Some(pod_sc),
-                    node_selector: r.node_selector.clone(),
-                    tolerations: r.tolerations.clone(),
+                    node_selector,
+                    tolerations,
                     volumes: (!volumes.is_empty()).then_some(volumes),
                     termination_grace_period_seconds: Some(10),
                     ..Default::default()

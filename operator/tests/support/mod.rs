@@ -281,3 +281,12 @@ pub fn never_wrong(answers: &[(u16, String)], reference: &str) -> (usize, usize)
     }
     (ok, failed)
 }
+
+/// A namespace for pods that mount a node directory (the engine tests' models): Pod Security's
+/// `restricted` and `baseline` profiles forbid hostPath volumes (a cluster would give the engine
+/// a PersistentVolumeClaim); everything else the operator renders is `restricted`.
+pub fn models_namespace(cp: &ControlPlane, prefix: &str) -> String {
+    let ns = cp.namespace(prefix);
+    cp.kubectl_ok(&["label", "namespace", &ns, "pod-security.kubernetes.io/enforce=privileged"]);
+    ns
+}
