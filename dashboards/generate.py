@@ -92,7 +92,7 @@ INTEGRITY = dashboard("kvgate-integrity", "kvgate / Integrity", "KV handoff inte
           [(f"sum by (reason) (rate(kvgate_handoff_mismatch_total{{{W}}}[$__rate_interval]))", "{{reason}}")], w=18),
     panel("KV port refusals by reason", "Abuse or noise, not corruption: frames or connections decode's KV port refused that nobody holding the secret sent (malformed, too_large, unauthenticated), or beyond its limits (connection_limit, read_timeout). See the runbook KvgateKVPortAbuse.", "ops",
           [(f"sum by (reason) (rate(kvgate_kv_port_rejected_total{{{W}}}[$__rate_interval]))", "{{reason}}")]),
-    panel("Internal requests refused by reason", "Calls to the workers' internal API without a valid signature of the deployment (missing, malformed, stale, replayed, bad_mac) or over the body limit (too_large). See the runbook KvgateInternalRequestsRefused.", "reqps",
+    panel("Internal requests refused by reason", "Calls to the workers' internal API without a valid signature of the deployment (missing, malformed, stale, replayed, bad_mac), signed for another worker process (wrong_target), with another body than signed (body_mismatch), or over the body limit or deadline (too_large, too_slow). See the runbook KvgateInternalRequestsRefused.", "reqps",
           [(f"sum by (role, reason) (rate(kvgate_internal_requests_rejected_total{{{W}}}[$__rate_interval]))", "{{role}} {{reason}}")]),
     panel("Handoff outcomes", "Handoffs per second by outcome: committed (verified and decoded), rejected (cancelled after prefill rejected the prompt), failed.", "ops",
           [(f"sum by (outcome) (rate(kvgate_handoff_total{{{W}, role=\"decode\"}}[$__rate_interval]))", "{{outcome}}")]),
@@ -104,6 +104,8 @@ INTEGRITY = dashboard("kvgate-integrity", "kvgate / Integrity", "KV handoff inte
     panel("Rollouts refused by reason", "Revisions the operator's rollout gate refused, by reason (KVPoolBelowContextWindow, FingerprintMismatch, HostPathNotAllowed). Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "short",
           [("sum by (reason) (increase(kvgate_operator_rollouts_refused_total[$__range]))", "{{reason}}")], kind="stat",
           thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]),
+    panel("Connections refused by listener and reason", "Saturation, not corruption: connections a worker's listener closed unserved: over its cap (connection_limit), over one client address's share (client_limit), or KV connections that never authenticated (unauthenticated). Clients within their share are still served. See the runbook KvgateListenerSaturated.", "ops",
+          [(f"sum by (role, listener, reason) (rate(kvgate_connections_refused_total{{{W}}}[$__rate_interval]))", "{{role}} {{listener}} {{reason}}")], w=24),
 ])
 
 CAPACITY = dashboard("kvgate-capacity", "kvgate / Capacity", "Measured KV pools against declared context windows, and pool use per pod.", [

@@ -181,6 +181,7 @@ mod tests {
             model_fingerprint: model.into(),
             layout_fingerprint: layout.into(),
             vocab_size: Some(258),
+            instance: String::new(),
         }))
     }
 

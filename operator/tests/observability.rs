@@ -228,6 +228,7 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     let (prefill_port, decode_port, kv_port, router_port) = (free_port(), free_port(), free_port(), free_port());
     let secret_file = cp.dir.join(format!("incident-secret-{ns}"));
     std::fs::write(&secret_file, "incident-deployment-secret-0123456789").unwrap();
+    std::fs::set_permissions(&secret_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let secret = format!("--handoff-secret-file={}", secret_file.display());
     let spawn = |name: &str, args: &[String]| Proc::spawn(name, &bin, args, &cp.dir).unwrap();
     let prefill = spawn(

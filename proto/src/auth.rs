@@ -4,7 +4,11 @@
 //! value computed for one purpose is never valid for another:
 //!
 //! - **request key**: MACs of internal HTTP calls (router -> prefill, router -> decode), over
-//!   method, path, a timestamp, a nonce and the body's hash ([`DeploymentKey::sign_request`]);
+//!   method, path and query, the callee's instance, a timestamp, a nonce, and the body's length
+//!   and hash ([`DeploymentKey::sign_request`]). The header alone can be checked, so a callee
+//!   reads no byte of a body before it knows the caller holds the secret; naming the callee's
+//!   instance (random per process) makes a captured call worthless at any other pod, and at
+//!   the same pod after a restart;
 //! - **reservation key**: the tag decode mints over a reservation, which prefill checks before it
 //!   dials the KV address the reservation names ([`DeploymentKey::reservation_tag`]);
 //! - **frame key**: the parent of one key per handoff id ([`DeploymentKey::frame_key`]) with which
@@ -81,10 +85,15 @@ pub enum AuthError {
     /// The MAC does not match: the caller does not hold this deployment's secret, or altered
     /// the request.
     BadMac,
+    /// The call was signed for another worker process (another pod, or this pod before a
+    /// restart): a replay at the wrong place.
+    WrongTarget,
+    /// The body is not the one the signature names (length or hash).
+    BodyMismatch,
 }
 
 impl AuthError {
-    pub const REASONS: [&'static str; 5] = ["missing", "malformed", "stale", "replayed", "bad_mac"];
+    pub const REASONS: [&'static str; 7] = ["missing", "malformed", "stale", "replayed", "bad_mac", "wrong_target", "body_mismatch"];
 
     pub fn reason(&self) -> &'static str {
         match self {
@@ -93,6 +102,8 @@ impl AuthError {
             AuthError::Stale { .. } => "stale",
             AuthError::Replayed => "replayed",
             AuthError::BadMac => "bad_mac",
+            AuthError::WrongTarget => "wrong_target",
+            AuthError::BodyMismatch => "body_mismatch",
         }
     }
 }
@@ -107,23 +118,68 @@ impl fmt::Display for AuthError {
             }
             AuthError::Replayed => write!(f, "this signature was already used (replayed request)"),
             AuthError::BadMac => write!(f, "the request's signature does not verify with this deployment's handoff secret"),
+            AuthError::WrongTarget => write!(f, "this call was signed for another worker process (captured elsewhere, or before this worker restarted)"),
+            AuthError::BodyMismatch => write!(f, "the request's body is not the one its signature names (length or BLAKE3 hash differ)"),
         }
     }
 }
 
 impl std::error::Error for AuthError {}
 
-/// A parsed `x-kvgate-signature` value.
+/// A worker process, as the target of signed calls: random at every start, published in its
+/// capacity report (`instance`), so a signature is good at one process only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Instance(pub u128);
+
+impl Instance {
+    pub fn random() -> Instance {
+        Instance(rand::random())
+    }
+}
+
+impl fmt::Display for Instance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl std::str::FromStr for Instance {
+    type Err = AuthError;
+    fn from_str(s: &str) -> Result<Self, AuthError> {
+        if s.len() != 32 {
+            return Err(AuthError::Malformed("an instance is 32 hex digits".into()));
+        }
+        u128::from_str_radix(s, 16).map(Instance).map_err(|_| AuthError::Malformed("an instance must be hex".into()))
+    }
+}
+
+/// A parsed `x-kvgate-signature` value:
+/// `v2;t=MS;n=NONCE;to=INSTANCE;len=BYTES;h=BODY_HASH;m=MAC`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Signature {
     pub timestamp_ms: u64,
     pub nonce: u128,
+    /// The callee.
+    pub target: Instance,
+    /// The body's length and BLAKE3 hash: a callee stops reading at `body_len` and checks the
+    /// hash as the bytes arrive.
+    pub body_len: u64,
+    pub body_hash: Mac,
     pub mac: Mac,
 }
 
 impl fmt::Display for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v1;t={};n={:032x};m={}", self.timestamp_ms, self.nonce, self.mac.to_hex())
+        write!(
+            f,
+            "v2;t={};n={:032x};to={};len={};h={};m={}",
+            self.timestamp_ms,
+            self.nonce,
+            self.target,
+            self.body_len,
+            self.body_hash.to_hex(),
+            self.mac.to_hex()
+        )
     }
 }
 
@@ -132,8 +188,8 @@ impl std::str::FromStr for Signature {
     fn from_str(s: &str) -> Result<Self, AuthError> {
         let bad = |m: &str| AuthError::Malformed(m.to_string());
         let mut parts = s.split(';');
-        if parts.next() != Some("v1") {
-            return Err(bad("it must start with `v1;`"));
+        if parts.next() != Some("v2") {
+            return Err(bad("it must start with `v2;`"));
         }
         let mut field = |name: &str| {
             parts
@@ -148,12 +204,34 @@ impl std::str::FromStr for Signature {
             return Err(bad("`n` must be 32 hex digits"));
         }
         let nonce = u128::from_str_radix(nonce_hex, 16).map_err(|_| bad("`n` must be hex"))?;
+        let target = field("to")?.parse()?;
+        let body_len = field("len")?.parse().map_err(|_| bad("`len` must be the body's length in bytes"))?;
+        let body_hash = Mac::from_hex(field("h")?)?;
         let mac = Mac::from_hex(field("m")?)?;
         if parts.next().is_some() {
             return Err(bad("trailing fields"));
         }
-        Ok(Signature { timestamp_ms, nonce, mac })
+        Ok(Signature { timestamp_ms, nonce, target, body_len, body_hash, mac })
     }
+}
+
+/// A body's BLAKE3 hash, fed as its chunks arrive.
+#[derive(Default)]
+pub struct BodyHasher(blake3::Hasher);
+
+impl BodyHasher {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(&self) -> Mac {
+        Mac(*self.0.finalize().as_bytes())
+    }
+}
+
+/// The hash a signature names for `body`.
+pub fn body_hash(body: &[u8]) -> Mac {
+    Mac(*blake3::hash(body).as_bytes())
 }
 
 /// What a reservation tag covers: everything prefill acts on.
@@ -290,27 +368,38 @@ impl DeploymentKey {
         Mac(*h.finalize().as_bytes())
     }
 
-    fn request_mac(&self, method: &str, path: &str, timestamp_ms: u64, nonce: u128, body: &[u8]) -> Mac {
+    /// The MAC over everything a signature names; the body enters by length and hash only, so
+    /// the header can be checked before any byte of the body is read.
+    fn request_mac(&self, method: &str, path: &str, sig: &Signature) -> Mac {
         let mut h = blake3::Hasher::new_keyed(&self.request);
         for field in [method.as_bytes(), b"\n", path.as_bytes(), b"\n"] {
             h.update(field);
         }
-        h.update(&timestamp_ms.to_le_bytes());
-        h.update(&nonce.to_le_bytes());
-        h.update(blake3::hash(body).as_bytes());
+        h.update(&sig.target.0.to_le_bytes());
+        h.update(&sig.timestamp_ms.to_le_bytes());
+        h.update(&sig.nonce.to_le_bytes());
+        h.update(&sig.body_len.to_le_bytes());
+        h.update(&sig.body_hash.0);
         Mac(*h.finalize().as_bytes())
     }
 
-    /// Signs one internal request (the caller supplies a fresh random nonce and its clock).
-    pub fn sign_request(&self, method: &str, path: &str, timestamp_ms: u64, nonce: u128, body: &[u8]) -> Signature {
-        Signature { timestamp_ms, nonce, mac: self.request_mac(method, path, timestamp_ms, nonce, body) }
+    /// Signs one internal request to `target` (`path` with its query string; the caller
+    /// supplies a fresh random nonce and its clock).
+    pub fn sign_request(&self, method: &str, path: &str, target: Instance, timestamp_ms: u64, nonce: u128, body: &[u8]) -> Signature {
+        let mut sig = Signature { timestamp_ms, nonce, target, body_len: body.len() as u64, body_hash: body_hash(body), mac: Mac([0; MAC_LEN]) };
+        sig.mac = self.request_mac(method, path, &sig);
+        sig
     }
 
-    /// Checks a signature's MAC and its timestamp against `now_ms` (replay is the caller's
-    /// nonce cache: only signatures that pass here may enter it).
-    pub fn verify_request(&self, sig: &Signature, method: &str, path: &str, body: &[u8], now_ms: u64, max_skew_ms: u64) -> Result<(), AuthError> {
-        if !self.request_mac(method, path, sig.timestamp_ms, sig.nonce, body).verify(&sig.mac) {
+    /// Checks a signature's MAC, its target and its timestamp against `now_ms`, before the body
+    /// is read (the body is the caller's to check against `body_len`/`body_hash`; replay is the
+    /// caller's nonce cache: only signatures that pass here may enter it).
+    pub fn verify_request(&self, sig: &Signature, method: &str, path: &str, me: Instance, now_ms: u64, max_skew_ms: u64) -> Result<(), AuthError> {
+        if !self.request_mac(method, path, sig).verify(&sig.mac) {
             return Err(AuthError::BadMac);
+        }
+        if sig.target != me {
+            return Err(AuthError::WrongTarget);
         }
         let skew_ms = now_ms.abs_diff(sig.timestamp_ms);
         if skew_ms > max_skew_ms {
@@ -375,25 +464,45 @@ mod tests {
         assert_eq!(k.frame_key(HandoffId(1)).mac(&[b"headerbody"]), mac(&k, 1));
     }
 
+    const ME: Instance = Instance(42);
+
     #[test]
-    fn request_signatures_bind_method_path_body_and_time() {
+    fn request_signatures_bind_method_path_query_target_body_and_time() {
         let k = key(1);
-        let sig = k.sign_request("POST", "/internal/v1/reserve", 1_000, 7, b"{}");
-        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 1_500, 30_000), Ok(()));
-        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/prefill", b"{}", 1_500, 30_000), Err(AuthError::BadMac));
-        assert_eq!(k.verify_request(&sig, "GET", "/internal/v1/reserve", b"{}", 1_500, 30_000), Err(AuthError::BadMac));
-        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{ }", 1_500, 30_000), Err(AuthError::BadMac));
-        assert_eq!(key(2).verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 1_500, 30_000), Err(AuthError::BadMac));
-        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/reserve", b"{}", 41_000, 30_000), Err(AuthError::Stale { skew_ms: 40_000, max_ms: 30_000 }));
+        let path = "/internal/v1/reserve";
+        let sig = k.sign_request("POST", path, ME, 1_000, 7, b"{}");
+        assert_eq!(k.verify_request(&sig, "POST", path, ME, 1_500, 30_000), Ok(()));
+        assert_eq!((sig.body_len, sig.body_hash), (2, body_hash(b"{}")));
+        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/prefill", ME, 1_500, 30_000), Err(AuthError::BadMac));
+        assert_eq!(k.verify_request(&sig, "POST", "/internal/v1/reserve?x=1", ME, 1_500, 30_000), Err(AuthError::BadMac));
+        assert_eq!(k.verify_request(&sig, "GET", path, ME, 1_500, 30_000), Err(AuthError::BadMac));
+        assert_eq!(k.verify_request(&sig, "POST", path, Instance(43), 1_500, 30_000), Err(AuthError::WrongTarget));
+        assert_eq!(key(2).verify_request(&sig, "POST", path, ME, 1_500, 30_000), Err(AuthError::BadMac));
+        assert_eq!(k.verify_request(&sig, "POST", path, ME, 41_000, 30_000), Err(AuthError::Stale { skew_ms: 40_000, max_ms: 30_000 }));
+        // Every field the header names is under the MAC: an attacker can change none of them.
+        for altered in [
+            Signature { target: Instance(43), ..sig },
+            Signature { body_len: 3, ..sig },
+            Signature { body_hash: body_hash(b"{ }"), ..sig },
+            Signature { timestamp_ms: 1_001, ..sig },
+            Signature { nonce: 8, ..sig },
+        ] {
+            assert_eq!(k.verify_request(&altered, "POST", path, altered.target, 1_500, 30_000), Err(AuthError::BadMac), "{altered:?}");
+        }
     }
 
     #[test]
     fn signatures_round_trip_through_their_header_and_refuse_garbage() {
-        let sig = key(1).sign_request("POST", "/x", 123, u128::MAX - 5, b"");
+        let sig = key(1).sign_request("POST", "/x", ME, 123, u128::MAX - 5, b"");
         assert_eq!(sig.to_string().parse::<Signature>(), Ok(sig));
-        for bad in ["", "v2;t=1;n=00000000000000000000000000000000;m=00", "v1;t=x", "v1;n=1;t=2", &format!("{sig};x=1")] {
+        let v1 = "v1;t=1;n=00000000000000000000000000000000;m=00";
+        for bad in ["", v1, "v2;t=x", "v2;n=1;t=2", &format!("{sig};x=1"), &sig.to_string().replace(";to=", ";to=zz")] {
             assert!(matches!(bad.parse::<Signature>(), Err(AuthError::Malformed(_))), "{bad}");
         }
+        let mut h = BodyHasher::default();
+        h.update(b"{");
+        h.update(b"}");
+        assert_eq!(h.finish(), body_hash(b"{}"), "chunks hash as the whole");
     }
 
     #[test]

@@ -32,10 +32,15 @@ pub struct CapacityReport {
     /// Tokens in the model's vocabulary (the operator's canary prompts stay below it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab_size: Option<u32>,
+    /// The worker process ([`crate::auth::Instance`], random at each start): signed calls to its
+    /// internal endpoints name it, so they are good at this process only.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance: String,
 }
 
-/// What a router serves on [`KV_POOL_PATH`]: the last report it read from each peer (`report`
-/// is absent for a peer that has not answered).
+/// What a router serves on [`KV_POOL_PATH`] (a public port): the capacity each peer last
+/// reported, without the peers' internal addresses or instances (`report` is absent for a peer
+/// that has not answered).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerReports {
     pub prefill: Vec<PeerReport>,
@@ -44,8 +49,8 @@ pub struct PeerReports {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerReport {
-    /// The peer's base URL.
-    pub peer: String,
+    /// Whether the peer answered its last capacity read.
+    pub reachable: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<CapacityReport>,
 }
@@ -78,6 +83,7 @@ mod tests {
             model_fingerprint: "m".into(),
             layout_fingerprint: "l".into(),
             vocab_size: Some(258),
+            instance: "0123456789abcdef0123456789abcdef".into(),
         }
     }
 

@@ -109,8 +109,8 @@ impl PortRefusal {
             PortRefusal::Malformed => "bytes that are not a frame of the protocol (including a page frame declaring a payload larger than a page)",
             PortRefusal::TooLarge => "a frame larger than a page frame can be",
             PortRefusal::Unauthenticated => "a frame for no open handoff whose MAC does not verify",
-            PortRefusal::ReadTimeout => "no whole frame within `--kv-frame-timeout-ms`",
-            PortRefusal::ConnectionLimit => "more connections than `--kv-max-connections`",
+            PortRefusal::ReadTimeout => "no whole frame within `--kv-frame-timeout-ms` (the first one within `--kv-auth-timeout-ms`)",
+            PortRefusal::ConnectionLimit => "an authenticated connection beyond `--kv-max-connections`",
         }
     }
 }

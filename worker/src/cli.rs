@@ -51,6 +51,8 @@ pub struct LocalArgs {
     #[arg(long)]
     pub colocated: bool,
     #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(flatten)]
     pub engine: EngineArgs,
     #[command(flatten)]
     pub scheduler: SchedulerArgs,
@@ -87,6 +89,8 @@ pub struct RouterArgs {
     #[arg(long = flag::CONTEXT_WINDOW, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
     pub context_window: u64,
     #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(flatten)]
     pub secret: SecretArgs,
 }
 
@@ -94,6 +98,8 @@ pub struct RouterArgs {
 pub struct PrefillArgs {
     #[arg(long = flag::LISTEN, default_value = "0.0.0.0:8081", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub serve: ServeArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
     #[command(flatten)]
@@ -116,11 +122,35 @@ pub struct DecodeArgs {
     #[arg(long = flag::KV_ADVERTISE, env = "KVGATE_KV_ADVERTISE")]
     pub kv_advertise: Option<String>,
     #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(flatten)]
     pub engine: EngineArgs,
     #[command(flatten)]
     pub scheduler: SchedulerArgs,
     #[command(flatten)]
     pub handoff: HandoffArgs,
+}
+
+/// What a listener and the public API grant any one peer: every port is reachable by whoever is
+/// on the pod network, so none of them may let one client stall the others.
+#[derive(Debug, Args, Clone)]
+pub struct ServeArgs {
+    /// Most HTTP connections open at once; more are closed when accepted (counted in
+    /// `kvgate_connections_refused_total`).
+    #[arg(long, env = "KVGATE_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+    /// Most HTTP connections one client address may hold at once.
+    #[arg(long, env = "KVGATE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections_per_client: u64,
+    /// Longest an HTTP connection may wait for, or take to send, a request head (idle
+    /// keep-alives and slow headers are closed after it). A request body must then arrive
+    /// within 5 s plus a second per 8 MiB (408 otherwise).
+    #[arg(long, env = "KVGATE_IDLE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
+    /// Most requests one client (its API key, else its address) may have in flight on the
+    /// public API; more are answered 429.
+    #[arg(long, env = "KVGATE_MAX_REQUESTS_PER_CLIENT", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_requests_per_client: u64,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -153,9 +183,19 @@ pub struct HandoffArgs {
     /// are answered 503.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_open_reservations: u64,
-    /// Most connections decode's KV port serves at once; more are closed when accepted.
+    /// Most authenticated connections decode's KV port serves at once (each carries a
+    /// reservation's pages); more are closed.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_max_connections: u64,
+    /// Most KV connections that have not yet sent an authentic frame, in all and per client
+    /// address: strangers get these, never the slots of peers that hold the secret.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_max_unauthenticated: u64,
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_max_unauthenticated_per_client: u64,
+    /// Longest a new KV connection may take to deliver its first authentic frame.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_auth_timeout_ms: u64,
     /// Longest one frame may take to arrive on the KV port (and longest a connection may idle
     /// between frames) before the connection is closed.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]

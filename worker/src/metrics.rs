@@ -21,6 +21,8 @@ pub struct Metrics {
     pub duration: Histogram,
     pub prompt_tokens: IntCounter,
     pub generation_tokens: IntCounter,
+    /// Requests whose client left before the answer: their work was cancelled.
+    pub abandoned: IntCounter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -63,6 +65,17 @@ impl RoleRegistry<'_> {
         self.register(c)
     }
 
+    /// A counter family over two labels, every pair of known values starting at zero.
+    pub fn counter_grid(&self, name: &str, help: &str, labels: [&str; 2], rows: &[&str], columns: &[&str]) -> IntCounterVec {
+        let c = IntCounterVec::new(self.opts(name, help), &labels).unwrap();
+        for r in rows {
+            for col in columns {
+                c.with_label_values(&[*r, *col]);
+            }
+        }
+        self.register(c)
+    }
+
     pub fn histogram(&self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
         let opts = HistogramOpts::new(name, help).const_label("role", self.role).buckets(buckets);
         self.register(Histogram::with_opts(opts).unwrap())
@@ -80,6 +93,10 @@ impl Metrics {
             context_window_tokens: r.gauge("kvgate_context_window_tokens", "Declared context window, in tokens."),
             requests: r.counter_vec("kvgate_requests_total", "Completion requests answered, by HTTP status code.", "code", &CODES),
             rejected: r.counter_vec("kvgate_requests_rejected_total", "Requests rejected before generation, by reason.", "reason", &Rejection::REASONS),
+            abandoned: r.counter(
+                "kvgate_requests_abandoned_total",
+                "Requests whose client disconnected before the answer; their prefill, reservation and decode were cancelled.",
+            ),
             ttft: r.histogram("kvgate_time_to_first_token_seconds", "Time from request arrival to its first generated token.", latency()),
             inter_token: r.histogram("kvgate_inter_token_latency_seconds", "Time between consecutive generated tokens of one request.", latency()),
             duration: r.histogram(

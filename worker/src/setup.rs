@@ -88,5 +88,6 @@ pub fn report(model: &Model, pool: &KvPool) -> CapacityReport {
         model_fingerprint: model.fingerprint.clone(),
         layout_fingerprint: layout.fingerprint(),
         vocab_size: Some(model.vocab_size() as u32),
+        instance: String::new(),
     }
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::body::Body;
 use axum::http::Request;
 use clap::Parser;
+use kvgate_proto::auth::Instance;
 use kvgate_worker::cli::{Cli, Command};
 use kvgate_worker::commands::roles;
 use kvgate_worker::handoff::Secret;
@@ -58,6 +59,16 @@ struct Apps {
     decode: axum::Router,
     prefill: axum::Router,
     signer: Signer,
+    /// The processes decode's and prefill's signed calls are for (their reports name them).
+    decode_is: Instance,
+    prefill_is: Instance,
+}
+
+/// The instance a role's capacity report names.
+async fn instance_of(app: &axum::Router) -> Instance {
+    let resp = app.clone().oneshot(Request::get("/v1/kv-pool").body(Body::empty()).unwrap()).await.unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap()).unwrap();
+    report["instance"].as_str().unwrap().parse().unwrap()
 }
 
 fn apps() -> &'static Apps {
@@ -67,7 +78,7 @@ fn apps() -> &'static Apps {
         let secret = Secret::new(b"fuzzing-secret-0123456789").unwrap();
         let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("kvgate-worker").chain(args.iter().copied())).unwrap().command;
         let small = ["--context-window", "64", "--kv-pool-tokens", "256", "--admission-timeout-ms", "10"];
-        let (public, decode, prefill) = rt.block_on(async {
+        let (public, decode, prefill, decode_is, prefill_is) = rt.block_on(async {
             let registry = roles::registry();
             let Command::Local(local) = parse(&[&["local", "--colocated", "--listen", "127.0.0.1:0"][..], &small].concat()) else { unreachable!() };
             let Command::Decode(d) = parse(
@@ -83,19 +94,20 @@ fn apps() -> &'static Apps {
             let public = roles::colocated(&local, &registry).await.unwrap().app;
             let decode = roles::decode(&d, &roles::registry(), secret.clone()).await.unwrap().app;
             let prefill = roles::prefill(&p, &roles::registry(), secret.clone(), false).await.unwrap().app;
-            (public, decode, prefill)
+            let (decode_is, prefill_is) = (instance_of(&decode).await, instance_of(&prefill).await);
+            (public, decode, prefill, decode_is, prefill_is)
         });
-        Apps { rt, public, decode, prefill, signer: Signer::new(&secret) }
+        Apps { rt, public, decode, prefill, signer: Signer::new(&secret), decode_is, prefill_is }
     })
 }
 
 /// Sends one POST and checks the answer; returns the request's peak allocation beyond what
 /// was live before it.
-fn post(app: &axum::Router, path: &str, body: Vec<u8>, signer: Option<&Signer>) -> Result<usize, TestCaseError> {
+fn post(app: &axum::Router, path: &str, body: Vec<u8>, signer: Option<(&Signer, Instance)>) -> Result<usize, TestCaseError> {
     let a = apps();
     let mut req = Request::post(path).header("content-type", "application/json");
-    if let Some(s) = signer {
-        req = req.header("x-kvgate-signature", s.sign(path, &body));
+    if let Some((s, target)) = signer {
+        req = req.header("x-kvgate-signature", s.sign(path, target, &body));
     }
     let req = req.body(Body::from(body)).unwrap();
     let measuring = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
@@ -240,14 +252,14 @@ proptest! {
     #[test]
     fn internal_bodies_never_panic_or_allocate_without_bound(body in body(), which in 0..4usize, id in "[0-9a-f]{32}") {
         let a = apps();
-        let (app, path) = match which {
-            0 => (&a.decode, "/internal/v1/reserve".to_string()),
-            1 => (&a.decode, format!("/internal/v1/handoffs/{id}/cancel")),
-            2 => (&a.decode, format!("/internal/v1/handoffs/{id}/generate")),
-            _ => (&a.prefill, "/internal/v1/prefill".to_string()),
+        let (app, target, path) = match which {
+            0 => (&a.decode, a.decode_is, "/internal/v1/reserve".to_string()),
+            1 => (&a.decode, a.decode_is, format!("/internal/v1/handoffs/{id}/cancel")),
+            2 => (&a.decode, a.decode_is, format!("/internal/v1/handoffs/{id}/generate")),
+            _ => (&a.prefill, a.prefill_is, "/internal/v1/prefill".to_string()),
         };
         let len = body.len();
-        let peak = post(app, &path, body, Some(&a.signer))?;
+        let peak = post(app, &path, body, Some((&a.signer, target)))?;
         prop_assert!(bounded(peak, len), "{path}: {peak} bytes for a {len}-byte body");
     }
 }
@@ -265,6 +277,6 @@ fn the_allocation_counter_sees_allocations() {
     // And a body that asks for the largest reservation allocates nothing for it.
     let a = apps();
     let body = serde_json::to_vec(&serde_json::json!({"prompt_tokens": u32::MAX, "max_tokens": u32::MAX})).unwrap();
-    let peak = post(&a.decode, "/internal/v1/reserve", body.clone(), Some(&a.signer)).unwrap();
+    let peak = post(&a.decode, "/internal/v1/reserve", body.clone(), Some((&a.signer, a.decode_is))).unwrap();
     assert!(bounded(peak, body.len()), "{peak}");
 }

@@ -14,7 +14,7 @@ use kvgate_proto::roles::Reservation;
 use kvgate_worker::kv::{KvDtype, KvLayout};
 use serde_json::{Value, json};
 use support::kv::{KvClient, send_raw};
-use support::{TestSecret, Worker, cluster, cluster_with, decode, eventually};
+use support::{TestSecret, Worker, cluster, cluster_with, connect_from, decode, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use xxhash_rust::xxh3::xxh3_64;
@@ -81,7 +81,7 @@ async fn internal_endpoints_refuse_callers_without_the_deployment_secret() {
     assert_eq!(c.decode.metric(&rejected("decode", "bad_mac")).await, 1.0);
     // A request the router really signed, captured and sent again.
     let body = serde_json::to_vec(&reserve).unwrap();
-    let signature = c.secret.signer().sign("/internal/v1/reserve", &body);
+    let signature = c.secret.signer().sign("/internal/v1/reserve", c.decode.instance().await, &body);
     let replay = || {
         c.decode
             .http
@@ -276,21 +276,23 @@ async fn a_page_rewritten_on_the_path_with_a_fresh_checksum_is_caught_by_its_mac
     assert_eq!(c.decode.metric(&mismatch("auth")).await, 2.0);
 }
 
-// Row 7: a KV port that survives abuse.
+// Row 7: a KV port that survives abuse: strangers get a few slots per address and a short
+// deadline to authenticate; a peer holding the secret is served beside them.
 #[tokio::test]
 async fn the_kv_port_caps_connections_and_closes_slow_peers() {
     let secret = TestSecret::new();
-    let d = decode(&[&secret.arg(), "--kv-max-connections", "4", "--kv-frame-timeout-ms", "300"]);
+    let d = decode(&[&secret.arg(), "--kv-max-unauthenticated-per-client", "4", "--kv-auth-timeout-ms", "300"]);
     let kv = KvClient::reserve(&d, &secret.signer(), 20, 4).await.holding(&secret.secret);
     let addr = kv.reservation.kv_addr.clone();
-    // Ten silent connections and one that sends half a header: four are served (and then time
-    // out), the rest are closed at once.
+    // Ten silent connections and one that sends half a header: four are taken as strangers
+    // (and then time out), the rest are closed at once.
     let mut held = Vec::new();
     for _ in 0..10 {
         held.push(TcpStream::connect(&addr).await.unwrap());
     }
     held[0].write_all(b"KVGF").await.unwrap();
-    eventually(&d, &kv_port("connection_limit"), 6.0).await;
+    eventually(&d, r#"kvgate_connections_refused_total{listener="kv",reason="client_limit",role="decode"}"#, 6.0).await;
+    eventually(&d, r#"kvgate_connections_refused_total{listener="kv",reason="unauthenticated",role="decode"}"#, 4.0).await;
     eventually(&d, &kv_port("read_timeout"), 4.0).await;
     drop(held);
     // The port still serves an honest transfer, and none of it was an integrity event.
@@ -311,11 +313,13 @@ async fn out_of_file_descriptors_the_kv_port_backs_off_instead_of_spinning() {
         .stderr(std::fs::File::create(&log).unwrap());
     let d = Worker::from_command(cmd);
     let kv = KvClient::reserve(&d, &secret.signer(), 20, 4).await;
+    // Eight strangers' connections per address are held (the rest closed at once): sixteen
+    // addresses hold more than the 64 descriptors.
+    let addr = kv.reservation.kv_addr.parse().unwrap();
     let mut held = Vec::new();
-    for _ in 0..120 {
-        match TcpStream::connect(&kv.reservation.kv_addr).await {
-            Ok(s) => held.push(s),
-            Err(_) => break,
+    for i in 0..128 {
+        if let Ok(s) = connect_from(2 + (i % 16) as u8, addr).await {
+            held.push(s);
         }
     }
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kvgate_proto::auth::{DeploymentKey, SIGNATURE_HEADER, now_ms};
+use kvgate_proto::auth::{DeploymentKey, Instance, SIGNATURE_HEADER, now_ms};
 use kvgate_proto::contract::{DECODE_PORT, PREFILL_PORT};
 use kvgate_proto::roles::{self, GenerateRequest, PrefillRequest, Reservation, ReserveRequest, Sampling, StreamLine};
 
@@ -19,9 +19,27 @@ const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0, seed: None, lo
 /// Longest a whole canary request may take (a long prompt on a CPU worker takes seconds).
 const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The worker process at `ip:port`, as its capacity report names it: signed calls are good at
+/// that process only.
+async fn instance(http: &reqwest::Client, ip: &str, port: u16) -> Result<Instance, String> {
+    let url = format!("http://{ip}:{port}{}", kvgate_proto::KV_POOL_PATH);
+    let report: kvgate_proto::CapacityReport = http
+        .get(&url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .map_err(|e| format!("GET {url}: {e}"))?
+        .json()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    report.instance.parse().map_err(|e| format!("GET {url}: the report names no instance: {e}"))
+}
+
 async fn post(http: &reqwest::Client, key: &DeploymentKey, ip: &str, port: u16, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, String> {
     let bytes = serde_json::to_vec(body).expect("role bodies serialize");
-    let signature = key.sign_request("POST", path, now_ms(), rand::random(), &bytes).to_string();
+    let target = instance(http, ip, port).await?;
+    let signature = key.sign_request("POST", path, target, now_ms(), rand::random(), &bytes).to_string();
     let url = format!("http://{ip}:{port}{path}");
     http.post(&url)
         .timeout(TIMEOUT)

@@ -26,6 +26,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             listen: loopback,
             kv_listen: loopback,
             kv_advertise: None,
+            serve: args.serve.clone(),
             engine: args.engine.clone(),
             scheduler: args.scheduler.clone(),
             handoff: args.handoff.clone(),
@@ -37,6 +38,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
     let prefill = roles::prefill(
         &PrefillArgs {
             listen: loopback,
+            serve: args.serve.clone(),
             engine: args.engine.clone(),
             scheduler: args.scheduler.clone(),
             secret: args.handoff.secret.clone(),
@@ -62,6 +64,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             prefill_service: None,
             decode_service: None,
             namespace: String::new(),
+            serve: args.serve.clone(),
             secret: args.handoff.secret.clone(),
         },
         &registry,

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use axum::extract::DefaultBodyLimit;
 
-use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, LocalArgs, PrefillArgs, RouterArgs, SchedulerArgs, SecretArgs};
+use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, LocalArgs, PrefillArgs, RouterArgs, SchedulerArgs, SecretArgs, ServeArgs};
 use crate::engine::{Engine, SchedulerConfig};
 use crate::handoff::reservations::{Limits, TableConfig};
 use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
@@ -23,10 +23,12 @@ use crate::roles::internal_auth::{self, Signer, Verifier};
 use crate::roles::peers::Peers;
 use crate::roles::prefill::{self, PrefillRole};
 use crate::roles::router::Dispatcher;
+use crate::server::listener::{self, ConnLimits, Refusals};
 use crate::server::tokenize::SpecialTokens;
 use crate::server::{self, AppState, Backend, limits};
 use crate::setup;
 use crate::tokenizer::Tokenizer;
+use kvgate_proto::auth::Instance;
 
 /// A role ready to serve: its bound listener and app.
 pub struct Started {
@@ -34,16 +36,30 @@ pub struct Started {
     pub app: axum::Router,
     pub ready: Arc<AtomicBool>,
     pub summary: String,
+    pub limits: ConnLimits,
+    pub refusals: Refusals,
 }
 
 impl Started {
+    fn new(listener: TcpListener, app: axum::Router, ready: Arc<AtomicBool>, summary: String, serve: &ServeArgs, refusals: Refusals) -> Self {
+        Started { listener, app, ready, summary, limits: conn_limits(serve), refusals }
+    }
+
     pub fn addr(&self) -> SocketAddr {
         server::local_addr(&self.listener)
     }
 
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        server::serve(self.listener, self.app, self.ready, shutdown).await?;
+        listener::serve(self.listener, self.app, self.limits, self.refusals, self.ready, shutdown).await?;
         Ok(())
+    }
+}
+
+fn conn_limits(a: &ServeArgs) -> ConnLimits {
+    ConnLimits {
+        max_connections: a.max_connections as usize,
+        per_client: a.max_connections_per_client as usize,
+        idle: Duration::from_millis(a.idle_timeout_ms),
     }
 }
 
@@ -51,17 +67,20 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))
 }
 
+/// The role's engine and capacity report; the report names `me`, the process callers sign for.
 fn start_engine(
     engine: &EngineArgs,
     sched: &SchedulerArgs,
     registry: &prometheus::Registry,
     role: &str,
+    me: Option<Instance>,
 ) -> anyhow::Result<(Engine, kvgate_proto::CapacityReport)> {
     let loaded = setup::load(engine)?;
     let config = SchedulerConfig { max_batch_tokens: sched.max_batch_tokens as usize, admission_timeout: Duration::from_millis(sched.admission_timeout_ms) };
     let window = engine.context_window as usize;
     let e = Engine::start(loaded.model, loaded.pool, window, Metrics::new(registry, role), config);
-    Ok((e, loaded.report))
+    let report = kvgate_proto::CapacityReport { instance: me.map(|i| i.to_string()).unwrap_or_default(), ..loaded.report };
+    Ok((e, report))
 }
 
 fn describe(role: &str, r: &kvgate_proto::CapacityReport, window: u64) -> String {
@@ -73,11 +92,12 @@ fn describe(role: &str, r: &kvgate_proto::CapacityReport, window: u64) -> String
 
 /// One engine that prefills and decodes itself, behind the OpenAI API (`local --colocated`).
 pub async fn colocated(args: &LocalArgs, registry: &prometheus::Registry) -> anyhow::Result<Started> {
-    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "local")?;
+    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "local", None)?;
     let summary = describe("colocated", &report, args.engine.context_window);
-    let state = AppState::for_engine(engine, report, registry.clone());
+    let state = AppState::for_engine(engine, report, registry.clone(), &args.serve);
     let ready = state.ready.clone();
-    Ok(Started { listener: bind(args.listen).await?, app: server::app(state), ready, summary })
+    let refusals = Refusals::new(registry, "local");
+    Ok(Started::new(bind(args.listen).await?, server::app(state), ready, summary, &args.serve, refusals))
 }
 
 /// The deployment's secret for a role that talks to its peers. There is no "auth off": a role
@@ -89,15 +109,17 @@ pub fn secret(args: &SecretArgs, role: &str) -> anyhow::Result<Secret> {
     Ok(Secret::from_file(path)?)
 }
 
-/// Wraps a role's internal routes in the signature check and the window-sized body limit.
-fn internal(routes: axum::Router, secret: &Secret, window: u64, registry: &prometheus::Registry, role: &str) -> axum::Router {
+/// Wraps a role's internal routes in the signature check (for calls signed to `me`) and the
+/// window-sized body limit.
+fn internal(routes: axum::Router, secret: &Secret, me: Instance, window: u64, registry: &prometheus::Registry, role: &str) -> axum::Router {
     let limit = limits::internal_body(window as usize);
-    let verifier = Verifier::new(secret, limit, registry, role);
+    let verifier = Verifier::new(secret, me, limit, registry, role);
     routes.layer(axum::middleware::from_fn_with_state(verifier, internal_auth::require_signature)).layer(DefaultBodyLimit::max(limit))
 }
 
 pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: Secret) -> anyhow::Result<Started> {
-    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "decode")?;
+    let me = Instance::random();
+    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "decode", Some(me))?;
     let kv = bind(args.kv_listen).await?;
     let kv_addr = args.kv_advertise.clone().unwrap_or_else(|| server::local_addr(&kv).to_string());
     let handoff_metrics = HandoffMetrics::new(registry, "decode");
@@ -111,8 +133,15 @@ pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: 
     };
     let kv_addr = config.kv_addr.clone();
     let table = Arc::new(Reservations::new(engine.pool.clone(), secret.clone(), config, handoff_metrics));
-    let port = receiver::PortLimits { max_connections: h.kv_max_connections as usize, frame_timeout: Duration::from_millis(h.kv_frame_timeout_ms) };
-    tokio::spawn(receiver::serve(kv, table.clone(), port));
+    let port = receiver::PortLimits {
+        max_connections: h.kv_max_connections as usize,
+        max_unauthenticated: h.kv_max_unauthenticated as usize,
+        max_unauthenticated_per_client: h.kv_max_unauthenticated_per_client as usize,
+        auth_timeout: Duration::from_millis(h.kv_auth_timeout_ms),
+        frame_timeout: Duration::from_millis(h.kv_frame_timeout_ms),
+    };
+    let refusals = Refusals::new(registry, "decode");
+    tokio::spawn(receiver::serve(kv, table.clone(), port, refusals.clone()));
     let sweeper = table.clone();
     tokio::spawn(async move {
         loop {
@@ -121,20 +150,21 @@ pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: 
         }
     });
     let summary = format!("{} (KV port {kv_addr})", describe("decode", &report, args.engine.context_window));
-    let state = AppState::for_engine(engine.clone(), report, registry.clone()).signed_by(&secret, &args.engine);
+    let state = AppState::for_engine(engine.clone(), report, registry.clone(), &args.serve).signed_by(&secret, &args.engine);
     let ready = state.ready.clone();
     let role = DecodeRole { engine, reservations: table, admission_timeout: Duration::from_millis(args.scheduler.admission_timeout_ms) };
-    let app = server::ops(state).merge(internal(decode::routes(role), &secret, args.engine.context_window, registry, "decode"));
-    Ok(Started { listener: bind(args.listen).await?, app, ready, summary })
+    let app = server::ops(state).merge(internal(decode::routes(role), &secret, me, args.engine.context_window, registry, "decode"));
+    Ok(Started::new(bind(args.listen).await?, app, ready, summary, &args.serve, refusals))
 }
 
 pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret: Secret, exit_on_death: bool) -> anyhow::Result<Started> {
     if let Some(f) = args.faults.inject_fault {
         tracing::warn!(fault = ?f, "FAULT INJECTION ENABLED: this prefill worker breaks the handoff protocol on purpose");
     }
-    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "prefill")?;
+    let me = Instance::random();
+    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "prefill", Some(me))?;
     let summary = describe("prefill", &report, args.engine.context_window);
-    let state = AppState::for_engine(engine.clone(), report, registry.clone()).signed_by(&secret, &args.engine);
+    let state = AppState::for_engine(engine.clone(), report, registry.clone(), &args.serve).signed_by(&secret, &args.engine);
     let ready = state.ready.clone();
     let role = PrefillRole {
         engine,
@@ -146,13 +176,13 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret
         handoffs: Default::default(),
         exit_on_death,
     };
-    let app = server::ops(state).merge(internal(prefill::routes(role), &secret, args.engine.context_window, registry, "prefill"));
-    Ok(Started { listener: bind(args.listen).await?, app, ready, summary })
+    let app = server::ops(state).merge(internal(prefill::routes(role), &secret, me, args.engine.context_window, registry, "prefill"));
+    Ok(Started::new(bind(args.listen).await?, app, ready, summary, &args.serve, Refusals::new(registry, "prefill")))
 }
 
 pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: Secret) -> anyhow::Result<Started> {
-    let (name, tokenizer, special) = match &args.model {
-        ModelSource::Tiny => ("tiny".to_string(), Tokenizer::Bytes, SpecialTokens::default()),
+    let (name, tokenizer, special, vocab) = match &args.model {
+        ModelSource::Tiny => ("tiny".to_string(), Tokenizer::Bytes, SpecialTokens::default(), crate::model::tiny::config().vocab_size),
         ModelSource::Dir(dir) => {
             let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
             // The router computes nothing, but reads the config as the workers do: a checkpoint
@@ -160,7 +190,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
             let ckpt = Checkpoint::open(dir)?;
             let tokenizer = Tokenizer::from_file(&ckpt.tokenizer)?;
             let special = SpecialTokens::of(&tokenizer, ckpt.config.bos_token_id, &ckpt.config.eos_ids());
-            (name, tokenizer, special)
+            (name, tokenizer, special, ckpt.config.vocab_size)
         }
     };
     let metrics = Metrics::new(registry, "router");
@@ -184,7 +214,9 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         backend: Backend::Remote(backend),
         tokenizer: Arc::new(tokenizer),
         model_name: name,
-        vocab: None,
+        // The router checks token ids against the vocabulary as the workers do (it reads the
+        // same config), so `/detokenize` and token-id prompts fail alike in every mode.
+        vocab: Some(vocab),
         special,
         window,
         metrics,
@@ -192,10 +224,11 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         report_signer: None,
         ready: Arc::new(AtomicBool::new(true)),
         registry: registry.clone(),
+        in_flight: server::fairness::InFlight::new(args.serve.max_requests_per_client as usize),
     };
     let summary = format!("router: {peers_text}, context window {window} tokens");
     let ready = state.ready.clone();
-    Ok(Started { listener: bind(args.listen).await?, app: server::app(state), ready, summary })
+    Ok(Started::new(bind(args.listen).await?, server::app(state), ready, summary, &args.serve, Refusals::new(registry, "router")))
 }
 
 /// A registry with the build info every process exports.

@@ -1,13 +1,18 @@
 //! Decode's KV port: reads length-prefixed frames from prefill peers, checks each frame's MAC,
 //! hands it to the reservation table, and answers the commit with an ack.
 //!
-//! The port is reachable by anyone on the network, so it is built to survive abuse: a cap on
-//! connections, a deadline on every frame, bodies bounded before allocation, back-off (and
-//! rate-limited logs) when accepting fails, and every refusal of bytes nobody holding the secret
-//! sent counted in `kvgate_kv_port_rejected_total`, apart from integrity mismatches.
+//! The port is reachable by anyone on the network, so it is built to survive abuse. A new
+//! connection is a stranger's until it delivers an authentic frame: strangers share a small
+//! pool of slots, a few per client address, and must authenticate within a short deadline, so
+//! idle sockets from elsewhere never take the slots of prefill peers that hold the secret
+//! (refusals counted in `kvgate_connections_refused_total{listener="kv"}`). Then: a cap on
+//! authenticated connections, a deadline on every frame, bodies bounded before allocation,
+//! back-off (and rate-limited logs) when accepting fails, and every refusal of bytes nobody
+//! holding the secret sent counted in `kvgate_kv_port_rejected_total`, apart from integrity
+//! mismatches.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvgate_proto::handoff::{
     AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, KIND_PAGE, Mac, PAGE_FIELDS_LEN, PAGE_TRAILER_LEN, PageFields, PageView, parse_header,
@@ -20,6 +25,7 @@ use tokio::sync::Semaphore;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::reservations::{Reservations, Verdict};
+use crate::server::listener::{RateLimitedLog, Refusals, Saturation, Slot, Slots};
 
 /// Room for a page frame's fixed fields on top of the page itself.
 const PAGE_FRAME_OVERHEAD: usize = 256;
@@ -27,52 +33,63 @@ const PAGE_FRAME_OVERHEAD: usize = 256;
 /// Limits of the KV port.
 #[derive(Debug, Clone, Copy)]
 pub struct PortLimits {
-    /// Connections served at once; more are closed as soon as they are accepted.
+    /// Authenticated connections served at once; more are refused.
     pub max_connections: usize,
+    /// Connections that have not yet sent an authentic frame, in all and per client address;
+    /// more are closed as soon as they are accepted.
+    pub max_unauthenticated: usize,
+    pub max_unauthenticated_per_client: usize,
+    /// Longest a new connection may take to deliver its first authentic frame.
+    pub auth_timeout: Duration,
     /// Longest a single frame (header and body) may take to arrive, and longest a connection
     /// may sit idle between frames.
     pub frame_timeout: Duration,
 }
 
-/// Logs at most one line per interval, saying how many were held back.
-struct RateLimitedLog {
-    last: Option<Instant>,
-    suppressed: u64,
+/// What a connection holds: a stranger's slot until it authenticates, then one of the port's.
+struct Admission {
+    stranger: Option<Slot>,
+    authenticated: Arc<Semaphore>,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    refusals: Refusals,
 }
 
-impl RateLimitedLog {
-    const EVERY: Duration = Duration::from_secs(5);
-
-    fn warn(&mut self, what: &str, error: &std::io::Error) {
-        if self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
-            self.suppressed += 1;
-            return;
+impl Admission {
+    /// Moves the connection from the strangers' pool to the authenticated one; false when that
+    /// is full.
+    fn promote(&mut self) -> bool {
+        if self.held.is_some() {
+            return true;
         }
-        tracing::warn!(error = %error, suppressed = self.suppressed, "{what}");
-        self.last = Some(Instant::now());
-        self.suppressed = 0;
+        self.stranger = None;
+        self.held = self.authenticated.clone().try_acquire_owned().ok();
+        self.held.is_some()
     }
 }
 
-pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: PortLimits) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut log = RateLimitedLog { last: None, suppressed: 0 };
+pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: PortLimits, refusals: Refusals) {
+    let authenticated = Arc::new(Semaphore::new(limits.max_connections));
+    let strangers = Slots::new(limits.max_unauthenticated, limits.max_unauthenticated_per_client);
+    let mut log = RateLimitedLog::default();
     let mut backoff = Duration::from_millis(5);
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    table.metrics.kv_port_rejected.with_label_values(&[PortRefusal::ConnectionLimit.as_str()]).inc();
-                    drop(stream);
-                    continue;
+                let slot = match strangers.take(peer.ip()) {
+                    Ok(slot) => slot,
+                    Err(why) => {
+                        refusals.count("kv", why);
+                        drop(stream);
+                        continue;
+                    }
                 };
+                let admission = Admission { stranger: Some(slot), authenticated: authenticated.clone(), held: None, refusals: refusals.clone() };
                 let table = table.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, &table, limits.frame_timeout).await {
+                    if let Err(e) = connection(stream, &table, limits, admission).await {
                         tracing::debug!(%peer, error = %e, "KV connection ended");
                     }
-                    drop(slot);
                 });
             }
             Err(e) => {
@@ -190,7 +207,7 @@ async fn read_page(stream: &mut BufReader<TcpStream>, header: &[u8; HEADER_LEN],
     })
 }
 
-async fn connection(stream: TcpStream, table: &Reservations, timeout: Duration) -> std::io::Result<()> {
+async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits, mut admission: Admission) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
     // Small frames (a small model's pages, commits) are read out of one buffer, not one read
     // call each; a page's payload bypasses it once the buffer is drained.
@@ -208,7 +225,13 @@ async fn connection(stream: TcpStream, table: &Reservations, timeout: Duration) 
             }
             Verdict::new(reason, message)
         };
-        let result = match read_frame(&mut stream, &mut page, table, max_body, timeout).await {
+        // A stranger has a short deadline to prove it holds the secret.
+        let timeout = if bound.is_none() { limits.auth_timeout.min(limits.frame_timeout) } else { limits.frame_timeout };
+        let read = read_frame(&mut stream, &mut page, table, max_body, timeout).await;
+        if bound.is_none() && matches!(read, Read::Refused(PortRefusal::ReadTimeout, _)) {
+            admission.refusals.count("kv", Saturation::Unauthenticated);
+        }
+        let result = match read {
             Read::Closed(e) => {
                 if let Some(id) = bound {
                     table.connection_lost(id);
@@ -219,22 +242,36 @@ async fn connection(stream: TcpStream, table: &Reservations, timeout: Duration) 
             Read::Page(p) => {
                 let view = PageView { fields: p.fields, checksum: p.checksum, payload: &page[..p.fields.payload_len as usize], mac: p.mac };
                 let authentic = p.computed_mac.is_none_or(|m| m.verify(&p.mac));
-                let accepted = table.accept_page(&view, authentic, p.payload_xxh3);
-                if authentic {
-                    bound = Some(p.fields.handoff);
+                if authentic && !admission.promote() {
+                    Err(refused(
+                        PortRefusal::ConnectionLimit,
+                        format!("kv_port_connection_limit: {} authenticated connections already", limits.max_connections),
+                    ))
+                } else {
+                    let accepted = table.accept_page(&view, authentic, p.payload_xxh3);
+                    if authentic {
+                        bound = Some(p.fields.handoff);
+                    }
+                    accepted.map(|_| false)
                 }
-                accepted.map(|_| false)
             }
             Read::Frame(header, body) => match Frame::decode_body(header[6], &body) {
                 Err(e) => Err(refused(PortRefusal::Malformed, format!("kv_port_malformed: {e}"))),
                 // Pages never get here: read_frame hands them to read_page.
                 Ok(ref frame @ Frame::Commit(ref c)) => {
                     let authentic = table.authenticate(frame, &header, &body);
-                    let accepted = table.accept_commit(c, authentic).map(|_| true);
-                    if authentic {
-                        bound = Some(c.handoff);
+                    if authentic && !admission.promote() {
+                        Err(refused(
+                            PortRefusal::ConnectionLimit,
+                            format!("kv_port_connection_limit: {} authenticated connections already", limits.max_connections),
+                        ))
+                    } else {
+                        let accepted = table.accept_commit(c, authentic).map(|_| true);
+                        if authentic {
+                            bound = Some(c.handoff);
+                        }
+                        accepted
                     }
-                    accepted
                 }
                 Ok(_) => Err(refused(PortRefusal::Malformed, "kv_port_malformed: decode does not accept acks".into())),
             },

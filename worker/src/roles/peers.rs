@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use kvgate_proto::auth::Instance;
 use kvgate_proto::{CapacityReport, KV_POOL_PATH, PeerReport, PeerReports};
 
 #[derive(Debug)]
@@ -32,6 +33,12 @@ impl Peer {
 
     pub fn report(&self) -> Option<CapacityReport> {
         self.report.lock().unwrap().clone()
+    }
+
+    /// The worker process behind this address, as its last report named it (signed calls are
+    /// good at that process only).
+    pub fn instance(&self) -> Option<Instance> {
+        self.report.lock().unwrap().as_ref()?.instance.parse().ok()
     }
 
     pub fn busy(self: &Arc<Self>) -> Busy {
@@ -110,9 +117,11 @@ impl Peers {
         added
     }
 
-    /// The last report read from every peer, per role.
+    /// The last report read from every peer, per role, as a public port may show it: no
+    /// addresses, no instances.
     pub fn reports(&self) -> PeerReports {
-        let of = |role| self.snapshot(role).iter().map(|p| PeerReport { peer: p.base.clone(), report: p.report() }).collect();
+        let public = |r: CapacityReport| CapacityReport { instance: String::new(), ..r };
+        let of = |role| self.snapshot(role).iter().map(|p| p.report()).map(|r| PeerReport { reachable: r.is_some(), report: r.map(public) }).collect();
         PeerReports { prefill: of(PeerRole::Prefill), decode: of(PeerRole::Decode) }
     }
 

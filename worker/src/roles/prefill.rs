@@ -91,6 +91,7 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
         Ok(resp) if resp.ok => Json(resp).into_response(),
         Ok(resp) => (StatusCode::BAD_GATEWAY, Json(resp)).into_response(),
         Err(Failed::Send(e @ SendError::Reservation(_))) => reservation_error(e).into_response(),
+        Err(Failed::Deadline(message)) => deadline_error(message).into_response(),
         Err(e) => ApiError::internal(e.to_string()).into_response(),
     }
 }
@@ -108,6 +109,13 @@ enum Failed {
     Send(#[from] SendError),
     #[error("prefill died mid-transfer (injected fault)")]
     Died,
+    #[error("computing the prompt's KV: {0}")]
+    Deadline(String),
+}
+
+/// Prefill ran out of the reservation's time: a server-side timeout, never a client error.
+fn deadline_error(message: String) -> ApiError {
+    ApiError { status: StatusCode::GATEWAY_TIMEOUT, kind: "server_error", code: "prefill_deadline_exceeded".into(), param: None, message }
 }
 
 async fn compute(role: &PrefillRole, prompt: Vec<u32>, sampling: Option<Sampling>) -> Result<Prefilled, Failed> {
@@ -129,7 +137,16 @@ async fn compute(role: &PrefillRole, prompt: Vec<u32>, sampling: Option<Sampling
 
 async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> Result<PrefillResponse, Failed> {
     let started = Instant::now();
-    let prefilled = compute(role, req.prompt.clone(), req.sampling).await?;
+    // The work is bounded by the reservation's deadline: past it decode frees the pages, so
+    // computing on is wasted (and, dropped, the prompt leaves the batch at its next chunk).
+    let left = Duration::from_millis(req.reservation.expires_ms.saturating_sub(kvgate_proto::auth::now_ms()));
+    let tokens = req.prompt.len();
+    let prefilled = tokio::time::timeout(left, compute(role, req.prompt.clone(), req.sampling)).await.map_err(|_| {
+        Failed::Deadline(format!(
+            "{tokens} prompt tokens were not prefilled within the reservation's {} ms (--handoff-timeout-ms on decode); this worker cannot prefill prompts this long in time",
+            left.as_millis()
+        ))
+    })??;
     let transfer = Transfer {
         pool: &role.engine.pool,
         lease: &prefilled.lease,

@@ -12,8 +12,8 @@ use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, Prefil
 use serde_json::Value;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::internal_auth::Signer;
-use super::peers::Peers;
+use super::internal_auth::{REFUSED_HEADER, Signer};
+use super::peers::{Peer, Peers};
 use crate::engine::admission::{self, Limits};
 use crate::engine::{Event, Failure, FinishReason, Rejection};
 use crate::metrics::Metrics;
@@ -74,7 +74,8 @@ impl crate::server::Remote for Dispatcher {
 
 impl Dispatcher {
     pub fn new(peers: Arc<Peers>, window: usize, metrics: Metrics, signer: Signer) -> Arc<Self> {
-        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().expect("HTTP client");
+        // Idle connections are dropped before the peers' idle deadline closes them under us.
+        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).pool_idle_timeout(Duration::from_secs(5)).build().expect("HTTP client");
         Arc::new(Dispatcher { peers, http, window, metrics, grace: Duration::from_secs(2), signer })
     }
 
@@ -102,6 +103,28 @@ impl Dispatcher {
         Ok(rx)
     }
 
+    /// A signed POST to `peer`. A peer that restarted since its report was read refuses the
+    /// call as signed for another process (`wrong_target`): its report is read again and the
+    /// call made once more (a refused call had no effect).
+    async fn call(&self, peer: &Peer, path: &str, body: &impl serde::Serialize) -> reqwest::Result<reqwest::Response> {
+        let send = |target| self.signer.post(&self.http, &peer.base, target, path, body).send();
+        let target = peer.instance().unwrap_or(kvgate_proto::auth::Instance(0));
+        let resp = send(target).await?;
+        if resp.headers().get(REFUSED_HEADER).is_some_and(|r| r == "wrong_target") {
+            peer.refresh(&self.http).await;
+            if let Some(fresh) = peer.instance().filter(|i| *i != target) {
+                return send(fresh).await;
+            }
+        }
+        Ok(resp)
+    }
+
+    /// Gives a reservation's pages back to decode (`rejected`: prefill refused the prompt as too
+    /// large, so a transfer that still arrives is the incident's bug).
+    async fn cancel(&self, decode: &Peer, id: &str, rejected: bool) {
+        let _ = self.call(decode, &super::cancel_path(id), &CancelRequest { rejected }).await;
+    }
+
     async fn orchestrate(
         &self,
         tx: &UnboundedSender<Event>,
@@ -118,7 +141,7 @@ impl Dispatcher {
 
         // 1. Decode reserves pages for the whole sequence.
         let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens: max_tokens as u32 };
-        let resp = self.call_decode(&decode.base, super::RESERVE_PATH, &reserve).await?;
+        let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
         let reservation: Reservation = resp.json().await.map_err(|e| fail(502, "peer_error", format!("decode reservation: {e}")))?;
         let id = reservation.handoff_id.clone();
         self.metrics.prompt_tokens.inc_by(prompt.len() as u64);
@@ -126,17 +149,26 @@ impl Dispatcher {
         // 2. Prefill fills it, or rejects the prompt before computing anything.
         let sampling = Sampling::from(sampling);
         let request = PrefillRequest { prompt: prompt.clone(), reservation, sampling: Some(sampling) };
-        let prefilled = self.signer.post(&self.http, &prefill.base, super::PREFILL_PATH, &request).send().await;
+        let prefilled = tokio::select! {
+            r = self.call(&prefill, super::PREFILL_PATH, &request) => r,
+            _ = tx.closed() => {
+                // The client left: dropping the call stops prefill between chunks (its
+                // connection closes), and decode's pages go back now, not at the deadline.
+                self.metrics.abandoned.inc();
+                self.cancel(&decode, &id, false).await;
+                return Ok(());
+            }
+        };
         let mut prompt_logprobs = None;
         let commit_wait = match prefilled {
-            Ok(r) if r.status().is_client_error() => {
-                // Prefill refused before sending anything, so decode's pages go back now. Only
-                // a prompt prefill can never hold is a *rejection*: a transfer that still
-                // arrives for it is the incident's bug, and decode counts it as such.
+            Ok(r) if r.status().is_client_error() || r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT => {
+                // Prefill refused (or ran out of time) before sending anything, so decode's
+                // pages go back now. Only a prompt prefill can never hold is a *rejection*: a
+                // transfer that still arrives for it is the incident's bug, and decode counts it
+                // as such.
                 let failure = peer_error(r, "prefill").await;
                 let rejected = matches!(&failure, Event::Failed(f) if f.code == Rejection::PROMPT_TOO_LARGE);
-                let cancel = CancelRequest { rejected };
-                let _ = self.signer.post(&self.http, &decode.base, &super::cancel_path(&id), &cancel).send().await;
+                self.cancel(&decode, &id, rejected).await;
                 return Err(failure);
             }
             Ok(r) if r.status().is_success() => {
@@ -158,14 +190,13 @@ impl Dispatcher {
 
         // 3. Decode generates only from a verified handoff.
         let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms: commit_wait.map(|d| d.as_millis() as u64) };
-        let resp = self.call_decode(&decode.base, &super::generate_path(&id), &generate).await?;
+        let resp = self.call_decode(&decode, &super::generate_path(&id), &generate).await?;
         self.relay(tx, resp, arrived, prompt_logprobs).await
     }
 
     /// POSTs `body` to decode; any answer but success becomes the failure decode described.
-    async fn call_decode(&self, base: &str, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Event> {
-        let resp =
-            self.signer.post(&self.http, base, path, body).send().await.map_err(|e| fail(502, "peer_unreachable", format!("decode peer {base}: {e}")))?;
+    async fn call_decode(&self, decode: &Peer, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Event> {
+        let resp = self.call(decode, path, body).await.map_err(|e| fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)))?;
         if !resp.status().is_success() {
             return Err(peer_error(resp, "decode").await);
         }

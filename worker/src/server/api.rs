@@ -12,6 +12,8 @@ pub const MAX_TOKENS_LIMIT: u32 = 1 << 20;
 pub const MAX_CHOICES: u32 = 16;
 /// Most stop strings (OpenAI's limit).
 pub const MAX_STOPS: usize = 4;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 256;
 
 /// `prompt`: a string or token ids, alone or as a batch of one.
 #[derive(Debug, Deserialize)]
@@ -156,6 +158,10 @@ impl Common {
         }
         if stops.iter().any(String::is_empty) {
             return Err(ApiError::invalid("stop", "`stop` strings must not be empty"));
+        }
+        // Every generated token is matched against every stop string: their length is work.
+        if let Some(long) = stops.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid("stop", format!("a `stop` string may be at most {MAX_STOP_BYTES} bytes, got one of {}", long.len())));
         }
         Ok(stops)
     }

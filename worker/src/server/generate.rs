@@ -19,6 +19,7 @@ use super::AppState;
 use super::api::PromptInput;
 use super::choice::{Choice, Scored};
 use super::error::ApiError;
+use super::limits;
 use crate::engine::{Event, FinishReason};
 use crate::model::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -59,6 +60,8 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     };
     let prompt_tokens = tokens.len();
     let max_tokens = job.max_tokens.unwrap_or_else(|| default_max_tokens(job.endpoint, state.window, tokens.len()));
+    let shape = limits::ResponseShape { choices: job.choices, prompt_tokens, max_tokens, echo: job.echo, logprobs: job.sampling.logprobs };
+    shape.check()?;
     let mut pending: Vec<Pending> = Vec::with_capacity(job.choices);
     for i in 0..job.choices {
         let sampling = SamplingParams { seed: job.sampling.seed.map(|s| s.wrapping_add(i as u64)), ..job.sampling };

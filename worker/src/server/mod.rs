@@ -3,11 +3,14 @@
 pub mod api;
 mod choice;
 pub mod error;
+pub mod fairness;
 mod fields;
 mod generate;
 pub mod limits;
+pub mod listener;
 pub mod report;
 pub mod tokenize;
+mod trim;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,8 +85,7 @@ pub struct AppState {
     pub backend: Backend,
     pub tokenizer: Arc<Tokenizer>,
     pub model_name: String,
-    /// The model's vocabulary, where this process holds the model (a router leaves the check of
-    /// token-id prompts to prefill).
+    /// The model's vocabulary (token ids are checked against it before anything else).
     pub vocab: Option<usize>,
     pub special: tokenize::SpecialTokens,
     pub window: usize,
@@ -95,11 +97,13 @@ pub struct AppState {
     pub report_signer: Option<report::ReportSigner>,
     pub ready: Arc<AtomicBool>,
     pub registry: prometheus::Registry,
+    /// Requests in flight per client (public generating routes).
+    pub in_flight: Arc<fairness::InFlight>,
 }
 
 impl AppState {
     /// State for a process that serves its own engine.
-    pub fn for_engine(engine: Engine, report: CapacityReport, registry: prometheus::Registry) -> Self {
+    pub fn for_engine(engine: Engine, report: CapacityReport, registry: prometheus::Registry, serve: &crate::cli::ServeArgs) -> Self {
         AppState {
             tokenizer: engine.tokenizer(),
             model_name: engine.model.name.clone(),
@@ -112,6 +116,7 @@ impl AppState {
             report_signer: None,
             ready: Arc::new(AtomicBool::new(true)),
             registry,
+            in_flight: fairness::InFlight::new(serve.max_requests_per_client as usize),
         }
     }
 
@@ -121,7 +126,7 @@ impl AppState {
         AppState { report_signer: Some(signer), ..self }
     }
 
-    fn count(&self, code: u16) {
+    pub(crate) fn count(&self, code: u16) {
         self.metrics.requests.with_label_values(&[&code.to_string()]).inc();
     }
 
@@ -132,17 +137,24 @@ impl AppState {
     }
 }
 
-/// The OpenAI-compatible API plus the operational endpoints. Bodies may be as large as a
-/// prompt of the whole window needs (`limits::public_body`); larger ones get a JSON 413.
+/// The OpenAI-compatible API plus the operational endpoints. A request with a body first takes
+/// one of its client's places (`fairness`, 429 past the share), and only then is its body read:
+/// as large as a prompt of the whole window needs (`limits::public_body`; larger ones get a
+/// JSON 413), within its deadline (408).
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    let body_limit = limits::public_body(state.window);
+    let with_body = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
-        .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), limits::read_public_body))
+        .layer(axum::middleware::from_fn_with_state(state.in_flight.clone(), fairness::limit))
+        .layer(DefaultBodyLimit::max(body_limit));
+    Router::new()
+        .merge(with_body)
+        .route("/v1/models", get(models))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
-        .layer(DefaultBodyLimit::max(limits::public_body(state.window)))
         .merge(ops(state.clone()))
         .with_state(state)
 }
@@ -155,21 +167,6 @@ pub fn ops<S>(state: AppState) -> Router<S> {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
-}
-
-/// Serves `app` until `shutdown` resolves, then drains in-flight requests.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    ready: Arc<AtomicBool>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            ready.store(false, Ordering::SeqCst);
-        })
-        .await
 }
 
 pub fn local_addr(listener: &tokio::net::TcpListener) -> SocketAddr {
@@ -293,8 +290,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 impl AppState {
-    /// Token ids a client sent must be ids of the model (where this process holds it; a
-    /// router leaves the check to prefill): a 400 naming the first that is not.
+    /// Token ids a client sent must be ids of the model: a 400 naming the first that is not.
     fn check_vocab(&self, field: &str, ids: &[u32]) -> Result<(), ApiError> {
         match (self.vocab, ids.iter().position(|t| self.vocab.is_some_and(|v| *t as usize >= v))) {
             (Some(vocab), Some(at)) => Err(ApiError::invalid(field, format!("`{field}[{at}]` = {} is outside the vocabulary of {vocab} tokens", ids[at]))),

@@ -29,6 +29,8 @@ impl TestSecret {
         let bytes: [u8; 24] = rand::random();
         let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         std::fs::write(&path, &text).unwrap();
+        // As the operator mounts it: nobody but the worker's user and group may read it.
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         TestSecret { secret: Secret::new(text.as_bytes()).unwrap(), path }
     }
 
@@ -115,9 +117,17 @@ impl Worker {
         (status, value)
     }
 
-    /// A POST signed as the deployment's own roles sign them.
+    /// The process this worker runs as (its capacity report names it; signed calls are for it).
+    pub async fn instance(&self) -> kvgate_proto::auth::Instance {
+        let (status, report) = self.get(kvgate_proto::KV_POOL_PATH).await;
+        assert_eq!(status, 200, "{report}");
+        let report: Value = serde_json::from_str(&report).unwrap();
+        report["instance"].as_str().unwrap_or_else(|| panic!("no instance in {report}")).parse().unwrap()
+    }
+
+    /// A POST signed as the deployment's own roles sign them, for this worker.
     pub async fn post_signed(&self, signer: &Signer, path: &str, body: &Value) -> (u16, Value) {
-        let resp = signer.post(&self.http, &self.base, path, body).send().await.unwrap();
+        let resp = signer.post(&self.http, &self.base, self.instance().await, path, body).send().await.unwrap();
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
@@ -204,6 +214,14 @@ pub fn cluster_with(prefill_args: &[&str], decode_args: &[&str], router_args: &[
     r.extend(with_secret(router_args));
     let router = Worker::spawn(&r.iter().map(String::as_str).collect::<Vec<_>>());
     Cluster { router, prefill, decode, secret }
+}
+
+/// A connection from the loopback address `127.0.0.N` (every 127/8 address is loopback on
+/// Linux): a client with an address of its own, as a stranger on the pod network has.
+pub async fn connect_from(n: u8, to: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::from(([127, 0, 0, n], 0)))?;
+    socket.connect(to).await
 }
 
 /// Waits (up to 5 s) for one series of `w`'s /metrics to reach `want`.

@@ -39,6 +39,7 @@ pub(super) fn report(tokens: u64, layout: &str) -> Measured {
         model_fingerprint: "m".into(),
         layout_fingerprint: layout.into(),
         vocab_size: Some(258),
+        instance: String::new(),
     })
 }
 

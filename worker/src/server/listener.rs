@@ -1,0 +1,227 @@
+//! The workers' HTTP listeners: an accept loop of our own over axum's router, because every port
+//! is reachable by whoever is on the pod network. A connection needs a slot (a total cap and one
+//! per client address, so one peer cannot take them all); a connection that sends no request
+//! head within the idle deadline (an idle keep-alive, a slow header) is closed; refusals are
+//! counted in `kvgate_connections_refused_total`, not as failed requests; accepting backs off
+//! when it fails (out of descriptors) instead of spinning.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus::{IntCounterVec, Registry};
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+use crate::metrics::RoleRegistry;
+
+/// The client's address, as a request extension (per-client limits read it).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// Connection limits of one listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Connections open at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// Connections one client address may hold.
+    pub per_client: usize,
+    /// Longest a connection may wait for (or take to send) a request head.
+    pub idle: Duration,
+}
+
+/// Why a connection was refused (`reason` of `kvgate_connections_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum Saturation {
+    /// Every slot of the listener is taken.
+    ConnectionLimit,
+    /// This client address holds its share already.
+    ClientLimit,
+    /// A KV connection sent no authentic frame in time (see `handoff::receiver`).
+    Unauthenticated,
+}
+
+/// The listeners a role has (`listener` of `kvgate_connections_refused_total`).
+pub const LISTENERS: [&str; 2] = ["http", "kv"];
+
+/// `kvgate_connections_refused_total{listener, reason}`: saturation, apart from request and
+/// handoff outcomes (a full port is its own alert).
+#[derive(Clone)]
+pub struct Refusals(IntCounterVec);
+
+impl Refusals {
+    pub fn new(registry: &Registry, role: &str) -> Self {
+        let reasons: Vec<&str> = <Saturation as strum::VariantArray>::VARIANTS.iter().map(|s| s.into()).collect();
+        Refusals(RoleRegistry { registry, role }.counter_grid(
+            "kvgate_connections_refused_total",
+            "Connections a listener closed unserved: over its cap, over one client's share, or (KV port) silent past the authentication deadline.",
+            ["listener", "reason"],
+            &LISTENERS,
+            &reasons,
+        ))
+    }
+
+    pub fn count(&self, listener: &str, why: Saturation) {
+        self.0.with_label_values(&[listener, why.into()]).inc();
+    }
+}
+
+/// Connection slots: a total and a share per client address.
+#[derive(Debug)]
+pub struct Slots {
+    total: usize,
+    per_client: usize,
+    held: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// One connection's slot, returned when dropped.
+#[derive(Debug)]
+pub struct Slot {
+    slots: Arc<Slots>,
+    ip: IpAddr,
+}
+
+impl Slots {
+    pub fn new(total: usize, per_client: usize) -> Arc<Self> {
+        Arc::new(Slots { total, per_client, held: Mutex::default() })
+    }
+
+    pub fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Saturation> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let (total, by_client) = &mut *held;
+        if *total >= self.total {
+            return Err(Saturation::ConnectionLimit);
+        }
+        let mine = by_client.entry(ip).or_default();
+        if *mine >= self.per_client {
+            return Err(Saturation::ClientLimit);
+        }
+        *mine += 1;
+        *total += 1;
+        Ok(Slot { slots: self.clone(), ip })
+    }
+
+    /// Slots held now (all clients).
+    pub fn held(&self) -> usize {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut held = self.slots.held.lock().unwrap_or_else(|p| p.into_inner());
+        let (total, by_client) = &mut *held;
+        *total -= 1;
+        if let Some(n) = by_client.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                by_client.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Logs at most one line per interval, saying how many were held back.
+#[derive(Default)]
+pub struct RateLimitedLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    pub fn warn(&mut self, what: &str, error: &std::io::Error) {
+        if self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            self.suppressed += 1;
+            return;
+        }
+        tracing::warn!(error = %error, suppressed = self.suppressed, "{what}");
+        self.last = Some(Instant::now());
+        self.suppressed = 0;
+    }
+}
+
+/// Accepts connections until `shutdown` resolves, then drains those in flight. Accepting
+/// backs off when it fails (typically out of file descriptors) instead of spinning.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnLimits,
+    refusals: Refusals,
+    ready: Arc<AtomicBool>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    super::trim::start();
+    let slots = Slots::new(limits.max_connections, limits.per_client);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.idle);
+    let mut log = RateLimitedLog::default();
+    let mut backoff = Duration::from_millis(5);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    log.warn("accepting an HTTP connection failed; backing off", &e);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        backoff = Duration::from_millis(5);
+        let slot = match slots.take(peer.ip()) {
+            Ok(slot) => slot,
+            Err(why) => {
+                refusals.count("http", why);
+                continue; // dropping the stream closes it
+            }
+        };
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            req.extensions_mut().insert(ClientAddr(peer));
+            app.clone().oneshot(req)
+        });
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "HTTP connection ended");
+            }
+            drop(slot);
+        });
+    }
+    ready.store(false, Ordering::SeqCst);
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_cap_the_total_and_each_client_and_come_back_when_dropped() {
+        let slots = Slots::new(3, 2);
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let a1 = slots.take(a).unwrap();
+        let _a2 = slots.take(a).unwrap();
+        assert_eq!(slots.take(a).unwrap_err(), Saturation::ClientLimit);
+        let b1 = slots.take(b).unwrap();
+        assert_eq!(slots.take(b).unwrap_err(), Saturation::ConnectionLimit);
+        drop(a1);
+        assert!(slots.take(b).is_ok(), "a freed slot serves anyone");
+        drop(b1);
+        assert_eq!(slots.held(), 1);
+    }
+}
