@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run demo test test-deps test-vllm test-vllm-deps lint generate bench fuzz controlplane tools images images-docker dev-cluster
+.PHONY: soak run demo test test-deps test-vllm test-vllm-deps lint generate bench fuzz controlplane tools images images-docker dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
@@ -58,6 +58,11 @@ bench:
 	# revision goes bad after its 20th handoff).
 	$(CARGO) build -p kvgate-worker --features testing -p kvgate-testenv
 	$(CARGO) bench -p kvgate-operator --bench operator
+
+## The mixed-abuse soak (worker/tests/abuse.rs) for ten minutes; `make test` runs it for 8 s.
+SOAK_SECS ?= 600
+soak:
+	KVGATE_SOAK_SECS=$(SOAK_SECS) $(CARGO) test -p kvgate-worker --test abuse -- --nocapture a_mixed_abuse_soak
 
 ## The fuzz targets (frame decoder; JSON bodies of /v1/* and /internal/*) with a long budget;
 ## `make test` runs them with a small fixed one.

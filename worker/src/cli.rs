@@ -144,7 +144,8 @@ pub struct ServeArgs {
     pub max_connections_per_client: u64,
     /// Longest an HTTP connection may wait for, or take to send, a request head (idle
     /// keep-alives and slow headers are closed after it). A request body must then arrive
-    /// within 5 s plus a second per 8 MiB (408 otherwise).
+    /// within 5 s plus a second per 8 MiB (408 otherwise). Keep it above 2 s on prefill and
+    /// decode: routers reuse an idle connection to a peer for up to 2 s.
     #[arg(long, env = "KVGATE_IDLE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
     /// Most requests one client (its API key, else its address) may have in flight on the

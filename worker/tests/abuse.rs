@@ -258,7 +258,8 @@ async fn bodies_without_their_last_byte_hold_no_memory_past_their_deadline() {
 // deadline, and one address never holds more than its share.
 #[tokio::test]
 async fn a_thousand_idle_http_connections_leave_room_for_honest_clients() {
-    let idle = ["--idle-timeout-ms", "1000"];
+    // Above the 2 s after which a router drops its idle connections to peers.
+    let idle = ["--idle-timeout-ms", "3000"];
     let c = cluster_with(&idle, &idle, &idle);
     let baseline = honest(&c.router).await;
     let before = rss_mib(&c.decode);
@@ -272,7 +273,7 @@ async fn a_thousand_idle_http_connections_leave_room_for_honest_clients() {
     let under = honest(&c.router).await;
     // An idle connection is closed by the server after the idle deadline.
     let mut quiet = connect_from(4, decode).await.unwrap();
-    let closed = tokio::time::timeout(Duration::from_secs(5), quiet.read(&mut [0u8; 16])).await;
+    let closed = tokio::time::timeout(Duration::from_secs(6), quiet.read(&mut [0u8; 16])).await;
     attack.end().await;
     assert!(matches!(closed, Ok(Ok(0) | Err(_))), "an idle connection was not closed: {closed:?}");
     assert_unharmed("1000 idle HTTP connections", &baseline, &under);
@@ -484,5 +485,74 @@ async fn a_secret_file_others_can_read_is_refused_and_detokenize_checks_the_voca
     for w in [&c.router, &Worker::colocated(&[])] {
         let (status, v) = w.post("/detokenize", &json!({"tokens": [104, 100000]})).await;
         assert_eq!((status, v["error"]["param"].as_str()), (400, Some("tokens")), "{v}");
+    }
+}
+
+/// Seconds the mixed-abuse soak runs: a small fixed budget in `make test`, longer in
+/// `make soak` (`KVGATE_SOAK_SECS`).
+fn soak_secs() -> u64 {
+    std::env::var("KVGATE_SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8)
+}
+
+// The attacks at once, for a bounded time, with an honest client running throughout. (A
+// stream of expensive prompts that a client keeps abandoning is not among them: each costs
+// the prefill chunk in progress, and the engine's steps then set everyone's latency; see the
+// scheduler work of issue 29.)
+#[tokio::test]
+async fn a_mixed_abuse_soak_leaves_honest_requests_served() {
+    let idle = ["--idle-timeout-ms", "3000"];
+    let c = cluster_with(&idle, &[&idle[..], &["--kv-auth-timeout-ms", "500"]].concat(), &idle);
+    let baseline = honest(&c.router).await;
+    let before = [rss_mib(&c.router), rss_mib(&c.prefill), rss_mib(&c.decode)];
+    let (router, decode, prefill, kv) = (addr_of(&c.router), addr_of(&c.decode), addr_of(&c.prefill), kv_addr_of(&c.decode));
+    let router_base = c.router.base.clone();
+    let attack = Attack::start(|stop| async move {
+        let mut tasks = vec![
+            tokio::spawn(idle_sockets(2, kv, 128, b"", Some(Duration::from_millis(200)), stop.clone())),
+            tokio::spawn(idle_sockets(3, decode, 200, b"", Some(Duration::from_millis(500)), stop.clone())),
+            tokio::spawn(idle_sockets(4, prefill, 200, b"POST /internal/v1/prefill HTTP/1.1\r\n", Some(Duration::from_millis(500)), stop.clone())),
+        ];
+        for i in 0..100 {
+            let stop = stop.clone();
+            let (to, path, len) = if i % 2 == 0 { (decode, "/internal/v1/reserve", 1_200_000) } else { (router, "/v1/completions", 1_100_000) };
+            tasks.push(tokio::spawn(async move { partial_body(5 + (i % 4) as u8, to, path, len, stop).await }));
+        }
+        // Rows 4, 5 and 11 from one greedy client: answers too large to ask for (refused up
+        // front), and long generations held open as streams, as many as it may have.
+        let greedy = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut streams = Vec::new();
+            while !greedy.load(Ordering::SeqCst) {
+                let oversized = json!({"prompt": "x".repeat(4000), "echo": true, "logprobs": 20, "n": 16});
+                let _ = http.post(format!("{router_base}/v1/completions")).bearer_auth("greedy").json(&oversized).send().await;
+                let hold = json!({"prompt": "hold", "max_tokens": 8000, "stream": true});
+                if let Ok(r) = http.post(format!("{router_base}/v1/completions")).bearer_auth("greedy").json(&hold).send().await {
+                    streams.push(r);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }));
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(soak_secs());
+    let mut under = Honest { ok: 0, total: 0, failures: Vec::new(), latencies: Vec::new() };
+    while Instant::now() < deadline {
+        let round = honest(&c.router).await;
+        under.ok += round.ok;
+        under.total += round.total;
+        under.failures.extend(round.failures);
+        under.latencies.extend(round.latencies);
+    }
+    attack.end().await;
+    assert_unharmed(&format!("mixed abuse for {} s", soak_secs()), &baseline, &under);
+    for (w, start, role) in [(&c.router, before[0], "router"), (&c.prefill, before[1], "prefill"), (&c.decode, before[2], "decode")] {
+        assert_memory_returns(&format!("mixed abuse ({role})"), w, start).await;
+    }
+    assert_eq!(total(&c.decode, "kvgate_handoff_mismatch_total").await, 0.0);
+    for (w, role) in [(&c.prefill, "prefill"), (&c.decode, "decode")] {
+        eventually(w, &format!(r#"kvgate_kv_pool_pages_in_use{{role="{role}"}}"#), 0.0).await;
     }
 }

@@ -107,9 +107,10 @@ impl Transfer<'_> {
         let prompt_tokens = if self.fault() == Some(Fault::IgnoreRejection) { r.reserved_tokens as usize } else { self.lease.tokens() };
         let id = check_reservation(r, self.secret, prompt_tokens, self.layout_fingerprint, layout.page_size)?;
         let key = self.secret.key().frame_key(id);
-        let stream = TcpStream::connect(&r.kv_addr).await.map_err(|source| SendError::Connect { addr: r.kv_addr.clone(), source })?;
-        let _ = stream.set_nodelay(true);
-        let mut out = BufWriter::with_capacity(1 << 20, stream);
+        // Decode dials in only once the first frame is sealed, and sends that frame at once:
+        // decode gives a connection a short deadline to prove it holds the secret, and reading
+        // a page out of the pool may wait for a model step.
+        let mut out: Option<BufWriter<TcpStream>> = None;
         let page_size = layout.page_size as u32;
         let page_bytes = layout.page_bytes();
         let n = r.pages.len();
@@ -120,7 +121,9 @@ impl Transfer<'_> {
             match self.fault() {
                 Some(Fault::TruncateTransfer | Fault::IgnoreRejection) if i >= 1 => break,
                 Some(Fault::DieMidTransfer) if i >= n.div_ceil(2).max(1) => {
-                    out.flush().await?;
+                    if let Some(out) = out.as_mut() {
+                        out.flush().await?;
+                    }
                     return Ok(SendOutcome::Died);
                 }
                 _ => {}
@@ -149,6 +152,19 @@ impl Transfer<'_> {
             if self.fault() == Some(Fault::WrongAuth) {
                 trailer[PAGE_TRAILER_LEN - 1] ^= 0xff;
             }
+            let out = match out.as_mut() {
+                Some(out) => out,
+                None => {
+                    let first = out.insert(self.dial().await?);
+                    first.write_all(&frame).await?;
+                    first.flush().await?;
+                    if self.fault() == Some(Fault::DuplicatePage) && i == n / 2 {
+                        first.write_all(&frame).await?;
+                    }
+                    self.metrics.bytes.inc_by(frame.len() as u64);
+                    continue;
+                }
+            };
             out.write_all(&frame).await?;
             if self.fault() == Some(Fault::DuplicatePage) && i == n / 2 {
                 out.write_all(&frame).await?;
@@ -171,9 +187,20 @@ impl Transfer<'_> {
             layout_fingerprint: fingerprint_u64(self.layout_fingerprint),
             mac: Mac([0; MAC_LEN]),
         };
+        let mut out = match out {
+            Some(out) => out,
+            None => self.dial().await?, // a reservation of no pages cannot be made; kept total
+        };
         out.write_all(&self.sign(Frame::Commit(commit), &key)).await?;
         out.flush().await?;
         read_ack(out.into_inner()).await.map(SendOutcome::Acked)
+    }
+
+    async fn dial(&self) -> Result<BufWriter<TcpStream>, SendError> {
+        let addr = &self.reservation.kv_addr;
+        let stream = TcpStream::connect(addr).await.map_err(|source| SendError::Connect { addr: addr.clone(), source })?;
+        let _ = stream.set_nodelay(true);
+        Ok(BufWriter::with_capacity(1 << 20, stream))
     }
 
     /// The frame's bytes with its MAC; the wrong-auth fault spoils the MAC.
