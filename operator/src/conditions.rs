@@ -9,6 +9,9 @@ pub const CAPACITY_VERIFIED: &str = "CapacityVerified";
 pub const ROLLOUT_REFUSED: &str = "RolloutRefused";
 /// A pod of the serving revision no longer passes the gate (it is out of the EndpointSlices).
 pub const DEGRADED: &str = "Degraded";
+/// The prefill pods, at their measured rate, can prefill a prompt of the whole window before
+/// the handoff deadline (longer prompts would be answered 504). Advisory: it refuses nothing.
+pub const PREFILL_WITHIN_DEADLINE: &str = "PrefillWithinHandoffTimeout";
 
 /// Sets `type_` in `conds`, keeping `lastTransitionTime` when the status is unchanged.
 pub fn set(conds: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: String, generation: Option<i64>) {

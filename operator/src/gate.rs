@@ -182,6 +182,7 @@ mod tests {
             layout_fingerprint: layout.into(),
             vocab_size: Some(258),
             instance: String::new(),
+            prefill_timings: None,
         }))
     }
 

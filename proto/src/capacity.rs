@@ -36,6 +36,51 @@ pub struct CapacityReport {
     /// internal endpoints name it, so they are good at this process only.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance: String,
+    /// How fast this worker prefilled prompts at start (prefill role), so that the operator can
+    /// tell whether a prompt of the whole window can be prefilled before the handoff deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_timings: Option<PrefillTimings>,
+}
+
+/// Two prompts a prefill worker computed at start, `tokens[0]` and twice as many, and how long
+/// each took (microseconds). Prefill costs `a n + b n^2` (the weights' work, then attention over what came
+/// before): the two points fix `a` and `b`, which extrapolate to longer prompts (an estimate,
+/// from short prompts: caches and memory bandwidth change at length).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillTimings {
+    pub tokens: [u64; 2],
+    pub micros: [u64; 2],
+}
+
+impl PrefillTimings {
+    /// `(a, b)` of `a n + b n^2` in milliseconds, neither negative (noise can make the measured
+    /// growth look sub-linear).
+    fn fit(&self) -> (f64, f64) {
+        let ([n1, n2], [t1, t2]) = (self.tokens.map(|n| n as f64), self.micros.map(|us| us as f64 / 1000.0));
+        let b = ((t2 / n2 - t1 / n1) / (n2 - n1)).max(0.0);
+        let a = (t2 / n2 - b * n2).max(0.0);
+        (a, b)
+    }
+
+    /// Estimated milliseconds to prefill a prompt of `n` tokens.
+    pub fn estimate_ms(&self, n: u64) -> f64 {
+        let (a, b) = self.fit();
+        let n = n as f64;
+        a * n + b * n * n
+    }
+
+    /// The longest prompt whose estimate is within `ms`.
+    pub fn tokens_within(&self, ms: f64) -> u64 {
+        let (a, b) = self.fit();
+        let n = if b > 0.0 {
+            (-a + (a * a + 4.0 * b * ms).sqrt()) / (2.0 * b)
+        } else if a > 0.0 {
+            ms / a
+        } else {
+            f64::MAX
+        };
+        n.min(u64::MAX as f64) as u64
+    }
 }
 
 /// What a router serves on [`KV_POOL_PATH`] (a public port): the capacity each peer last
@@ -84,6 +129,7 @@ mod tests {
             layout_fingerprint: "l".into(),
             vocab_size: Some(258),
             instance: "0123456789abcdef0123456789abcdef".into(),
+            prefill_timings: Some(PrefillTimings { tokens: [512, 1024], micros: [100_000, 240_000] }),
         }
     }
 
@@ -93,6 +139,23 @@ mod tests {
         assert!(!r.holds(1_048_576));
         assert!(r.holds(681_280));
         assert_eq!(r.pool_bytes(), 681_280 * 256);
+    }
+
+    #[test]
+    fn prefill_timings_fit_linear_and_quadratic_growth_and_invert() {
+        // 0.1 ms a token plus 1e-4 ms a token squared, measured exactly.
+        let t = |n: f64| 0.1 * n + 1e-4 * n * n;
+        let p = PrefillTimings { tokens: [1000, 2000], micros: [(t(1000.0) * 1000.0) as u64, (t(2000.0) * 1000.0) as u64] };
+        for n in [1000u64, 100_000, 1_048_576] {
+            let (got, want) = (p.estimate_ms(n), t(n as f64));
+            assert!((got - want).abs() / want < 1e-9, "{n}: {got} vs {want}");
+        }
+        let n = p.tokens_within(30_000.0);
+        assert!(t(n as f64) <= 30_000.0 && t(n as f64 + 2.0) > 30_000.0, "{n}");
+        // Growth below linear (noise) counts as linear, never as a negative cost.
+        let noisy = PrefillTimings { tokens: [1000, 2000], micros: [150_000, 200_000] };
+        assert_eq!(noisy.estimate_ms(4000), 400.0);
+        assert_eq!(noisy.tokens_within(400.0), 4000);
     }
 
     #[test]

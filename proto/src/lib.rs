@@ -11,4 +11,4 @@ pub mod logprobs;
 pub mod refusal;
 pub mod roles;
 
-pub use capacity::{CapacityReport, KV_POOL_PATH, PeerReport, PeerReports};
+pub use capacity::{CapacityReport, KV_POOL_PATH, PeerReport, PeerReports, PrefillTimings};

@@ -108,6 +108,11 @@ pub struct PrefillArgs {
     pub secret: SecretArgs,
     #[command(flatten)]
     pub faults: FaultArgs,
+    /// At start, prefill a prompt of this many tokens and one of half as many, and report the
+    /// timings (the operator compares the declared window's estimated prefill time with the
+    /// handoff timeout); at most the window and the pool. 0 skips it.
+    #[arg(long, default_value_t = 1024)]
+    pub prefill_probe_tokens: u64,
 }
 
 #[derive(Debug, Args)]

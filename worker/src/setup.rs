@@ -89,5 +89,6 @@ pub fn report(model: &Model, pool: &KvPool) -> CapacityReport {
         layout_fingerprint: layout.fingerprint(),
         vocab_size: Some(model.vocab_size() as u32),
         instance: String::new(),
+        prefill_timings: None,
     }
 }

@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PROGRESSING, ROLLOUT_REFUSED};
+use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PREFILL_WITHIN_DEADLINE, PROGRESSING, ROLLOUT_REFUSED};
 use crate::crd::{BakeStatus, CanaryStatus, Engine, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
 use crate::gate::{Role, Verdict};
 use crate::rollout_state::{Phase, RefusalReason};
 
-use super::decide::Verification;
+use super::decide::{PrefillEstimate, Verification};
 
 /// The `Degraded` condition's reason when a serving pod fails the gate.
 pub const SERVING_POD_UNVERIFIED: &str = "ServingPodUnverified";
@@ -59,6 +59,29 @@ impl Observed {
 pub fn degraded_message(serving: &str, unverified: &[String], stuck: &[String]) -> String {
     let problems: Vec<&str> = unverified.iter().chain(stuck).map(String::as_str).collect();
     format!("serving revision {serving}: {}; those pods take no traffic", problems.join("; "))
+}
+
+/// Whether the slowest prefill pod, at the rate it measured, prefills a prompt of the whole
+/// window before the handoff deadline; the condition's status, reason and message.
+pub fn prefill_deadline(p: &PrefillEstimate, window: u64, timeout_ms: u64) -> (bool, &'static str, String) {
+    let t = &p.timings;
+    let measured =
+        format!("prefill pod {} measured {} tokens in {} ms and {} in {} ms", p.pod, t.tokens[0], t.micros[0] / 1000, t.tokens[1], t.micros[1] / 1000);
+    if p.window_ms <= timeout_ms {
+        let message = format!(
+            "{measured}: a prompt of the whole contextWindow ({window} tokens) takes about {} s, within the handoff timeout of {} s",
+            p.window_ms / 1000,
+            timeout_ms / 1000
+        );
+        return (true, "WithinHandoffTimeout", message);
+    }
+    let fits = t.tokens_within(timeout_ms as f64);
+    let message = format!(
+        "{measured}: a prompt of the whole contextWindow ({window} tokens) would take about {} s, past the handoff timeout of {} s; prompts over about {fits} tokens will be answered 504 prefill_deadline_exceeded. Raise spec.handoff.timeoutMs, give prefill more compute, or declare a smaller contextWindow",
+        p.window_ms / 1000,
+        timeout_ms / 1000
+    );
+    (false, "WindowExceedsHandoffTimeout", message)
 }
 
 pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Observed) -> InferenceDeploymentStatus {
@@ -158,6 +181,11 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         None => ("NoServingRevision", "no revision serves yet".to_string()),
     };
     conditions::set(&mut conds, DEGRADED, degraded, reason, message, generation);
+
+    if let Some(p) = &o.shown_pods.slowest_prefill {
+        let (ok, reason, message) = prefill_deadline(p, d.spec.context_window, d.spec.handoff.timeout_ms);
+        conditions::set(&mut conds, PREFILL_WITHIN_DEADLINE, ok, reason, message, generation);
+    }
 
     let phase = match refused_now {
         Some(r) if r.reason == RefusalReason::HandoffIntegrityViolation => Phase::RolledBack,

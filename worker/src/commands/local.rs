@@ -43,6 +43,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             scheduler: args.scheduler.clone(),
             secret: args.handoff.secret.clone(),
             faults: args.faults.clone(),
+            prefill_probe_tokens: 0, // nobody reads the report of `local`'s prefill
         },
         &registry,
         secret.clone(),

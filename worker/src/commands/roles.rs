@@ -162,7 +162,9 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret
         tracing::warn!(fault = ?f, "FAULT INJECTION ENABLED: this prefill worker breaks the handoff protocol on purpose");
     }
     let me = Instance::random();
-    let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "prefill", Some(me))?;
+    let (engine, mut report) = start_engine(&args.engine, &args.scheduler, registry, "prefill", Some(me))?;
+    let probe = (args.prefill_probe_tokens).min(args.engine.context_window).min(report.capacity_tokens) as usize;
+    report.prefill_timings = crate::roles::prefill_rate::measure(&engine, probe).await;
     let summary = describe("prefill", &report, args.engine.context_window);
     let state = AppState::for_engine(engine.clone(), report, registry.clone(), &args.serve).signed_by(&secret, &args.engine);
     let ready = state.ready.clone();

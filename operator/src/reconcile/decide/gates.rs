@@ -24,6 +24,17 @@ pub struct Verification {
     pub min_measured: BTreeMap<Role, u64>,
     /// Pods that exist (not terminating), per role.
     pub pods: BTreeMap<Role, i32>,
+    /// The prefill pod whose measured prefill rate makes a prompt of the whole window slowest.
+    pub slowest_prefill: Option<PrefillEstimate>,
+}
+
+/// A prefill pod's measured rate, extrapolated to the declared window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefillEstimate {
+    pub pod: String,
+    pub timings: kvgate_proto::PrefillTimings,
+    /// Estimated milliseconds to prefill a prompt of the whole window.
+    pub window_ms: u64,
 }
 
 /// The `kvgate.dev/kv-pool-verified` condition a pod should carry (only those that change).
@@ -73,6 +84,15 @@ pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout
     } else if was.is_some_and(|c| c.reason == status::SERVING_POD_UNVERIFIED) {
         events.push(normal("ServingPodsVerified", "RolloutGate", format!("every pod of serving revision {shown} passes the gate again")));
     }
+    // Advisory: a window the prefill pods cannot prefill before the handoff deadline is said
+    // once, when it becomes so (the condition keeps saying it).
+    if let Some(p) = &shown_pods.slowest_prefill {
+        let (ok, reason, message) = status::prefill_deadline(p, i.window(), i.d.spec.handoff.timeout_ms);
+        let said = prev.conditions.iter().any(|c| c.type_ == conditions::PREFILL_WITHIN_DEADLINE && c.reason == reason);
+        if !ok && !said {
+            events.push(warning("PrefillSlowerThanHandoffTimeout", "RolloutGate", message));
+        }
+    }
     Gates { pod_gates, shown: shown_pods, unverified, events }
 }
 
@@ -81,12 +101,18 @@ pub(super) fn verify(world: &World, revision: &str, context_window: u64) -> (Ver
     let pods: Vec<&WorkerPod> = world.pods_of(revision).collect();
     let reports: Vec<PodReport> = pods.iter().map(|p| PodReport { role: p.role, pod: p.name.clone(), report: p.report.clone().ok() }).collect();
     let (verdicts, verdict) = gate::judge(context_window, &reports);
-    let mut v = Verification { verdict, verified: BTreeMap::new(), min_measured: BTreeMap::new(), pods: BTreeMap::new() };
+    let mut v = Verification { verdict, verified: BTreeMap::new(), min_measured: BTreeMap::new(), pods: BTreeMap::new(), slowest_prefill: None };
     for (pod, pod_verdict) in pods.iter().zip(&verdicts) {
         *v.pods.entry(pod.role).or_default() += 1;
         if let Ok(r) = &pod.report {
             let m = v.min_measured.entry(pod.role).or_insert(u64::MAX);
             *m = (*m).min(r.tokens());
+        }
+        if let Ok(gate::Measured::Kvgate(kvgate_proto::CapacityReport { prefill_timings: Some(t), .. })) = &pod.report {
+            let window_ms = t.estimate_ms(context_window) as u64;
+            if v.slowest_prefill.as_ref().is_none_or(|s| s.window_ms < window_ms) {
+                v.slowest_prefill = Some(PrefillEstimate { pod: pod.name.clone(), timings: t.clone(), window_ms });
+            }
         }
         if matches!(pod_verdict, PodVerdict::Verified { .. }) {
             *v.verified.entry(pod.role).or_default() += 1;

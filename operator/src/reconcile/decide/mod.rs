@@ -39,7 +39,7 @@ use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploym
 use crate::gate::PodVerdict;
 use crate::rollout_state::{RefusalReason, RollbackReason};
 
-pub use gates::{PodGate, Verification};
+pub use gates::{PodGate, PrefillEstimate, Verification};
 pub use workloads::WorkerDeployment;
 
 /// An Event to publish on the InferenceDeployment.

@@ -40,6 +40,7 @@ pub(super) fn report(tokens: u64, layout: &str) -> Measured {
         layout_fingerprint: layout.into(),
         vocab_size: Some(258),
         instance: String::new(),
+        prefill_timings: None,
     })
 }
 
@@ -425,4 +426,29 @@ fn a_clean_bake_retires_the_previous_revision() {
     assert_eq!((phase(&plan), plan.settled, plan.status.bake.clone()), ("Available", true, None));
     assert_eq!(plan.delete, ["llm-prefill-r1", "llm-decode-r1"]);
     assert_eq!(plan.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["BakeComplete"]);
+}
+
+#[test]
+fn a_window_prefill_cannot_finish_before_the_handoff_timeout_is_flagged_once_and_refuses_nothing() {
+    let mut d = deployment(WINDOW);
+    let timed = |micros: [u64; 2]| {
+        let Measured::Kvgate(r) = report(8192, "l") else { unreachable!() };
+        Measured::Kvgate(CapacityReport { prefill_timings: Some(kvgate_proto::PrefillTimings { tokens: [512, 1024], micros }), ..r })
+    };
+    // 512 tokens in 10 s, 1024 in 20 s (a slow machine): 40 s for the window of 2048, past 30 s.
+    let mut world = World::default();
+    revision(&mut world, &d, "r1", Ok(timed([10_000_000, 20_000_000])), true);
+    let plan = pass(&mut d, "r1", &world);
+    assert_eq!(condition(&plan, conditions::PREFILL_WITHIN_DEADLINE), (false, "WindowExceedsHandoffTimeout".into()));
+    let c = plan.status.conditions.iter().find(|c| c.type_ == conditions::PREFILL_WITHIN_DEADLINE).unwrap();
+    assert!(c.message.contains("about 40 s, past the handoff timeout of 30 s") && c.message.contains("over about 1536 tokens"), "{}", c.message);
+    assert!(plan.events.iter().any(|e| e.warning && e.reason == "PrefillSlowerThanHandoffTimeout"), "{:?}", plan.events);
+    assert_eq!(plan.status.current_revision.as_deref(), Some("r1"), "advisory: the revision still serves");
+    // Said once; the next pass keeps the condition without a second event.
+    let again = pass(&mut d, "r1", &world_with_conditions(&world, &plan));
+    assert!(!again.events.iter().any(|e| e.reason == "PrefillSlowerThanHandoffTimeout"), "{:?}", again.events);
+    // A longer timeout (or a faster prefill) turns it True.
+    d.spec.handoff.timeout_ms = 60_000;
+    let plan = pass(&mut d, "r1", &world);
+    assert_eq!(condition(&plan, conditions::PREFILL_WITHIN_DEADLINE), (true, "WithinHandoffTimeout".into()));
 }
