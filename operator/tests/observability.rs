@@ -150,6 +150,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
         "KvgateWorkerMetricsAbsent",
         "KvgateKVPortAbuse",
         "KvgateInternalRequestsRefused",
+        "KvgateListenerSaturated",
     ];
     let rules = alert_rules();
     let names: BTreeSet<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();

@@ -73,6 +73,10 @@ fn the_internal_api_and_kv_port_of_a_deployment_refuse_outsiders_in_the_cluster(
     let ns = cp.restricted_namespace("guarded");
     apply_yaml(cp, &ns, &tiny("guarded", 256, 1024, 1024, ""));
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "guarded")["status"]["phase"] == "Available");
+    // The prefill pods timed two prompts at start: the window fits the handoff timeout.
+    let fits = condition(&infd(cp, &ns, "guarded"), "PrefillWithinHandoffTimeout").cloned().unwrap_or_default();
+    assert_eq!((fits["status"].as_str(), fits["reason"].as_str()), (Some("True"), Some("WithinHandoffTimeout")), "{fits}");
+    assert!(fits["message"].as_str().unwrap().contains("measured 128 tokens in"), "{fits}");
     let (decode, prefill) = (pod_ips(cp, &ns, "decode").pop().unwrap(), pod_ips(cp, &ns, "prefill").pop().unwrap());
     // Anyone who reaches a pod cannot use the internal API without the deployment's secret.
     let (status, body) = request("POST", &format!("http://{decode}:8082/internal/v1/reserve"), Some(r#"{"prompt_tokens":1,"max_tokens":1}"#)).unwrap();

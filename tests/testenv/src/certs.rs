@@ -49,7 +49,8 @@ pub fn generate(dir: &Path) -> anyhow::Result<Certs> {
         "127.0.0.1".to_string(),
         // Where pods reach the API server: the pod bridge's address in the world's namespace.
         crate::node::network::GATEWAY.to_string(),
-        "10.0.0.1".to_string(),
+        // The kubernetes Service's ClusterIP, first of --service-cluster-ip-range.
+        "10.96.0.1".to_string(),
         "kubernetes".to_string(),
         "kubernetes.default".to_string(),
         "kubernetes.default.svc".to_string(),

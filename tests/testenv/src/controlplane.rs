@@ -156,7 +156,7 @@ impl ControlPlane {
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     &format!("--service-account-key-file={}", path(&cp.certs.sa_pub)),
                     &format!("--service-account-signing-key-file={}", path(&cp.certs.sa_key)),
-                    "--service-cluster-ip-range=10.0.0.0/24",
+                    "--service-cluster-ip-range=10.96.0.0/16",
                     "--authorization-mode=RBAC",
                     // Node agents' kubelet API (kubectl logs): dialled at the Node's InternalIP,
                     // its certificate checked against the cluster CA.
@@ -203,7 +203,7 @@ impl ControlPlane {
                 &format!("--cluster-signing-cert-file={}", path(&cp.certs.ca)),
                 &format!("--cluster-signing-key-file={}", path(&cp.certs.ca_key)),
                 "--use-service-account-credentials=true",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                "--service-cluster-ip-range=10.96.0.0/16",
                 "--concurrent-deployment-syncs=10",
                 "--v=1",
             ]),

@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::reservations::{Reservations, Verdict};
-use crate::server::listener::{RateLimitedLog, Refusals, Saturation, Slot, Slots};
+use crate::server::listener::{RateLimitedLog, Refusals, Saturation, Slot, Slots, take_slot};
 
 /// Room for a page frame's fixed fields on top of the page itself.
 const PAGE_FRAME_OVERHEAD: usize = 256;
@@ -76,7 +76,7 @@ pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: Port
         match listener.accept().await {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
-                let slot = match strangers.take(peer.ip()) {
+                let slot = match take_slot(&strangers, peer.ip()) {
                     Ok(slot) => slot,
                     Err(why) => {
                         refusals.count("kv", why);

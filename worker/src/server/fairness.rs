@@ -3,9 +3,8 @@
 //! the whole pool while others wait. A request counts until its response body is finished or
 //! dropped (a streaming answer counts for as long as it streams).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -16,6 +15,7 @@ use futures::StreamExt;
 
 use super::error::ApiError;
 use super::listener::ClientAddr;
+use super::shares::Shares;
 
 /// Who a request is from, for fairness. An API key is kept as its hash only.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -38,61 +38,29 @@ impl ClientKey {
 }
 
 /// Requests in flight per client.
-#[derive(Debug)]
-pub struct InFlight {
-    per_client: usize,
-    held: Mutex<HashMap<ClientKey, usize>>,
+pub type InFlight = Shares<ClientKey>;
+
+/// Most requests in flight per client, with no total (the pool's admission bounds that).
+pub fn in_flight(per_client: usize) -> Arc<InFlight> {
+    Shares::new(usize::MAX, per_client)
 }
 
-/// One request's place, given back when dropped.
-#[derive(Debug)]
-pub struct Ticket {
-    owner: Arc<InFlight>,
-    key: ClientKey,
-}
-
-impl InFlight {
-    pub fn new(per_client: usize) -> Arc<Self> {
-        Arc::new(InFlight { per_client, held: Mutex::default() })
-    }
-
-    pub fn enter(self: &Arc<Self>, key: ClientKey) -> Result<Ticket, ApiError> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let mine = held.entry(key.clone()).or_default();
-        if *mine >= self.per_client {
-            return Err(ApiError {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                kind: "rate_limit_error",
-                code: "too_many_requests_in_flight".into(),
-                param: None,
-                message: format!(
-                    "This client already has {} requests in flight, the most one client may have (--max-requests-per-client); retry when one finishes.",
-                    self.per_client
-                ),
-            });
-        }
-        *mine += 1;
-        Ok(Ticket { owner: self.clone(), key })
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        let mut held = self.owner.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.key);
-            }
-        }
+fn refused(per_client: usize) -> ApiError {
+    ApiError {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        kind: "rate_limit_error",
+        code: "too_many_requests_in_flight".into(),
+        param: None,
+        message: format!(
+            "This client already has {per_client} requests in flight, the most one client may have (--max-requests-per-client); retry when one finishes."
+        ),
     }
 }
 
 /// Middleware for generating routes: a ticket per request, held by the response body.
-pub async fn limit(State(in_flight): State<Arc<InFlight>>, req: Request, next: Next) -> Response {
-    let ticket = match in_flight.enter(ClientKey::of(&req)) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
+pub async fn limit(State((in_flight, per_client)): State<(Arc<InFlight>, usize)>, req: Request, next: Next) -> Response {
+    let Ok(ticket) = in_flight.take(ClientKey::of(&req)) else {
+        return refused(per_client).into_response();
     };
     let (parts, body) = next.run(req).await.into_parts();
     let stream = body.into_data_stream().map(move |chunk| {
@@ -107,15 +75,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_client_gets_its_share_and_others_are_not_affected() {
-        let f = InFlight::new(2);
-        let a = ClientKey::Addr("10.0.0.1".parse().unwrap());
-        let t1 = f.enter(a.clone()).unwrap();
-        let _t2 = f.enter(a.clone()).unwrap();
-        let refused = f.enter(a.clone()).unwrap_err();
-        assert_eq!((refused.status, refused.code.as_str()), (StatusCode::TOO_MANY_REQUESTS, "too_many_requests_in_flight"));
-        assert!(f.enter(ClientKey::ApiKey([1; 32])).is_ok(), "another client is not limited by this one");
-        drop(t1);
-        assert!(f.enter(a).is_ok(), "a finished request gives its place back");
+    fn an_api_key_is_its_own_client_whatever_its_address_and_is_kept_hashed() {
+        let req = |key: Option<&str>, ip: &str| {
+            let mut r = Request::new(Body::empty());
+            if let Some(k) = key {
+                r.headers_mut().insert(header::AUTHORIZATION, format!("Bearer {k}").parse().unwrap());
+            }
+            r.extensions_mut().insert(ClientAddr(format!("{ip}:1").parse().unwrap()));
+            r
+        };
+        let (k1, k2) = (ClientKey::of(&req(Some("sk-1"), "10.0.0.1")), ClientKey::of(&req(Some("sk-1"), "10.0.0.2")));
+        assert_eq!(k1, k2);
+        assert!(!format!("{k1:?}").contains("sk-1"));
+        assert_eq!(ClientKey::of(&req(None, "10.0.0.1")), ClientKey::Addr("10.0.0.1".parse().unwrap()));
+        let e = refused(16);
+        assert_eq!((e.status, e.code.as_str()), (StatusCode::TOO_MANY_REQUESTS, "too_many_requests_in_flight"));
     }
 }

@@ -5,10 +5,9 @@
 //! counted in `kvgate_connections_refused_total`, not as failed requests; accepting backs off
 //! when it fails (out of descriptors) instead of spinning.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -18,6 +17,7 @@ use prometheus::{IntCounterVec, Registry};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
+use super::shares::{Full, Share, Shares};
 use crate::metrics::RoleRegistry;
 
 /// The client's address, as a request extension (per-client limits read it).
@@ -73,58 +73,16 @@ impl Refusals {
 }
 
 /// Connection slots: a total and a share per client address.
-#[derive(Debug)]
-pub struct Slots {
-    total: usize,
-    per_client: usize,
-    held: Mutex<(usize, HashMap<IpAddr, usize>)>,
-}
-
+pub type Slots = Shares<IpAddr>;
 /// One connection's slot, returned when dropped.
-#[derive(Debug)]
-pub struct Slot {
-    slots: Arc<Slots>,
-    ip: IpAddr,
-}
+pub type Slot = Share<IpAddr>;
 
-impl Slots {
-    pub fn new(total: usize, per_client: usize) -> Arc<Self> {
-        Arc::new(Slots { total, per_client, held: Mutex::default() })
-    }
-
-    pub fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Saturation> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let (total, by_client) = &mut *held;
-        if *total >= self.total {
-            return Err(Saturation::ConnectionLimit);
-        }
-        let mine = by_client.entry(ip).or_default();
-        if *mine >= self.per_client {
-            return Err(Saturation::ClientLimit);
-        }
-        *mine += 1;
-        *total += 1;
-        Ok(Slot { slots: self.clone(), ip })
-    }
-
-    /// Slots held now (all clients).
-    pub fn held(&self) -> usize {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).0
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut held = self.slots.held.lock().unwrap_or_else(|p| p.into_inner());
-        let (total, by_client) = &mut *held;
-        *total -= 1;
-        if let Some(n) = by_client.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                by_client.remove(&self.ip);
-            }
-        }
-    }
+/// Takes a connection's slot, or says which cap refused it.
+pub fn take_slot(slots: &Arc<Slots>, ip: IpAddr) -> Result<Slot, Saturation> {
+    slots.take(ip).map_err(|full| match full {
+        Full::Total => Saturation::ConnectionLimit,
+        Full::Key => Saturation::ClientLimit,
+    })
 }
 
 /// Logs at most one line per interval, saying how many were held back.
@@ -180,7 +138,7 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         backoff = Duration::from_millis(5);
-        let slot = match slots.take(peer.ip()) {
+        let slot = match take_slot(&slots, peer.ip()) {
             Ok(slot) => slot,
             Err(why) => {
                 refusals.count("http", why);
@@ -211,17 +169,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_cap_the_total_and_each_client_and_come_back_when_dropped() {
-        let slots = Slots::new(3, 2);
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let a1 = slots.take(a).unwrap();
-        let _a2 = slots.take(a).unwrap();
-        assert_eq!(slots.take(a).unwrap_err(), Saturation::ClientLimit);
-        let b1 = slots.take(b).unwrap();
-        assert_eq!(slots.take(b).unwrap_err(), Saturation::ConnectionLimit);
-        drop(a1);
-        assert!(slots.take(b).is_ok(), "a freed slot serves anyone");
-        drop(b1);
-        assert_eq!(slots.held(), 1);
+    fn a_slot_refused_names_the_cap_it_hit() {
+        let slots = Slots::new(2, 1);
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap());
+        let _a = take_slot(&slots, a).unwrap();
+        assert_eq!(take_slot(&slots, a).unwrap_err(), Saturation::ClientLimit);
+        let _b = take_slot(&slots, b).unwrap();
+        assert_eq!(take_slot(&slots, c).unwrap_err(), Saturation::ConnectionLimit);
     }
 }

@@ -9,6 +9,7 @@ mod generate;
 pub mod limits;
 pub mod listener;
 pub mod report;
+mod shares;
 pub mod tokenize;
 mod trim;
 
@@ -97,8 +98,8 @@ pub struct AppState {
     pub report_signer: Option<report::ReportSigner>,
     pub ready: Arc<AtomicBool>,
     pub registry: prometheus::Registry,
-    /// Requests in flight per client (public generating routes).
-    pub in_flight: Arc<fairness::InFlight>,
+    /// Requests in flight per client (public routes with a body), and the cap per client.
+    pub in_flight: (Arc<fairness::InFlight>, usize),
 }
 
 impl AppState {
@@ -116,7 +117,7 @@ impl AppState {
             report_signer: None,
             ready: Arc::new(AtomicBool::new(true)),
             registry,
-            in_flight: fairness::InFlight::new(serve.max_requests_per_client as usize),
+            in_flight: (fairness::in_flight(serve.max_requests_per_client as usize), serve.max_requests_per_client as usize),
         }
     }
 
