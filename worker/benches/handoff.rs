@@ -114,8 +114,15 @@ async fn handoff(l: KvLayout, tokens: usize, checks: bool) -> Duration {
     };
     let table = Reservations::new(decode_pool, secret.clone(), config, metrics.clone());
     let table = Arc::new(if checks { table } else { table.without_integrity_checks() });
-    let port = receiver::PortLimits { max_connections: 4, frame_timeout: Duration::from_secs(10) };
-    tokio::spawn(receiver::serve(listener, table.clone(), port));
+    let port = receiver::PortLimits {
+        max_connections: 4,
+        max_unauthenticated: 4,
+        max_unauthenticated_per_client: 4,
+        auth_timeout: Duration::from_secs(10),
+        frame_timeout: Duration::from_secs(10),
+    };
+    let refusals = kvgate_worker::server::listener::Refusals::new(&registry, "bench");
+    tokio::spawn(receiver::serve(listener, table.clone(), port, refusals));
     let lease = prefill_pool.lease(tokens).unwrap();
     {
         let mut g = prefill_pool.access();

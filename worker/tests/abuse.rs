@@ -135,47 +135,38 @@ impl Attack {
 
 /// `count` connections from `from` to `to`, sending `hello` and then nothing; with `reopen`,
 /// each is opened again that long after the server closes it.
-fn idle_sockets(
-    from: u8,
-    to: SocketAddr,
-    count: usize,
-    hello: &'static [u8],
-    reopen: Option<Duration>,
-    stop: Arc<AtomicBool>,
-) -> impl Future<Output = ()> + Send {
-    async move {
-        let mut tasks = Vec::new();
-        for _ in 0..count {
-            let stop = stop.clone();
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    let Ok(mut s) = connect_from(from, to).await else {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    };
-                    let _ = s.write_all(hello).await;
-                    let mut buf = [0u8; 1024];
-                    // Until the server closes it (or the attack ends).
-                    loop {
-                        tokio::select! {
-                            r = s.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) { break },
-                            _ = tokio::time::sleep(Duration::from_millis(100)) => if stop.load(Ordering::SeqCst) { return },
-                        }
-                    }
-                    match reopen {
-                        Some(after) => tokio::time::sleep(after).await,
-                        None => return,
+async fn idle_sockets(from: u8, to: SocketAddr, count: usize, hello: &'static [u8], reopen: Option<Duration>, stop: Arc<AtomicBool>) {
+    let mut tasks = Vec::new();
+    for _ in 0..count {
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let Ok(mut s) = connect_from(from, to).await else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let _ = s.write_all(hello).await;
+                let mut buf = [0u8; 1024];
+                // Until the server closes it (or the attack ends).
+                loop {
+                    tokio::select! {
+                        r = s.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) { break },
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => if stop.load(Ordering::SeqCst) { return },
                     }
                 }
-            }));
-        }
-        for t in tasks {
-            let _ = t.await;
-        }
+                match reopen {
+                    Some(after) => tokio::time::sleep(after).await,
+                    None => return,
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
     }
 }
 
-// Row 1: idle sockets on decode's KV port, reopened as soon as they are closed.
+// Row 1: idle sockets on decode's KV port, each reopened 200 ms after it is closed.
 #[tokio::test]
 async fn strangers_idling_on_the_kv_port_leave_the_handoff_to_its_peers() {
     let c = cluster_with(&[], &["--kv-auth-timeout-ms", "500"], &[]);
@@ -206,9 +197,8 @@ async fn partial_body(from: u8, to: SocketAddr, path: &str, len: usize, stop: Ar
     let _ = tokio::time::timeout(Duration::from_secs(10), s.write_all(&body)).await;
     let mut buf = [0u8; 4096];
     while !stop.load(Ordering::SeqCst) {
-        match tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return,
-            _ => {}
+        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await {
+            return;
         }
     }
 }
