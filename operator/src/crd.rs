@@ -490,6 +490,11 @@ pub struct InferenceDeploymentStatus {
     /// Smallest measured per-request KV capacity among the shown revision's pods, any role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_measured_tokens: Option<u64>,
+    /// The handoff Secret the operator created for this deployment (its name carries the
+    /// UID). The operator may not read Secrets, so this is how a restarted operator knows it
+    /// exists; a pod that reports it missing has it created again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_secret: Option<String>,
 }
 
 /// `Option<Phase>` as a structural schema: the phases' enum, nullable (schemars would list

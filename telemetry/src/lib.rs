@@ -1,6 +1,11 @@
 //! How every kvgate process logs. One place, so the worker roles, the operator and the test node
 //! agent write the same shapes: human text on a terminal, JSON lines for a cluster's log
-//! pipeline, and never colour escapes where no terminal reads them (`kubectl logs`).
+//! pipeline, and never colour escapes where no terminal reads them (`kubectl logs`). And one
+//! piece of process hygiene every long-running kvgate process shares: freed memory goes back
+//! to the OS (`memory`).
+
+mod memory;
+pub use memory::give_back_freed_memory;
 
 use std::io::IsTerminal;
 use std::sync::OnceLock;

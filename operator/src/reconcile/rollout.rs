@@ -30,10 +30,14 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         // and gates from ignorance. Their first reads wake the next pass.
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    // A pod that cannot find the handoff Secret: someone deleted it; create it again.
+    // A pod that cannot find the handoff Secret: someone deleted it; create it again. Else a
+    // status that names it says it was created (a restarted operator, which may not read
+    // Secrets, does not create it again).
     let secret = secret::secret_name(&d);
     if world.stuck.iter().any(|s| s.reason == "CreateContainerConfigError" && s.message.contains(&secret)) {
         ctx.memory.set_secret_created(&d, false);
+    } else if d.status.as_ref().and_then(|s| s.handoff_secret.as_deref()) == Some(secret.as_str()) {
+        ctx.memory.set_secret_created(&d, true);
     }
 
     let now = Time(Timestamp::now());

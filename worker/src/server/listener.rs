@@ -116,7 +116,7 @@ pub async fn serve(
     ready: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    super::trim::start();
+    kvgate_telemetry::give_back_freed_memory();
     let slots = Slots::new(limits.max_connections, limits.per_client);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();

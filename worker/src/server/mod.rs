@@ -11,7 +11,6 @@ pub mod listener;
 pub mod report;
 mod shares;
 pub mod tokenize;
-mod trim;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
