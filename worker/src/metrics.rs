@@ -6,7 +6,7 @@ use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, I
 use crate::engine::admission::Rejection;
 
 /// HTTP status codes the worker answers with (the `code` label).
-pub const CODES: [&str; 7] = ["200", "400", "404", "413", "500", "502", "503"];
+pub const CODES: [&str; 10] = ["200", "400", "404", "408", "413", "429", "500", "502", "503", "504"];
 
 /// What every serving role exports: requests, rejections, latencies, tokens.
 #[derive(Clone)]

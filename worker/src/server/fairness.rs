@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 
+use super::AppState;
 use super::error::ApiError;
 use super::listener::ClientAddr;
 use super::shares::Shares;
@@ -58,9 +59,11 @@ fn refused(per_client: usize) -> ApiError {
 }
 
 /// Middleware for generating routes: a ticket per request, held by the response body.
-pub async fn limit(State((in_flight, per_client)): State<(Arc<InFlight>, usize)>, req: Request, next: Next) -> Response {
+pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let (in_flight, per_client) = &state.in_flight;
     let Ok(ticket) = in_flight.take(ClientKey::of(&req)) else {
-        return refused(per_client).into_response();
+        state.count(429);
+        return refused(*per_client).into_response();
     };
     let (parts, body) = next.run(req).await.into_parts();
     let stream = body.into_data_stream().map(move |chunk| {

@@ -149,7 +149,7 @@ pub fn app(state: AppState) -> Router {
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .layer(axum::middleware::from_fn_with_state(state.clone(), limits::read_public_body))
-        .layer(axum::middleware::from_fn_with_state(state.in_flight.clone(), fairness::limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), fairness::limit))
         .layer(DefaultBodyLimit::max(body_limit));
     Router::new()
         .merge(with_body)
