@@ -27,7 +27,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 const HONEST: usize = 24;
 /// Below this a p95 measures the scheduler of a 2-core machine that also runs the attacker,
 /// not the worker: the 3x bound applies to at least this much.
-const LATENCY_FLOOR: Duration = Duration::from_millis(50);
+const LATENCY_FLOOR: Duration = Duration::from_millis(20);
 
 /// What the honest client saw.
 #[derive(Debug)]

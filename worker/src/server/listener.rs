@@ -138,6 +138,9 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         backoff = Duration::from_millis(5);
+        // Small writes (a streamed token, a short answer) go out at once, not after the peer's
+        // delayed ACK.
+        let _ = stream.set_nodelay(true);
         let slot = match take_slot(&slots, peer.ip()) {
             Ok(slot) => slot,
             Err(why) => {
