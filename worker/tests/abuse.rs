@@ -104,12 +104,6 @@ async fn assert_memory_returns(attack: &str, w: &Worker, before: f64) {
     assert!(now <= before * 1.10, "{attack}: RSS {before:.1} MiB before, {now:.1} MiB after");
 }
 
-/// Sum of `family` over every label set of `role` on `w`.
-async fn total(w: &Worker, family: &str) -> f64 {
-    let (_, text) = w.get("/metrics").await;
-    text.lines().filter(|l| l.starts_with(&format!("{family}{{"))).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
-}
-
 fn addr_of(w: &Worker) -> SocketAddr {
     w.base.trim_start_matches("http://").parse().unwrap()
 }
@@ -183,9 +177,9 @@ async fn strangers_idling_on_the_kv_port_leave_the_handoff_to_its_peers() {
     let under = honest(&c.router).await;
     attack.end().await;
     assert_unharmed("256 idle KV sockets", &baseline, &under);
-    let refused = total(&c.decode, "kvgate_connections_refused_total").await;
+    let refused = c.decode.family_sum("kvgate_connections_refused_total").await;
     assert!(refused > 0.0, "the strangers beyond their share were refused and counted");
-    assert_eq!(total(&c.decode, "kvgate_handoff_mismatch_total").await, 0.0);
+    assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
     assert_eq!(c.decode.metric(r#"kvgate_handoff_total{outcome="failed",role="decode"}"#).await, 0.0, "saturation is not a handoff failure");
     assert_memory_returns("256 idle KV sockets", &c.decode, before).await;
 }
@@ -247,7 +241,7 @@ async fn bodies_without_their_last_byte_hold_no_memory_past_their_deadline() {
     assert!(router_peak - router_before < most * 1.2, "router held {:.1} MiB of bodies, more than 10 clients' shares", router_peak - router_before);
     assert_memory_returns("800 partial bodies (decode)", &c.decode, decode_before).await;
     assert_memory_returns("800 partial bodies (router)", &c.router, router_before).await;
-    assert_eq!(total(&c.decode, "kvgate_handoff_mismatch_total").await, 0.0);
+    assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
 }
 
 // Row 3: a thousand idle connections to every HTTP port; idle ones are closed after the idle
@@ -342,7 +336,7 @@ async fn a_client_that_leaves_cancels_its_prefill_and_reservation() {
     for (w, role) in [(&c.prefill, "prefill"), (&c.decode, "decode")] {
         assert_eq!(w.metric(&format!(r#"kvgate_kv_pool_pages_in_use{{role="{role}"}}"#)).await, 0.0, "{role}");
     }
-    assert_eq!(total(&c.decode, "kvgate_handoff_mismatch_total").await, 0.0);
+    assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
 }
 
 // Row 7: a prompt prefill cannot finish within the reservation's deadline is a server-side
@@ -360,7 +354,7 @@ async fn a_prefill_past_the_reservation_deadline_is_a_504() {
     for (w, role) in [(&c.prefill, "prefill"), (&c.decode, "decode")] {
         eventually(w, &format!(r#"kvgate_kv_pool_pages_in_use{{role="{role}"}}"#), 0.0).await;
     }
-    assert_eq!(total(&c.decode, "kvgate_handoff_mismatch_total").await, 0.0);
+    assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
     let (status, _) = c.router.post("/v1/completions", &json!({"prompt": "short", "max_tokens": 2})).await;
     assert_eq!(status, 200);
 }
@@ -420,7 +414,7 @@ async fn a_captured_call_is_refused_at_every_other_process_and_after_a_restart()
     let (status, v) = prefill_call.send_to(&other_prefill).await;
     assert_eq!((status, v["error"]["code"].as_str()), (401, Some("wrong_target")), "{v}");
     assert_eq!(other_prefill.metric(&wrong_target("prefill")).await, 1.0);
-    assert_eq!(total(&c.decode, "kvgate_handoff_mismatch_total").await, 0.0);
+    assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
 
     // Row 10: after a restart the process is another one, and its old calls are refused.
     let captured_for_old = Captured::of(&c.secret, &other_decode, "/internal/v1/reserve", &json!({"prompt_tokens": 8, "max_tokens": 8})).await;
@@ -568,7 +562,7 @@ async fn a_mixed_abuse_soak_leaves_honest_requests_served() {
     for (w, start, role) in [(&c.router, before[0], "router"), (&c.prefill, before[1], "prefill"), (&c.decode, before[2], "decode")] {
         assert_memory_returns(&format!("mixed abuse ({role})"), w, start).await;
     }
-    assert_eq!(total(&c.decode, "kvgate_handoff_mismatch_total").await, 0.0);
+    assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
     for (w, role) in [(&c.prefill, "prefill"), (&c.decode, "decode")] {
         eventually(w, &format!(r#"kvgate_kv_pool_pages_in_use{{role="{role}"}}"#), 0.0).await;
     }

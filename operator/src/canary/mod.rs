@@ -194,7 +194,7 @@ mod tests {
 
     #[test]
     fn pairs_are_every_prefill_with_every_decode_and_servers_every_pod() {
-        let e = |n: &str| Endpoint { pod: n.into(), ip: "10.0.0.1".into() };
+        let e = |n: &str| Endpoint { pod: n.into(), ip: "10.0.0.1".into(), instance: None };
         let pairs = Target::Pairs { prefill: vec![e("p0"), e("p1")], decode: vec![e("d0"), e("d1"), e("d2")] };
         assert_eq!(pairs.units().len(), 6);
         assert_eq!(pairs.counted().len(), 5);

@@ -13,32 +13,26 @@ use kvgate_proto::roles::{self, GenerateRequest, PrefillRequest, Reservation, Re
 pub struct Endpoint {
     pub pod: String,
     pub ip: String,
+    /// The worker process the pod's verified capacity report names (kvgate's workers): signed
+    /// calls are good at that process only.
+    pub instance: Option<Instance>,
 }
 
 const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0, seed: None, logprobs: None, prompt_logprobs: false };
 /// Longest a whole canary request may take (a long prompt on a CPU worker takes seconds).
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The worker process at `ip:port`, as its capacity report names it: signed calls are good at
-/// that process only.
-async fn instance(http: &reqwest::Client, ip: &str, port: u16) -> Result<Instance, String> {
-    let url = format!("http://{ip}:{port}{}", kvgate_proto::KV_POOL_PATH);
-    let report: kvgate_proto::CapacityReport = http
-        .get(&url)
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
-        .and_then(|r| r.error_for_status())
-        .map_err(|e| format!("GET {url}: {e}"))?
-        .json()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    report.instance.parse().map_err(|e| format!("GET {url}: the report names no instance: {e}"))
-}
-
-async fn post(http: &reqwest::Client, key: &DeploymentKey, ip: &str, port: u16, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, String> {
+async fn post(
+    http: &reqwest::Client,
+    key: &DeploymentKey,
+    to: &Endpoint,
+    port: u16,
+    path: &str,
+    body: &impl serde::Serialize,
+) -> Result<reqwest::Response, String> {
     let bytes = serde_json::to_vec(body).expect("role bodies serialize");
-    let target = instance(http, ip, port).await?;
+    let ip = &to.ip;
+    let target = to.instance.ok_or_else(|| format!("pod {}: its capacity report names no worker instance to sign for", to.pod))?;
     let signature = key.sign_request("POST", path, target, now_ms(), rand::random(), &bytes).to_string();
     let url = format!("http://{ip}:{port}{path}");
     http.post(&url)
@@ -71,14 +65,14 @@ pub async fn generate(
     max_tokens: u32,
 ) -> Result<Vec<u32>, String> {
     let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens };
-    let resp = refused(post(http, key, &decode.ip, DECODE_PORT, roles::RESERVE_PATH, &reserve).await?, "decode's reservation").await?;
+    let resp = refused(post(http, key, decode, DECODE_PORT, roles::RESERVE_PATH, &reserve).await?, "decode's reservation").await?;
     let reservation: Reservation = resp.json().await.map_err(|e| format!("decode's reservation: {e}"))?;
     let id = reservation.handoff_id.clone();
     let request = PrefillRequest { prompt: prompt.to_vec(), reservation, sampling: Some(GREEDY) };
     // Prefill's answer carries decode's verdict on the transfer (a mismatch names its reason).
-    refused(post(http, key, &prefill.ip, PREFILL_PORT, roles::PREFILL_PATH, &request).await?, "prefill").await?;
+    refused(post(http, key, prefill, PREFILL_PORT, roles::PREFILL_PATH, &request).await?, "prefill").await?;
     let generate = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling: GREEDY, commit_wait_ms: None };
-    let resp = refused(post(http, key, &decode.ip, DECODE_PORT, &roles::generate_path(&id), &generate).await?, "decode's generation").await?;
+    let resp = refused(post(http, key, decode, DECODE_PORT, &roles::generate_path(&id), &generate).await?, "decode's generation").await?;
     let text = resp.text().await.map_err(|e| format!("decode's token stream: {e}"))?;
     let mut tokens = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {

@@ -68,13 +68,13 @@ where
 
 /// Writes a plan: the objects every deployment owns, the revision's Deployments, deletions, the
 /// router, pod gate conditions, Events, metrics and, when it changed, status.
-pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Plan) -> Result<(), Error> {
+pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Plan, secret_missing: bool) -> Result<(), Error> {
     let stores = &ctx.stores;
     let ns = d.namespace().unwrap_or_else(|| "default".into());
     let name = d.name_any();
     let log = ctx.settings.worker_log_format;
     if d.spec.engine == Engine::Kvgate {
-        ensure_secret(ctx, d, &ns).await?;
+        ensure_secret(ctx, d, &ns, secret_missing).await?;
         for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
             apply(ctx, d, &stores.services, &svc).await?;
         }
@@ -143,19 +143,19 @@ async fn status(ctx: &Context, d: &InferenceDeployment, status: &InferenceDeploy
 }
 
 /// Creates the deployment's handoff Secret (its name carries the UID; its bytes derive from the
-/// root key) once per UID. The operator cannot read Secrets, so "it exists" is learnt from its own
-/// create or the create's 409, and forgotten when a pod reports the Secret missing.
-async fn ensure_secret(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<(), Error> {
-    if ctx.memory.secret_created(d) {
+/// root key) unless the status this operator wrote names it. The operator cannot read Secrets:
+/// "it exists" is learnt from its own create (or the create's 409), recorded in
+/// `status.handoffSecret` by the same pass, and doubted again when a pod reports it `missing`.
+async fn ensure_secret(ctx: &Context, d: &InferenceDeployment, ns: &str, missing: bool) -> Result<(), Error> {
+    let name = secret::secret_name(d);
+    if !missing && d.status.as_ref().and_then(|s| s.handoff_secret.as_deref()) == Some(name.as_str()) {
         return Ok(());
     }
-    let name = secret::secret_name(d);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &secret::generated(d, &ctx.root)).await {
         Ok(_) => tracing::info!(secret = name, namespace = ns, "created the handoff secret"),
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(Error::api(format!("creating Secret {name}"))(e)),
     }
-    ctx.memory.set_secret_created(d, true);
     Ok(())
 }

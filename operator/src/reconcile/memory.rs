@@ -15,8 +15,6 @@ struct Remembered {
     name: String,
     /// Consecutive failed passes, for the retry backoff.
     failures: u32,
-    /// The handoff Secret was created (or found to exist) for this UID.
-    secret_created: bool,
     /// `Kind/name` -> (hash of what was applied, the resourceVersion the apply returned): an
     /// object the watch still shows at that version holds what was applied.
     applied: HashMap<String, (u64, String)>,
@@ -69,15 +67,6 @@ impl Memory {
         self.with(d, |r| r.failures = 0);
     }
 
-    pub fn secret_created(&self, d: &InferenceDeployment) -> bool {
-        self.with(d, |r| r.secret_created)
-    }
-
-    pub fn set_secret_created(&self, d: &InferenceDeployment, created: bool) {
-        self.with(d, |r| r.secret_created = created);
-    }
-
-    /// Whether `key` was applied with this content and the watch still shows that version.
     pub fn applied(&self, d: &InferenceDeployment, key: &str, hash: u64, seen_version: Option<&str>) -> bool {
         self.with(d, |r| r.applied.get(key).is_some_and(|(h, v)| *h == hash && Some(v.as_str()) == seen_version))
     }

@@ -30,19 +30,13 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         // and gates from ignorance. Their first reads wake the next pass.
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    // A pod that cannot find the handoff Secret: someone deleted it; create it again. Else a
-    // status that names it says it was created (a restarted operator, which may not read
-    // Secrets, does not create it again).
+    // A pod that cannot find the handoff Secret: someone deleted it; create it again.
     let secret = secret::secret_name(&d);
-    if world.stuck.iter().any(|s| s.reason == "CreateContainerConfigError" && s.message.contains(&secret)) {
-        ctx.memory.set_secret_created(&d, false);
-    } else if d.status.as_ref().and_then(|s| s.handoff_secret.as_deref()) == Some(secret.as_str()) {
-        ctx.memory.set_secret_created(&d, true);
-    }
+    let secret_missing = world.stuck.iter().any(|s| s.reason == "CreateContainerConfigError" && s.message.contains(&secret));
 
     let now = Time(Timestamp::now());
     let plan = decide::decide(decide::Inputs { d: &d, revision: &rev, host_path_refusal: host_path_refusal.as_deref(), world: &world, now: &now });
-    apply::plan(ctx, &d, &image, &plan).await?;
+    apply::plan(ctx, &d, &image, &plan, secret_missing).await?;
     if let Some(run) = &plan.canary {
         let uid = d.uid().unwrap_or_default();
         let key = (d.spec.engine == Engine::Kvgate).then(|| ctx.root.deployment_key(&uid));

@@ -226,7 +226,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         report_signer: None,
         ready: Arc::new(AtomicBool::new(true)),
         registry: registry.clone(),
-        in_flight: (server::fairness::in_flight(args.serve.max_requests_per_client as usize), args.serve.max_requests_per_client as usize),
+        in_flight: server::fairness::in_flight(args.serve.max_requests_per_client as usize),
     };
     let summary = format!("router: {peers_text}, context window {window} tokens");
     let ready = state.ready.clone();

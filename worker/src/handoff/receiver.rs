@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::reservations::{Reservations, Verdict};
-use crate::server::listener::{RateLimitedLog, Refusals, Saturation, Slot, Slots, take_slot};
+use crate::server::listener::{Acceptor, Refusals, Saturation, Slot, Slots};
 
 /// Room for a page frame's fixed fields on top of the page itself.
 const PAGE_FRAME_OVERHEAD: usize = 256;
@@ -70,35 +70,16 @@ impl Admission {
 pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: PortLimits, refusals: Refusals) {
     let authenticated = Arc::new(Semaphore::new(limits.max_connections));
     let strangers = Slots::new(limits.max_unauthenticated, limits.max_unauthenticated_per_client);
-    let mut log = RateLimitedLog::default();
-    let mut backoff = Duration::from_millis(5);
+    let mut acceptor = Acceptor::new(listener, strangers, refusals.clone(), "kv");
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                backoff = Duration::from_millis(5);
-                let slot = match take_slot(&strangers, peer.ip()) {
-                    Ok(slot) => slot,
-                    Err(why) => {
-                        refusals.count("kv", why);
-                        drop(stream);
-                        continue;
-                    }
-                };
-                let admission = Admission { stranger: Some(slot), authenticated: authenticated.clone(), held: None, refusals: refusals.clone() };
-                let table = table.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = connection(stream, &table, limits, admission).await {
-                        tracing::debug!(%peer, error = %e, "KV connection ended");
-                    }
-                });
+        let (stream, peer, slot) = acceptor.accept().await;
+        let admission = Admission { stranger: Some(slot), authenticated: authenticated.clone(), held: None, refusals: refusals.clone() };
+        let table = table.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(stream, &table, limits, admission).await {
+                tracing::debug!(%peer, error = %e, "KV connection ended");
             }
-            Err(e) => {
-                // Typically out of file descriptors: retrying at once would spin.
-                log.warn("accepting a KV connection failed; backing off", &e);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
-        }
+        });
     }
 }
 
@@ -208,7 +189,6 @@ async fn read_page(stream: &mut BufReader<TcpStream>, header: &[u8; HEADER_LEN],
 }
 
 async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits, mut admission: Admission) -> std::io::Result<()> {
-    let _ = stream.set_nodelay(true);
     // Small frames (a small model's pages, commits) are read out of one buffer, not one read
     // call each; a page's payload bypasses it once the buffer is drained.
     let mut stream = BufReader::with_capacity(CHUNK, stream);

@@ -60,10 +60,9 @@ fn refused(per_client: usize) -> ApiError {
 
 /// Middleware for generating routes: a ticket per request, held by the response body.
 pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let (in_flight, per_client) = &state.in_flight;
-    let Ok(ticket) = in_flight.take(ClientKey::of(&req)) else {
+    let Ok(ticket) = state.in_flight.take(ClientKey::of(&req)) else {
         state.count(429);
-        return refused(*per_client).into_response();
+        return refused(state.in_flight.per_key()).into_response();
     };
     let (parts, body) = next.run(req).await.into_parts();
     let stream = body.into_data_stream().map(move |chunk| {

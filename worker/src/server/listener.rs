@@ -14,7 +14,7 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{IntCounterVec, Registry};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
 use super::shares::{Full, Share, Shares};
@@ -78,7 +78,7 @@ pub type Slots = Shares<IpAddr>;
 pub type Slot = Share<IpAddr>;
 
 /// Takes a connection's slot, or says which cap refused it.
-pub fn take_slot(slots: &Arc<Slots>, ip: IpAddr) -> Result<Slot, Saturation> {
+fn take_slot(slots: &Arc<Slots>, ip: IpAddr) -> Result<Slot, Saturation> {
     slots.take(ip).map_err(|full| match full {
         Full::Total => Saturation::ConnectionLimit,
         Full::Key => Saturation::ClientLimit,
@@ -87,7 +87,7 @@ pub fn take_slot(slots: &Arc<Slots>, ip: IpAddr) -> Result<Slot, Saturation> {
 
 /// Logs at most one line per interval, saying how many were held back.
 #[derive(Default)]
-pub struct RateLimitedLog {
+struct RateLimitedLog {
     last: Option<Instant>,
     suppressed: u64,
 }
@@ -95,7 +95,7 @@ pub struct RateLimitedLog {
 impl RateLimitedLog {
     const EVERY: Duration = Duration::from_secs(5);
 
-    pub fn warn(&mut self, what: &str, error: &std::io::Error) {
+    fn warn(&mut self, what: &str, error: &std::io::Error) {
         if self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
             self.suppressed += 1;
             return;
@@ -106,8 +106,52 @@ impl RateLimitedLog {
     }
 }
 
-/// Accepts connections until `shutdown` resolves, then drains those in flight. Accepting
-/// backs off when it fails (typically out of file descriptors) instead of spinning.
+/// One listener's accepting: every connection it hands out holds a slot (refused ones are
+/// closed and counted under the listener's name), and when accepting fails (typically out of
+/// file descriptors) it backs off, 5 ms doubling to 1 s, logging once per 5 s, instead of
+/// spinning.
+pub struct Acceptor {
+    listener: TcpListener,
+    slots: Arc<Slots>,
+    refusals: Refusals,
+    /// `http` or `kv` (`listener` of `kvgate_connections_refused_total`).
+    name: &'static str,
+    log: RateLimitedLog,
+    backoff: Duration,
+}
+
+impl Acceptor {
+    pub fn new(listener: TcpListener, slots: Arc<Slots>, refusals: Refusals, name: &'static str) -> Self {
+        Acceptor { listener, slots, refusals, name, log: RateLimitedLog::default(), backoff: Duration::from_millis(5) }
+    }
+
+    /// The next connection that gets a slot (with TCP_NODELAY: a streamed token or a frame
+    /// goes out at once, not after the peer's delayed ACK).
+    pub async fn accept(&mut self) -> (TcpStream, SocketAddr, Slot) {
+        loop {
+            let (stream, peer) = match self.listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    self.log.warn(&format!("accepting a {} connection failed; backing off", self.name.to_uppercase()), &e);
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            self.backoff = Duration::from_millis(5);
+            match take_slot(&self.slots, peer.ip()) {
+                Ok(slot) => {
+                    let _ = stream.set_nodelay(true);
+                    return (stream, peer, slot);
+                }
+                Err(why) => self.refusals.count(self.name, why), // dropping the stream closes it
+            }
+        }
+    }
+}
+
+/// Serves `app` on the connections `listener` accepts until `shutdown` resolves, then drains
+/// those in flight.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -117,36 +161,15 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     kvgate_telemetry::give_back_freed_memory();
-    let slots = Slots::new(limits.max_connections, limits.per_client);
+    let mut acceptor = Acceptor::new(listener, Slots::new(limits.max_connections, limits.per_client), refusals, "http");
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.idle);
-    let mut log = RateLimitedLog::default();
-    let mut backoff = Duration::from_millis(5);
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    log.warn("accepting an HTTP connection failed; backing off", &e);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                    continue;
-                }
-            },
+        let (stream, peer, slot) = tokio::select! {
+            accepted = acceptor.accept() => accepted,
             _ = &mut shutdown => break,
-        };
-        backoff = Duration::from_millis(5);
-        // Small writes (a streamed token, a short answer) go out at once, not after the peer's
-        // delayed ACK.
-        let _ = stream.set_nodelay(true);
-        let slot = match take_slot(&slots, peer.ip()) {
-            Ok(slot) => slot,
-            Err(why) => {
-                refusals.count("http", why);
-                continue; // dropping the stream closes it
-            }
         };
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
@@ -162,7 +185,7 @@ pub async fn serve(
         });
     }
     ready.store(false, Ordering::SeqCst);
-    drop(listener);
+    drop(acceptor);
     graceful.shutdown().await;
     Ok(())
 }

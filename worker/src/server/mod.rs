@@ -97,8 +97,8 @@ pub struct AppState {
     pub report_signer: Option<report::ReportSigner>,
     pub ready: Arc<AtomicBool>,
     pub registry: prometheus::Registry,
-    /// Requests in flight per client (public routes with a body), and the cap per client.
-    pub in_flight: (Arc<fairness::InFlight>, usize),
+    /// Requests in flight per client (public routes with a body).
+    pub in_flight: Arc<fairness::InFlight>,
 }
 
 impl AppState {
@@ -116,7 +116,7 @@ impl AppState {
             report_signer: None,
             ready: Arc::new(AtomicBool::new(true)),
             registry,
-            in_flight: (fairness::in_flight(serve.max_requests_per_client as usize), serve.max_requests_per_client as usize),
+            in_flight: fairness::in_flight(serve.max_requests_per_client as usize),
         }
     }
 

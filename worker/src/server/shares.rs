@@ -49,6 +49,11 @@ impl<K: Hash + Eq + Clone> Shares<K> {
         Ok(Share { owner: self.clone(), key })
     }
 
+    /// The most places one key may hold.
+    pub fn per_key(&self) -> usize {
+        self.per_key
+    }
+
     /// Places held now (all keys).
     pub fn held(&self) -> usize {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).0

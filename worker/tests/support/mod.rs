@@ -164,6 +164,12 @@ impl Worker {
         kvgate_testenv::metrics::sample(&text, series).unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
     }
 
+    /// The sum of every sample of one metric family (all label sets) on `/metrics`.
+    pub async fn family_sum(&self, family: &str) -> f64 {
+        let (_, text) = self.get("/metrics").await;
+        kvgate_testenv::metrics::family_sum(&text, family)
+    }
+
     /// Raw SSE `data:` payloads of a streaming request.
     pub async fn stream(&self, path: &str, body: &Value) -> (u16, Vec<String>) {
         let resp = self.http.post(format!("{}{path}", self.base)).json(body).send().await.unwrap();

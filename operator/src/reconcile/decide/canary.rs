@@ -70,7 +70,15 @@ fn identity(m: &Measured) -> (&str, &str) {
 
 /// The revision's pods the canary drives (`keep` picks them; `one`: a single pair or pod).
 fn target(i: &Inputs<'_>, rev: &str, report: &Measured, keep: impl Fn(&WorkerPod) -> bool, one: bool) -> Option<Target> {
-    let endpoint = |p: &WorkerPod| Some(Endpoint { pod: p.name.clone(), ip: p.ip.clone()? });
+    let endpoint = |p: &WorkerPod| {
+        // The process the pod's report (read and verified by the probe) names: the canary's
+        // signed calls are for it.
+        let instance = match &p.report {
+            Ok(Measured::Kvgate(r)) => r.instance.parse().ok(),
+            _ => None,
+        };
+        Some(Endpoint { pod: p.name.clone(), ip: p.ip.clone()?, instance })
+    };
     let of = |role: Role| {
         let pods = i.world.pods_of(rev).filter(|p| p.role == role && keep(p)).filter_map(endpoint);
         if one { pods.take(1).collect::<Vec<_>>() } else { pods.collect() }
