@@ -4,22 +4,25 @@ use kvgate_operator::cli::{Cli, Command};
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let mut traces = None;
     let result = match cli.command {
         Command::Crd => kvgate_operator::crdgen::yaml().map(|yaml| print!("{yaml}")),
         Command::Check { service, namespace, port_name, path, timeout } => {
             kvgate_operator::check::check(&service, &namespace, &port_name, &path, std::time::Duration::from_secs(timeout)).await
         }
         Command::Run(args) => {
-            kvgate_telemetry::init(cli.log_format, "info,kube=warn");
+            traces = Some(kvgate_telemetry::init(cli.log_format, "info,kube=warn", "kvgate-operator"));
             kvgate_operator::run::run(args).await
         }
     };
-    match result {
+    let code = match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // With JSON logs the last line a pod writes is an error event like the others.
             kvgate_telemetry::fatal(&format!("kvgate-operator: {e:#}"));
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    drop(traces); // the spans still queued go out
+    code
 }

@@ -26,6 +26,11 @@ pub fn generate_path(id: &str) -> String {
 pub struct ReserveRequest {
     pub prompt_tokens: u32,
     pub max_tokens: u32,
+    /// The caller's W3C `traceparent` (inside the signed body, so nobody without the secret can
+    /// graft a call onto another trace). Decode keeps it with the reservation: its spans of the
+    /// handoff's receipt and commit join that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// Decode -> router: the reservation prefill must fill.
@@ -73,6 +78,10 @@ pub struct PrefillRequest {
     /// means greedy.
     #[serde(default)]
     pub sampling: Option<Sampling>,
+    /// The caller's W3C `traceparent` (inside the signed body, so nobody without the secret can
+    /// graft a call onto another trace); the callee's spans join that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// Prefill -> router: decode's verdict on the transfer, as prefill heard it.
@@ -93,6 +102,10 @@ pub struct CancelRequest {
     /// True when prefill *rejected* the prompt: any transfer that still arrives for it is a
     /// rejected request being forwarded, and is counted as such.
     pub rejected: bool,
+    /// The caller's W3C `traceparent` (inside the signed body, so nobody without the secret can
+    /// graft a call onto another trace); the callee's spans join that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// Sampling settings carried to decode.
@@ -119,6 +132,10 @@ pub struct GenerateRequest {
     /// means until the reservation expires.
     #[serde(default)]
     pub commit_wait_ms: Option<u64>,
+    /// The caller's W3C `traceparent` (inside the signed body, so nobody without the secret can
+    /// graft a call onto another trace); the callee's spans join that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// One line of decode's newline-delimited JSON token stream.

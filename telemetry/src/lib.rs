@@ -1,17 +1,26 @@
-//! How every kvgate process logs. One place, so the worker roles, the operator and the test node
-//! agent write the same shapes: human text on a terminal, JSON lines for a cluster's log
-//! pipeline, and never colour escapes where no terminal reads them (`kubectl logs`). And one
-//! piece of process hygiene every long-running kvgate process shares: freed memory goes back
-//! to the OS (`memory`).
+//! How every kvgate process logs and traces. One place, so the worker roles, the operator and the
+//! test node agent write the same shapes: human text on a terminal, flat JSON lines with trace
+//! ids for a cluster's log pipeline (`json_lines`), never colour escapes where no terminal reads
+//! them (`kubectl logs`), and OpenTelemetry spans when an OTLP endpoint is configured
+//! (`export`, `trace_context`). And one piece of process hygiene every long-running kvgate
+//! process shares: freed memory goes back to the OS (`memory`).
 
+pub mod export;
+mod json_lines;
 mod memory;
+pub mod trace_context;
+
+pub use export::Traces;
 pub use memory::give_back_freed_memory;
+pub use trace_context::{TRACEPARENT, TraceContext};
 
 use std::io::IsTerminal;
 use std::sync::OnceLock;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// The shape of log lines (`--log-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -19,8 +28,9 @@ pub enum LogFormat {
     /// One line of text per event; coloured only when the stream is a terminal.
     #[default]
     Text,
-    /// One JSON object per line: `timestamp`, `level`, `target`, `fields` (with `message`) and
-    /// the current `span`/`spans`.
+    /// One flat JSON object per line: `timestamp`, `level`, `target`, `message`, the event's
+    /// fields, `span` and the fields of the spans it happened in (`trace_id`, `span_id`,
+    /// `request_id`, `handoff_id` on a request's lines).
     Json,
 }
 
@@ -39,12 +49,22 @@ pub const LOG_FORMAT_ENV: &str = "KVGATE_LOG_FORMAT";
 
 static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
-/// Installs the global subscriber writing to stderr. `RUST_LOG` overrides `default_filter`.
-pub fn init(format: LogFormat, default_filter: &str) {
+/// Installs the global subscriber writing to stderr, exporting spans as `service` when the
+/// `OTEL_*` variables ask for it (`export`). `RUST_LOG` overrides `default_filter`. Keep the
+/// returned guard until the end of `main`: dropping it sends the spans still queued.
+pub fn init(format: LogFormat, default_filter: &str, service: &str) -> Traces {
     let stderr = std::io::stderr();
     let ansi = stderr.is_terminal();
     let _ = FORMAT.set(format);
-    install(format, default_filter, ansi, std::io::stderr);
+    let (otel, traces) = match export::layer(service) {
+        Ok(ok) => ok,
+        Err(why) => {
+            eprintln!("{service}: traces are not exported: {why}");
+            (None, Traces::none())
+        }
+    };
+    install(format, default_filter, ansi, std::io::stderr, otel);
+    traces
 }
 
 /// Why the process exits: a plain line on stderr with text logs, an error event with JSON logs
@@ -65,15 +85,18 @@ pub fn announce(line: &str) {
     }
 }
 
-fn install<W>(format: LogFormat, default_filter: &str, ansi: bool, writer: W)
+type Registry = tracing_subscriber::layer::Layered<EnvFilter, tracing_subscriber::Registry>;
+
+fn install<W>(format: LogFormat, default_filter: &str, ansi: bool, writer: W, otel: Option<export::Layer<Registry>>)
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    let base = tracing_subscriber::registry().with(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
     match format {
-        LogFormat::Text => builder.with_ansi(ansi).init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(true).init(),
+        LogFormat::Text => base.with(otel).with(fmt.with_ansi(ansi)).init(),
+        LogFormat::Json => base.with(otel).with(fmt.fmt_fields(tracing_subscriber::fmt::format::JsonFields::new()).event_format(json_lines::JsonLines)).init(),
     }
 }
 
@@ -108,15 +131,22 @@ mod tests {
     #[test]
     fn json_lines_carry_level_message_fields_and_span() {
         let buf = Buffer::default();
-        install(LogFormat::Json, "info", false, buf.clone());
-        let span = tracing::info_span!("request", request_id = "r-1");
-        span.in_scope(|| tracing::warn!(pages = 3, "handoff refused"));
+        install(LogFormat::Json, "info", false, buf.clone(), None);
+        let request = tracing::info_span!("request", request_id = "r-1", trace_id = tracing::field::Empty, span_id = tracing::field::Empty);
+        let here = trace_context::adopt(&request, None);
+        let handoff = request.in_scope(|| tracing::info_span!("handoff_receive", handoff_id = "h-7"));
+        handoff.in_scope(|| tracing::warn!(pages = 3, "handoff refused"));
         let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         let line: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
         assert_eq!(line["level"], "WARN");
-        assert_eq!(line["fields"]["message"], "handoff refused");
-        assert_eq!(line["fields"]["pages"], 3);
-        assert_eq!(line["span"]["request_id"], "r-1");
+        assert_eq!(line["message"], "handoff refused");
+        assert_eq!(line["pages"], 3);
+        assert_eq!(line["span"], "handoff_receive");
+        assert_eq!(line["request_id"], "r-1");
+        assert_eq!(line["handoff_id"], "h-7");
+        assert_eq!(line["trace_id"], here.trace_id_hex());
+        assert_eq!(line["span_id"], here.span_id_hex());
+        assert!(line["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')), "{line}");
         assert!(!text.contains('\x1b'), "{text:?}");
     }
 }

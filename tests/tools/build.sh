@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the helm client (v3.22.0, pinned by go.mod) and the chart linters (ct, kube-score,
-# kubeconform; lint/go.mod) the chart tests use into target/tools/bin/. With --helm-only, helm
-# alone (what `make demo` needs).
+# Builds the helm client (v3.22.0, pinned by go.mod), the chart linters (ct, kube-score,
+# kubeconform; lint/go.mod) the chart tests use, and the trace and alert backends the
+# observability tests run (Jaeger v1.76.0, jaeger/go.mod; Alertmanager v0.35.0) into
+# target/tools/bin/. With --helm-only, helm alone (what `make demo` needs).
 # Idempotent: Go's build cache makes a second run with nothing changed take seconds.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -15,6 +16,8 @@ cd "$here"
 if [ -n "${TOOLS_VERSIONS_ONLY:-}" ]; then
   first_line "$out/helm" version --short
   first_line "$out/ct" version
+  first_line "$out/jaeger" version
+  first_line "$out/alertmanager" --version
   exit 0
 fi
 # As helm's own release build does: the Kubernetes version it assumes without a cluster
@@ -44,3 +47,33 @@ ct_etc="$(go list -m -f '{{.Dir}}' github.com/helm/chart-testing/v3)/etc"
 mkdir -p "$out/../ct"
 install -m 0644 "$ct_etc/chart_schema.yaml" "$ct_etc/lintconf.yaml" "$out/../ct/"
 first_line "$out/ct" version
+
+# Jaeger v2 (the OpenTelemetry-collector-based binary), from its own module so its many
+# dependencies never move helm's or the linters'. The first build takes about 10 minutes on 2
+# cores.
+cd "$here/jaeger"
+with_progress "building jaeger (github.com/jaegertracing/jaeger/cmd/jaeger v1.76.0)" \
+  go build -trimpath -ldflags "-s -w -X github.com/jaegertracing/jaeger/internal/version.latestVersion=v1.76.0" -o "$out/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
+first_line "$out/jaeger" version
+
+# Alertmanager, built inside a copy of its module (its own go.mod and go.sum pin what it was
+# released with). Its web UI is an npm build the module does not ship: the embed gets a
+# placeholder page, the API (/api/v2) is whole.
+am_version=v0.35.0
+am_src="$out/../src/alertmanager-$am_version"
+if [ ! -f "$am_src/go.mod" ]; then
+  # Outside any module: downloading touches no go.mod of ours.
+  module_dir=$(cd / && go mod download -json github.com/prometheus/alertmanager@$am_version | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  rm -rf "$am_src"
+  mkdir -p "$(dirname "$am_src")"
+  cp -r "$module_dir" "$am_src"
+  chmod -R u+w "$am_src"
+  for ui in elm mantine; do
+    mkdir -p "$am_src/ui/app/dist/$ui"
+    echo '<!doctype html><title>Alertmanager</title><p>Web UI not built here; the API is at /api/v2/.' >"$am_src/ui/app/dist/$ui/index.html"
+  done
+fi
+cd "$am_src"
+with_progress "building alertmanager (github.com/prometheus/alertmanager/cmd/alertmanager $am_version)" \
+  go build -trimpath -ldflags "-s -w -X github.com/prometheus/common/version.Version=${am_version#v}" -o "$out/alertmanager" ./cmd/alertmanager
+first_line "$out/alertmanager" --version

@@ -42,6 +42,19 @@ pub enum Command {
     Probe(ProbeArgs),
 }
 
+impl Command {
+    /// The `service.name` of this process's spans (unless `OTEL_SERVICE_NAME` names another).
+    pub fn service_name(&self) -> &'static str {
+        match self {
+            Command::Local(_) => "kvgate-local",
+            Command::Router(_) => "kvgate-router",
+            Command::Prefill(_) => "kvgate-prefill",
+            Command::Decode(_) => "kvgate-decode",
+            Command::Probe(_) => "kvgate-probe",
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct LocalArgs {
     /// Address of the HTTP API (the router's; prefill and decode take free loopback ports).

@@ -4,7 +4,7 @@ use kvgate_worker::commands::{self, roles};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    kvgate_telemetry::init(cli.log_format, "info");
+    let _traces = kvgate_telemetry::init(cli.log_format, "info", cli.command.service_name());
     if cli.check_config {
         return match commands::check::run(&cli.command) {
             Ok(()) => {

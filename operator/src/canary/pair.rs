@@ -64,14 +64,14 @@ pub async fn generate(
     prompt: &[u32],
     max_tokens: u32,
 ) -> Result<Vec<u32>, String> {
-    let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens };
+    let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens, traceparent: traceparent() };
     let resp = refused(post(http, key, decode, DECODE_PORT, roles::RESERVE_PATH, &reserve).await?, "decode's reservation").await?;
     let reservation: Reservation = resp.json().await.map_err(|e| format!("decode's reservation: {e}"))?;
     let id = reservation.handoff_id.clone();
-    let request = PrefillRequest { prompt: prompt.to_vec(), reservation, sampling: Some(GREEDY) };
+    let request = PrefillRequest { prompt: prompt.to_vec(), reservation, sampling: Some(GREEDY), traceparent: traceparent() };
     // Prefill's answer carries decode's verdict on the transfer (a mismatch names its reason).
     refused(post(http, key, prefill, PREFILL_PORT, roles::PREFILL_PATH, &request).await?, "prefill").await?;
-    let generate = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling: GREEDY, commit_wait_ms: None };
+    let generate = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling: GREEDY, commit_wait_ms: None, traceparent: traceparent() };
     let resp = refused(post(http, key, decode, DECODE_PORT, &roles::generate_path(&id), &generate).await?, "decode's generation").await?;
     let text = resp.text().await.map_err(|e| format!("decode's token stream: {e}"))?;
     let mut tokens = Vec::new();
@@ -83,4 +83,9 @@ pub async fn generate(
         }
     }
     Err("decode's token stream ended without finishing".into())
+}
+
+/// The canary run's trace position, when the operator exports spans: the pair's spans join it.
+fn traceparent() -> Option<String> {
+    kvgate_telemetry::trace_context::current().map(|t| t.to_string())
 }

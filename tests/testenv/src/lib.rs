@@ -8,12 +8,14 @@ pub mod certs;
 pub mod controlplane;
 pub mod http;
 pub mod images;
+pub mod jaeger;
 pub mod metrics;
 pub mod netfault;
 pub mod netns;
 pub mod node;
 pub mod process;
 pub mod relay;
+pub mod tools;
 pub mod wait;
 
 pub use controlplane::{ControlPlane, Options, bin_dir};

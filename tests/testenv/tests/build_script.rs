@@ -45,7 +45,12 @@ fn the_control_plane_script_prints_versions_of_binaries_that_keep_writing() {
 
 #[test]
 fn the_tools_script_prints_versions_of_binaries_that_keep_writing() {
-    versions_survive_chatty_binaries("tests/tools/build.sh", "TOOLS_BIN", "TOOLS_VERSIONS_ONLY", &[("helm", "v3.22.0+g"), ("ct", "Version: v3.14.0")]);
+    versions_survive_chatty_binaries(
+        "tests/tools/build.sh",
+        "TOOLS_BIN",
+        "TOOLS_VERSIONS_ONLY",
+        &[("helm", "v3.22.0+g"), ("ct", "Version: v3.14.0"), ("jaeger", r#"{"gitVersion":"v1.76.0"}"#), ("alertmanager", "alertmanager, version 0.35.0")],
+    );
 }
 
 /// Every shell script and the Makefile: no pipe into a reader that stops early (`head`,

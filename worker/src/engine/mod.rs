@@ -88,7 +88,7 @@ impl Engine {
     /// continuation over pages that arrived by handoff).
     pub fn enqueue(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, mode: Mode) -> mpsc::UnboundedReceiver<Event> {
         let (events, rx) = mpsc::unbounded_channel();
-        let req = GenerateRequest { prompt, max_tokens, sampling, arrived: Instant::now(), events, mode };
+        let req = GenerateRequest { prompt, max_tokens, sampling, arrived: Instant::now(), events, mode, span: tracing::Span::current() };
         if let Err(std::sync::mpsc::SendError(req)) = self.inbox.send(req) {
             // Only reachable if the engine thread died; surface it as a failed request.
             let _ = req.events.send(Event::Failed(Failure::internal("engine is not running")));

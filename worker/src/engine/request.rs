@@ -41,6 +41,9 @@ pub struct GenerateRequest {
     pub arrived: Instant,
     pub events: mpsc::UnboundedSender<Event>,
     pub mode: Mode,
+    /// The span it was submitted under (the engine thread's spans of its prompt chunks hang
+    /// under it).
+    pub span: tracing::Span,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

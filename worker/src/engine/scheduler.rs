@@ -156,7 +156,18 @@ impl Scheduler {
                 Err(why) => failed.push((i, why.to_string())),
             }
         }
+        // One span per prompt chunk in this pass, under its request's span (a trace shows how
+        // a long prompt was split and what it shared its passes with).
+        let chunks: Vec<tracing::Span> = plan
+            .iter()
+            .filter(|&&(i, _)| self.running[i].cached < self.running[i].prompt_len())
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                tracing::info_span!(parent: &s.req.span, "prefill_chunk", tokens = n as i64, start = s.cached as i64, batch_sequences = plan.len() as i64)
+            })
+            .collect();
         let rows = if plan.is_empty() { Vec::new() } else { self.forward_isolating(&plan) };
+        drop(chunks);
         let mut sampled = Vec::with_capacity(plan.len());
         for (&(i, n), row) in plan.iter().zip(rows) {
             match row {

@@ -104,6 +104,8 @@ struct ReceivedPage {
     computed_mac: Option<Mac>,
     /// xxh3-64 of the payload received (0 with integrity checks off).
     payload_xxh3: u64,
+    /// Time spent computing the MAC and the checksum over it.
+    hashing: Duration,
 }
 
 /// How much of a page is read before it is hashed: small enough to be hashed while the bytes
@@ -162,13 +164,16 @@ async fn read_page(stream: &mut BufReader<TcpStream>, header: &[u8; HEADER_LEN],
         mac.update(&fields_bytes);
         (mac, Xxh3::new())
     });
+    let mut hashing = Duration::ZERO;
     for chunk in page[..len].chunks_mut(CHUNK) {
         if let Err(e) = stream.read_exact(chunk).await {
             return Read::Closed(e);
         }
         if let Some((mac, sum)) = &mut hashes {
+            let started = std::time::Instant::now();
             mac.update(chunk);
             sum.update(chunk);
+            hashing += started.elapsed();
         }
     }
     let mut trailer = [0u8; PAGE_TRAILER_LEN];
@@ -185,6 +190,7 @@ async fn read_page(stream: &mut BufReader<TcpStream>, header: &[u8; HEADER_LEN],
         mac: Mac(tag.try_into().expect("a MAC")),
         computed_mac: hashes.as_ref().map(|(mac, _)| mac.finish()),
         payload_xxh3: hashes.map_or(0, |(_, sum)| sum.digest()),
+        hashing,
     })
 }
 
@@ -197,6 +203,8 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
     let mut page = vec![0u8; table.page_bytes()];
     // The handoff this connection carries, once an authenticated frame named one.
     let mut bound: Option<HandoffId> = None;
+    // Its span, under the request's trace, once a frame named a handoff decode reserved.
+    let mut receipt = Receipt::default();
     loop {
         let refused = |reason: PortRefusal, message: String| {
             table.metrics.kv_port_rejected.with_label_values(&[reason.as_str()]).inc();
@@ -220,6 +228,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
             }
             Read::Refused(reason, message) => Err(refused(reason, message)),
             Read::Page(p) => {
+                receipt.page(table, p.fields.handoff, p.fields.payload_len as usize, p.hashing);
                 let view = PageView { fields: p.fields, checksum: p.checksum, payload: &page[..p.fields.payload_len as usize], mac: p.mac };
                 let authentic = p.computed_mac.is_none_or(|m| m.verify(&p.mac));
                 if authentic && !admission.promote() {
@@ -239,6 +248,8 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
                 Err(e) => Err(refused(PortRefusal::Malformed, format!("kv_port_malformed: {e}"))),
                 // Pages never get here: read_frame hands them to read_page.
                 Ok(ref frame @ Frame::Commit(ref c)) => {
+                    receipt.open(table, c.handoff);
+                    let _verifying = receipt.span.as_ref().map(|s| tracing::info_span!(parent: s, "commit_verify").entered());
                     let authentic = table.authenticate(frame, &header, &body);
                     if authentic && !admission.promote() {
                         Err(refused(
@@ -260,18 +271,75 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
         match result {
             Ok(false) => continue,
             Ok(true) => {
+                receipt.close(None);
                 ack(stream, AckFrame { ok: true, reason: String::new(), message: String::new() }).await?;
                 return Ok(());
             }
             Err(v) => {
-                if let Refusal::Port(_) = v.reason {
-                    tracing::debug!(reason = %v.reason, message = %v.message, "KV port refused bytes nobody with the secret sent");
-                } else {
-                    tracing::warn!(reason = %v.reason, message = %v.message, "KV handoff refused");
-                }
+                let span = receipt.span.clone().unwrap_or_else(tracing::Span::none);
+                span.in_scope(|| {
+                    if let Refusal::Port(_) = v.reason {
+                        tracing::debug!(reason = %v.reason, detail = %v.message, "KV port refused bytes nobody with the secret sent");
+                    } else {
+                        tracing::warn!(reason = %v.reason, detail = %v.message, "KV handoff refused");
+                    }
+                });
+                receipt.close(Some(v.reason.as_str()));
                 ack(stream, AckFrame { ok: false, reason: v.reason.as_str().into(), message: v.message }).await?;
                 return Ok(());
             }
+        }
+    }
+}
+
+/// The span of one handoff's receipt: pages and bytes received, time in the MAC and checksum,
+/// and, when refused, the reason as its error. Opened by the first frame that names a handoff
+/// decode reserved (so strangers' frames for made-up ids open none).
+#[derive(Default)]
+struct Receipt {
+    span: Option<tracing::Span>,
+    pages: usize,
+    bytes: usize,
+    hashing: Duration,
+}
+
+impl Receipt {
+    fn open(&mut self, table: &Reservations, id: HandoffId) {
+        if self.span.is_some() {
+            return;
+        }
+        let Some(trace) = table.trace_of(id) else { return };
+        let span = tracing::info_span!(
+            "handoff_receive",
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+            handoff_id = %id,
+            pages = tracing::field::Empty,
+            bytes = tracing::field::Empty,
+            integrity_seconds = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        kvgate_telemetry::trace_context::adopt(&span, Some(trace));
+        self.span = Some(span);
+    }
+
+    fn page(&mut self, table: &Reservations, id: HandoffId, bytes: usize, hashing: Duration) {
+        self.open(table, id);
+        self.pages += 1;
+        self.bytes += bytes;
+        self.hashing += hashing;
+    }
+
+    /// Records the totals; `refused` names the reason the handoff was refused.
+    fn close(&mut self, refused: Option<&str>) {
+        let Some(span) = self.span.take() else { return };
+        span.record("pages", self.pages as i64);
+        span.record("bytes", self.bytes as i64);
+        span.record("integrity_seconds", self.hashing.as_secs_f64());
+        if let Some(reason) = refused {
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", reason);
         }
     }
 }

@@ -18,6 +18,7 @@ use kvgate_proto::auth::StreamingMac;
 use kvgate_proto::auth::{Mac, ReservationFields};
 use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageView};
 use kvgate_proto::refusal::{Mismatch, PortRefusal, Refusal};
+use kvgate_telemetry::TraceContext;
 use tokio::sync::Notify;
 
 use super::auth::Secret;
@@ -175,6 +176,9 @@ pub struct Reservations {
 struct Table {
     entries: HashMap<HandoffId, Entry>,
     finished: VecDeque<HandoffId>,
+    /// The trace each handoff's request belongs to, while its entry is remembered (a late
+    /// frame of a cancelled or failed handoff is still logged under its request's trace).
+    traces: HashMap<HandoffId, TraceContext>,
 }
 
 impl Table {
@@ -186,6 +190,7 @@ impl Table {
                 && matches!(self.entries.get(&old), Some(Entry::Failed(_) | Entry::Cancelled { .. } | Entry::Expired { .. }))
             {
                 self.entries.remove(&old);
+                self.traces.remove(&old);
             }
         }
     }
@@ -304,6 +309,19 @@ impl Reservations {
         let open = Open { lease, max_tokens, deadline: now + self.timeout, created: now, transfer: Transfer::new(pages.clone(), prompt) };
         table.entries.insert(id, Entry::Open(open));
         Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag })
+    }
+
+    /// Files handoff `id` under its request's trace.
+    pub fn set_trace(&self, id: HandoffId, trace: TraceContext) {
+        let mut table = self.lock();
+        if table.entries.contains_key(&id) {
+            table.traces.insert(id, trace);
+        }
+    }
+
+    /// The trace of handoff `id`'s request, while the handoff is remembered.
+    pub fn trace_of(&self, id: HandoffId) -> Option<TraceContext> {
+        self.lock().traces.get(&id).copied()
     }
 
     /// The verdict for an authenticated frame naming a handoff that is not open. It is counted
@@ -475,6 +493,7 @@ impl Reservations {
                 match table.entries.get(&id) {
                     Some(Entry::Committed(_)) => {
                         let Some(Entry::Committed(c)) = table.entries.remove(&id) else { unreachable!() };
+                        table.traces.remove(&id);
                         return Ok(c);
                     }
                     Some(Entry::Open(_)) => {}

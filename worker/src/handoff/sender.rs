@@ -117,6 +117,14 @@ impl Transfer<'_> {
         let mut checksums = Vec::with_capacity(n);
         // One frame buffer for every page: header and fields, the page, checksum and MAC.
         let mut frame = vec![0u8; HEADER_LEN + PAGE_FIELDS_LEN + page_bytes + PAGE_TRAILER_LEN];
+        // What the handoff's span reports: pages and bytes sent, time spent sealing them.
+        let (mut sent_pages, mut sent_bytes, mut sealing) = (0usize, 0usize, std::time::Duration::ZERO);
+        let span = tracing::Span::current();
+        let report = |pages: usize, bytes: usize, sealing: std::time::Duration| {
+            span.record("pages", pages as i64);
+            span.record("bytes", bytes as i64);
+            span.record("integrity_seconds", sealing.as_secs_f64());
+        };
         for (i, &dest) in r.pages.iter().enumerate() {
             match self.fault() {
                 Some(Fault::TruncateTransfer | Fault::IgnoreRejection) if i >= 1 => break,
@@ -146,7 +154,10 @@ impl Transfer<'_> {
                 payload.rotate_left(page_bytes / 2);
             }
             let corrupt = self.fault() == Some(Fault::CorruptPage) && i == n / 2;
+            let sealed = std::time::Instant::now();
             let (checksum, mac) = if self.integrity() { seal(&key, head, payload, corrupt) } else { (0, Mac([0; MAC_LEN])) };
+            sealing += sealed.elapsed();
+            (sent_pages, sent_bytes) = (sent_pages + 1, sent_bytes + HEADER_LEN + PAGE_FIELDS_LEN + page_bytes + PAGE_TRAILER_LEN);
             checksums.push(checksum);
             trailer.copy_from_slice(&page_trailer(checksum, &mac));
             if self.fault() == Some(Fault::WrongAuth) {
@@ -193,6 +204,7 @@ impl Transfer<'_> {
         };
         out.write_all(&self.sign(Frame::Commit(commit), &key)).await?;
         out.flush().await?;
+        report(sent_pages, sent_bytes, sealing);
         read_ack(out.into_inner()).await.map(SendOutcome::Acked)
     }
 

@@ -14,6 +14,8 @@ use futures::StreamExt;
 use kvgate_proto::handoff::HandoffId;
 use kvgate_proto::roles::{CancelRequest, GenerateRequest, Reservation, ReserveRequest, StreamLine};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::engine::{Engine, Event, Mode, Rejection};
 use crate::handoff::reservations::{Issued, ReserveError};
@@ -70,12 +72,30 @@ async fn reserve(State(role): State<DecodeRole>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    let span = tracing::info_span!(
+        "reserve",
+        otel.kind = "server",
+        trace_id = Empty,
+        span_id = Empty,
+        handoff_id = Empty,
+        prompt_tokens = i64::from(req.prompt_tokens),
+        max_tokens = i64::from(req.max_tokens),
+        pages = Empty,
+    );
+    let trace = super::join_trace(&span, req.traceparent.as_deref());
     let rejected = |r: Rejection| {
         role.engine.metrics.rejected.with_label_values(&[r.reason()]).inc();
         ApiError::from(r).into_response()
     };
     let waited = Instant::now();
-    match reserve_waiting(&role, &req).await {
+    let reserved = reserve_waiting(&role, &req).instrument(span.clone()).await;
+    if let Ok(issued) = &reserved {
+        span.record("handoff_id", issued.id.to_string());
+        span.record("pages", issued.pages.len() as i64);
+        // The handoff's receipt and commit are checked under this trace.
+        role.reservations.set_trace(issued.id, trace);
+    }
+    match reserved {
         Ok(issued) => Json(Reservation {
             handoff_id: issued.id.to_string(),
             pages: issued.pages,
@@ -125,11 +145,28 @@ async fn cancel(State(role): State<DecodeRole>, Path(id): Path<String>, body: By
 /// Streams tokens as newline-delimited JSON once the handoff is committed; a failed handoff
 /// answers 502 before a single token exists.
 async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: Bytes) -> Response {
+    let span = tracing::info_span!(
+        "decode",
+        otel.kind = "server",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        trace_id = Empty,
+        span_id = Empty,
+        handoff_id = %id,
+        completion_tokens = Empty,
+    );
+    // Joined before the span is first entered: entering starts it, and a started span keeps
+    // the parent it started with.
+    let parsed: Result<GenerateRequest, ApiError> = api::parse(&body);
+    super::join_trace(&span, parsed.as_ref().ok().and_then(|r| r.traceparent.as_deref()));
     let result = async {
         let id = parse_id(&id)?;
-        let req: GenerateRequest = api::parse(&body)?;
+        let req = parsed?;
         let wait = req.commit_wait_ms.map(Duration::from_millis);
-        let committed = role.reservations.take_committed(id, wait).await.map_err(|v| verdict_error(&v))?;
+        let committed = role.reservations.take_committed(id, wait).await.map_err(|v| {
+            super::failed_span(&tracing::Span::current(), v.reason.as_str());
+            verdict_error(&v)
+        })?;
         // The reservation, not the caller, bounds what is generated (its pages are the lease).
         if committed.reserved_tokens as usize != req.prompt.len() {
             return Err(ApiError::invalid("prompt", format!("prompt has {} tokens, the handoff carried {}", req.prompt.len(), committed.reserved_tokens)));
@@ -143,13 +180,16 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
         let sampling = SamplingParams::from(req.sampling);
         let mode = Mode::Continue { lease: committed.lease, first_token: committed.first_token, first_logprobs: committed.first_logprobs };
         let rx = role.engine.enqueue(req.prompt, req.max_tokens as usize, sampling, mode);
-        let lines = UnboundedReceiverStream::new(rx).map(|event| {
+        // The span lives as long as the stream: generation is part of the call.
+        let span = tracing::Span::current();
+        let lines = UnboundedReceiverStream::new(rx).map(move |event| {
             let line = match event {
                 Event::Token(token, None) => StreamLine::Token(token),
                 Event::Token(token, Some(logprobs)) => StreamLine::Scored { token, logprobs },
                 // Prompt log-probabilities come from prefill, through the router.
                 Event::PromptLogprobs(_) => return Ok(String::new()),
                 Event::Done { finish, prompt_tokens, completion_tokens } => {
+                    span.record("completion_tokens", completion_tokens as i64);
                     StreamLine::Done { finish: finish.as_str().into(), prompt_tokens: prompt_tokens as u32, completion_tokens: completion_tokens as u32 }
                 }
                 Event::Rejected(r) => StreamLine::Error { status: ApiError::from(r.clone()).status.as_u16(), code: r.reason().into(), message: r.to_string() },
@@ -161,6 +201,7 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
         });
         Ok(Response::builder().header("content-type", "application/x-ndjson").body(Body::from_stream(lines)).unwrap())
     }
+    .instrument(span)
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
 }

@@ -10,3 +10,16 @@ pub mod router;
 
 /// Internal endpoints (not part of the public API); the operator's canary calls them too.
 pub use kvgate_proto::roles::{PREFILL_PATH, RESERVE_PATH, cancel_path, generate_path};
+
+/// Joins an internal call's span (declaring `trace_id` and `span_id`) to its caller's trace,
+/// named by the `traceparent` in the signed body; a call without one starts a trace.
+pub fn join_trace(span: &tracing::Span, traceparent: Option<&str>) -> kvgate_telemetry::TraceContext {
+    kvgate_telemetry::trace_context::adopt(span, traceparent.and_then(kvgate_telemetry::TraceContext::parse))
+}
+
+/// Marks a span failed (it declares `otel.status_code` and `otel.status_description`) with the
+/// reason: a refused handoff names its mismatch.
+pub fn failed_span(span: &tracing::Span, reason: &str) {
+    span.record("otel.status_code", "error");
+    span.record("otel.status_description", reason);
+}

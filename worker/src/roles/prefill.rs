@@ -12,6 +12,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use kvgate_proto::roles::{PrefillRequest, PrefillResponse, Sampling};
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::engine::{Engine, Event, Mode, Prefilled, Rejection};
 use crate::handoff::sender::{SendError, SendOutcome, Transfer, check_reservation};
@@ -56,6 +58,21 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    let span = tracing::info_span!(
+        "prefill",
+        otel.kind = "server",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        trace_id = Empty,
+        span_id = Empty,
+        handoff_id = %req.reservation.handoff_id,
+        prompt_tokens = req.prompt.len() as i64,
+    );
+    super::join_trace(&span, req.traceparent.as_deref());
+    handle(role, req).instrument(span).await
+}
+
+async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Response {
     let n = role.handoffs.fetch_add(1, Ordering::SeqCst) + 1;
     let fault = role.fault.filter(|_| faults::hits(n, role.fault_after, role.fault_every));
     let vocab = role.engine.model.vocab_size();
@@ -89,7 +106,11 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
     crate::handoff::restart_fault::handoff_done(n);
     match outcome {
         Ok(resp) if resp.ok => Json(resp).into_response(),
-        Ok(resp) => (StatusCode::BAD_GATEWAY, Json(resp)).into_response(),
+        Ok(resp) => {
+            // Decode refused the handoff: the prefill span fails with decode's reason.
+            super::failed_span(&tracing::Span::current(), &resp.reason);
+            (StatusCode::BAD_GATEWAY, Json(resp)).into_response()
+        }
         Err(Failed::Send(e @ SendError::Reservation(_))) => reservation_error(e).into_response(),
         Err(Failed::Deadline(message)) => deadline_error(message).into_response(),
         Err(e) => ApiError::internal(e.to_string()).into_response(),
@@ -160,7 +181,14 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
         metrics: &role.metrics,
         integrity: true,
     };
-    let outcome = transfer.run().await;
+    let span =
+        tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty);
+    let outcome = transfer.run().instrument(span.clone()).await;
+    match &outcome {
+        Ok(SendOutcome::Acked(ack)) if !ack.ok => super::failed_span(&span, &ack.reason),
+        Err(e) => super::failed_span(&span, &e.to_string()),
+        _ => {}
+    }
     role.metrics.duration.observe(started.elapsed().as_secs_f64());
     match outcome? {
         SendOutcome::Acked(ack) => {

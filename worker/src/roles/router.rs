@@ -11,13 +11,17 @@ use kvgate_proto::refusal::Refusal;
 use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, PrefillResponse, Reservation, ReserveRequest, Sampling, StreamLine};
 use serde_json::Value;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tracing::Instrument;
+use tracing::field::Empty;
 
+use super::failed_span;
 use super::internal_auth::{REFUSED_HEADER, Signer};
 use super::peers::{Peer, Peers};
 use crate::engine::admission::{self, Limits};
 use crate::engine::{Event, Failure, FinishReason, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
+use crate::server::RequestContext;
 
 /// The router role's backend: admits a request, picks a prefill/decode pair, reserves on decode,
 /// has prefill compute and hand off, and relays decode's tokens.
@@ -59,8 +63,14 @@ async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
 }
 
 impl crate::server::Remote for Dispatcher {
-    fn submit(self: Arc<Self>, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<UnboundedReceiver<Event>, Rejection> {
-        Dispatcher::submit(&self, prompt, max_tokens, sampling)
+    fn submit(
+        self: Arc<Self>,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        request: &RequestContext,
+    ) -> Result<UnboundedReceiver<Event>, Rejection> {
+        Dispatcher::submit(&self, prompt, max_tokens, sampling, request)
     }
 
     fn can_serve(&self) -> bool {
@@ -90,16 +100,34 @@ impl Dispatcher {
         });
     }
 
-    pub fn submit(self: &Arc<Self>, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<UnboundedReceiver<Event>, Rejection> {
-        admission::admit(Limits { window: self.window, pool_tokens: usize::MAX }, prompt.len(), max_tokens)?;
+    pub fn submit(
+        self: &Arc<Self>,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        request: &RequestContext,
+    ) -> Result<UnboundedReceiver<Event>, Rejection> {
+        tracing::info_span!("admission", prompt_tokens = prompt.len() as i64, max_tokens = max_tokens as i64, window = self.window as i64)
+            .in_scope(|| admission::admit(Limits { window: self.window, pool_tokens: usize::MAX }, prompt.len(), max_tokens))?;
         let (tx, rx) = unbounded_channel();
         let this = self.clone();
-        tokio::spawn(async move {
-            let arrived = Instant::now();
-            if let Err(event) = this.orchestrate(&tx, prompt, max_tokens, sampling, arrived).await {
-                let _ = tx.send(event);
+        let request = request.clone();
+        // A child of the request's span, living as long as the dispatch does (a streamed
+        // answer outlives the handler).
+        let span =
+            tracing::info_span!("dispatch", handoff_id = Empty, prefill = Empty, decode = Empty, otel.status_code = Empty, otel.status_description = Empty);
+        tokio::spawn(
+            async move {
+                let arrived = Instant::now();
+                if let Err(event) = this.orchestrate(&tx, prompt, max_tokens, sampling, arrived, &request).await {
+                    if let Event::Failed(f) = &event {
+                        failed_span(&tracing::Span::current(), &f.code);
+                    }
+                    let _ = tx.send(event);
+                }
             }
-        });
+            .instrument(span),
+        );
         Ok(rx)
     }
 
@@ -121,8 +149,9 @@ impl Dispatcher {
 
     /// Gives a reservation's pages back to decode (`rejected`: prefill refused the prompt as too
     /// large, so a transfer that still arrives is the incident's bug).
-    async fn cancel(&self, decode: &Peer, id: &str, rejected: bool) {
-        let _ = self.call(decode, &super::cancel_path(id), &CancelRequest { rejected }).await;
+    async fn cancel(&self, decode: &Peer, id: &str, rejected: bool, request: &RequestContext) {
+        let body = CancelRequest { rejected, traceparent: Some(request.traceparent()) };
+        let _ = self.call(decode, &super::cancel_path(id), &body).await;
     }
 
     async fn orchestrate(
@@ -132,33 +161,51 @@ impl Dispatcher {
         max_tokens: usize,
         sampling: SamplingParams,
         arrived: Instant,
+        request: &RequestContext,
     ) -> Result<(), Event> {
         if self.peers.pick().is_none() {
             self.peers.refresh(&self.http).await;
         }
         let (prefill, decode) = self.peers.pick().ok_or_else(|| fail(503, "no_peers", self.peers.explain_no_pair()))?;
         let (_p, _d) = (prefill.busy(), decode.busy());
+        let dispatch = tracing::Span::current();
+        dispatch.record("prefill", prefill.base.as_str());
+        dispatch.record("decode", decode.base.as_str());
 
         // 1. Decode reserves pages for the whole sequence.
-        let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens: max_tokens as u32 };
-        let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
-        let reservation: Reservation = resp.json().await.map_err(|e| fail(502, "peer_error", format!("decode reservation: {e}")))?;
+        let reservation = async {
+            let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens: max_tokens as u32, traceparent: Some(request.traceparent()) };
+            let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
+            resp.json::<Reservation>().await.map_err(|e| fail(502, "peer_error", format!("decode reservation: {e}")))
+        }
+        .instrument(tracing::info_span!("reserve", prompt_tokens = prompt.len() as i64, max_tokens = max_tokens as i64))
+        .await?;
         let id = reservation.handoff_id.clone();
+        dispatch.record("handoff_id", id.as_str());
         self.metrics.prompt_tokens.inc_by(prompt.len() as u64);
 
         // 2. Prefill fills it, or rejects the prompt before computing anything.
         let sampling = Sampling::from(sampling);
-        let request = PrefillRequest { prompt: prompt.clone(), reservation, sampling: Some(sampling) };
+        let prefill_span =
+            tracing::info_span!("prefill", prompt_tokens = prompt.len() as i64, pages = reservation.pages.len() as i64, http.response.status_code = Empty);
+        let call = async {
+            let body = PrefillRequest { prompt: prompt.clone(), reservation, sampling: Some(sampling), traceparent: Some(request.traceparent()) };
+            self.call(&prefill, super::PREFILL_PATH, &body).await
+        };
         let prefilled = tokio::select! {
-            r = self.call(&prefill, super::PREFILL_PATH, &request) => r,
+            r = call.instrument(prefill_span.clone()) => r,
             _ = tx.closed() => {
                 // The client left: dropping the call stops prefill between chunks (its
                 // connection closes), and decode's pages go back now, not at the deadline.
                 self.metrics.abandoned.inc();
-                self.cancel(&decode, &id, false).await;
+                tracing::info!("client disconnected during prefill; reservation cancelled");
+                self.cancel(&decode, &id, false, request).await;
                 return Ok(());
             }
         };
+        if let Ok(r) = &prefilled {
+            prefill_span.record("http.response.status_code", i64::from(r.status().as_u16()));
+        }
         let mut prompt_logprobs = None;
         let commit_wait = match prefilled {
             Ok(r) if r.status().is_client_error() || r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT => {
@@ -168,7 +215,10 @@ impl Dispatcher {
                 // as such.
                 let failure = peer_error(r, "prefill").await;
                 let rejected = matches!(&failure, Event::Failed(f) if f.code == Rejection::PROMPT_TOO_LARGE);
-                self.cancel(&decode, &id, rejected).await;
+                if let Event::Failed(f) = &failure {
+                    failed_span(&prefill_span, &f.code);
+                }
+                self.cancel(&decode, &id, rejected, request).await;
                 return Err(failure);
             }
             Ok(r) if r.status().is_success() => {
@@ -189,9 +239,20 @@ impl Dispatcher {
         };
 
         // 3. Decode generates only from a verified handoff.
-        let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms: commit_wait.map(|d| d.as_millis() as u64) };
-        let resp = self.call_decode(&decode, &super::generate_path(&id), &generate).await?;
-        self.relay(tx, resp, arrived, prompt_logprobs).await
+        let generate_span =
+            tracing::info_span!("generate", completion_tokens = Empty, time_to_first_token = Empty, otel.status_code = Empty, otel.status_description = Empty);
+        let generated = async {
+            let commit_wait_ms = commit_wait.map(|d| d.as_millis() as u64);
+            let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms, traceparent: Some(request.traceparent()) };
+            let resp = self.call_decode(&decode, &super::generate_path(&id), &generate).await?;
+            self.relay(tx, resp, arrived, prompt_logprobs).await
+        }
+        .instrument(generate_span.clone())
+        .await;
+        if let Err(Event::Failed(f)) = &generated {
+            failed_span(&generate_span, &f.code);
+        }
+        generated
     }
 
     /// POSTs `body` to decode; any answer but success becomes the failure decode described.
@@ -226,7 +287,10 @@ impl Dispatcher {
                     StreamLine::Token(_) | StreamLine::Scored { .. } => {
                         let now = Instant::now();
                         match last {
-                            None => self.metrics.ttft.observe((now - arrived).as_secs_f64()),
+                            None => {
+                                self.metrics.ttft.observe((now - arrived).as_secs_f64());
+                                tracing::Span::current().record("time_to_first_token", (now - arrived).as_secs_f64());
+                            }
                             Some(prev) => self.metrics.inter_token.observe((now - prev).as_secs_f64()),
                         }
                         last = Some(now);
@@ -242,6 +306,7 @@ impl Dispatcher {
                     }
                     StreamLine::Done { finish, prompt_tokens, completion_tokens } => {
                         self.metrics.duration.observe(arrived.elapsed().as_secs_f64());
+                        tracing::Span::current().record("completion_tokens", i64::from(completion_tokens));
                         let finish = if finish == "stop" { FinishReason::Stop } else { FinishReason::Length };
                         let _ = tx.send(Event::Done { finish, prompt_tokens: prompt_tokens as usize, completion_tokens: completion_tokens as usize });
                         return Ok(());

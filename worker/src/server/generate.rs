@@ -15,11 +15,11 @@ use kvgate_proto::logprobs::TokenLogprobs;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::AppState;
 use super::api::PromptInput;
 use super::choice::{Choice, Scored};
 use super::error::ApiError;
 use super::limits;
+use super::{AppState, RequestContext};
 use crate::engine::{Event, FinishReason};
 use crate::model::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -44,6 +44,7 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Completions only: the prompt goes in front of each choice's text.
     pub echo: bool,
+    pub request: RequestContext,
 }
 
 /// One choice being generated: its first event (already received) and the rest.
@@ -60,18 +61,27 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     };
     let prompt_tokens = tokens.len();
     let max_tokens = job.max_tokens.unwrap_or_else(|| default_max_tokens(job.endpoint, state.window, tokens.len()));
+    // The request's span (opened by `request_context`), after the GenAI conventions.
+    let span = tracing::Span::current();
+    span.record("gen_ai.operation.name", if job.endpoint == Endpoint::Chat { "chat" } else { "text_completion" });
+    span.record("gen_ai.request.model", state.model_name.as_str());
+    span.record("gen_ai.request.max_tokens", max_tokens as i64);
+    span.record("gen_ai.usage.input_tokens", prompt_tokens as i64);
     let shape = limits::ResponseShape { choices: job.choices, prompt_tokens, max_tokens, echo: job.echo, logprobs: job.sampling.logprobs };
     shape.check()?;
     let mut pending: Vec<Pending> = Vec::with_capacity(job.choices);
     for i in 0..job.choices {
         let sampling = SamplingParams { seed: job.sampling.seed.map(|s| s.wrapping_add(i as u64)), ..job.sampling };
-        let mut rx = state.backend.submit(tokens.clone(), max_tokens, sampling).map_err(|r| state.rejected(r))?;
+        let mut rx = state.backend.submit(tokens.clone(), max_tokens, sampling, &job.request).map_err(|r| state.rejected(r))?;
         let first = match rx.recv().await {
             Some(Event::Rejected(r)) => return Err(state.rejected(r)),
             Some(Event::Failed(f)) => return Err(state.failed(f)),
             Some(e) => e,
             None => return Err(ApiError::internal("engine dropped the request")),
         };
+        if i == 0 {
+            span.record("gen_ai.server.time_to_first_token", job.request.started.elapsed().as_secs_f64());
+        }
         pending.push((first, rx));
     }
     let meta = Arc::new(Meta {
@@ -85,6 +95,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
         include_usage: job.include_usage,
         choices: job.choices,
         streamed: AtomicUsize::new(0),
+        span,
     });
     state.count(200);
     if job.stream {
@@ -162,6 +173,8 @@ struct Meta {
     choices: usize,
     /// Completion tokens of the choices a stream has finished (for its closing usage).
     streamed: AtomicUsize,
+    /// The request's span: a streamed answer keeps it open until its last chunk.
+    span: tracing::Span,
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
@@ -195,10 +208,18 @@ impl Meta {
             })
             .collect();
         let completion: usize = outcomes.iter().map(|o| o.choice.generated).sum();
+        self.finished(completion, outcomes.iter().filter_map(|o| o.choice.finish));
         json!({
             "id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
             "choices": choices, "usage": usage(self.prompt_tokens, completion)
         })
+    }
+
+    /// Records what was generated on the request's span.
+    fn finished(&self, completion: usize, reasons: impl Iterator<Item = FinishReason>) {
+        self.span.record("gen_ai.usage.output_tokens", completion as i64);
+        let reasons: Vec<&str> = reasons.map(FinishReason::as_str).collect();
+        self.span.record("gen_ai.response.finish_reasons", format!("{reasons:?}"));
     }
 
     /// OpenAI's completions `logprobs`: parallel lists over the echoed prompt (when `echo`) and
@@ -338,7 +359,8 @@ fn choice_stream(state: AppState, meta: Arc<Meta>, stops: Vec<String>, index: us
                 if s.meta.choices == 1 && s.meta.include_usage {
                     v["usage"] = usage(s.meta.prompt_tokens, s.choice.generated);
                 }
-                s.meta.streamed.fetch_add(s.choice.generated, Ordering::SeqCst);
+                let total = s.meta.streamed.fetch_add(s.choice.generated, Ordering::SeqCst) + s.choice.generated;
+                s.meta.finished(total, s.choice.finish.into_iter());
                 out.push(v.to_string());
                 return Some((out, s)); // rx dropped: a stop string ends the generation
             }

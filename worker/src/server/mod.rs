@@ -9,6 +9,7 @@ mod generate;
 pub mod limits;
 pub mod listener;
 pub mod report;
+pub mod request_context;
 mod shares;
 pub mod tokenize;
 
@@ -22,7 +23,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use kvgate_proto::{CapacityReport, KV_POOL_PATH};
 use serde_json::json;
 
@@ -33,11 +34,18 @@ use crate::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, PromptInput};
 use error::ApiError;
 use generate::{Endpoint, Job};
+pub use request_context::RequestContext;
 
 /// Generation by other processes (the router role's prefill/decode pairs), as the API sees it.
 pub trait Remote: Send + Sync {
-    fn submit(self: Arc<Self>, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams)
-    -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, Rejection>;
+    /// Starts generating; `request` names the request to the peers (its trace position).
+    fn submit(
+        self: Arc<Self>,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        request: &RequestContext,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, Rejection>;
     /// Whether a request could be served now (readiness).
     fn can_serve(&self) -> bool;
     /// The capacity reports of the workers behind it.
@@ -54,10 +62,16 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub fn submit(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, Rejection> {
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        request: &RequestContext,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, Rejection> {
         match self {
             Backend::Engine(e) => e.submit(prompt, max_tokens, sampling),
-            Backend::Remote(r) => r.clone().submit(prompt, max_tokens, sampling),
+            Backend::Remote(r) => r.clone().submit(prompt, max_tokens, sampling, request),
         }
     }
 
@@ -137,8 +151,9 @@ impl AppState {
     }
 }
 
-/// The OpenAI-compatible API plus the operational endpoints. A request with a body first takes
-/// one of its client's places (`fairness`, 429 past the share), and only then is its body read:
+/// The OpenAI-compatible API plus the operational endpoints. A request with a body gets its id
+/// and trace position (`request_context`), then takes one of its client's places (`fairness`,
+/// 429 past the share), and only then is its body read:
 /// as large as a prompt of the whole window needs (`limits::public_body`; larger ones get a
 /// JSON 413), within its deadline (408).
 pub fn app(state: AppState) -> Router {
@@ -150,7 +165,8 @@ pub fn app(state: AppState) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .layer(axum::middleware::from_fn_with_state(state.clone(), limits::read_public_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), fairness::limit))
-        .layer(DefaultBodyLimit::max(body_limit));
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn(request_context::open));
     Router::new()
         .merge(with_body)
         .route("/v1/models", get(models))
@@ -206,7 +222,7 @@ fn body_or_error(state: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
     })
 }
 
-async fn completions(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(state): State<AppState>, Extension(request): Extension<RequestContext>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
         let body = body_or_error(&state, body)?;
         fields::check(&body, false)?;
@@ -224,6 +240,7 @@ async fn completions(State(state): State<AppState>, body: Result<Bytes, BytesRej
             choices: req.common.choices()?,
             stop: req.common.stops()?,
             echo: req.echo,
+            request,
         };
         generate::run(&state, job).await
     }
@@ -231,7 +248,7 @@ async fn completions(State(state): State<AppState>, body: Result<Bytes, BytesRej
     respond(&state, result).await
 }
 
-async fn chat(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(state): State<AppState>, Extension(request): Extension<RequestContext>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
         let body = body_or_error(&state, body)?;
         fields::check(&body, true)?;
@@ -252,6 +269,7 @@ async fn chat(State(state): State<AppState>, body: Result<Bytes, BytesRejection>
             choices: req.common.choices()?,
             stop: req.common.stops()?,
             echo: false,
+            request,
         };
         generate::run(&state, job).await
     }

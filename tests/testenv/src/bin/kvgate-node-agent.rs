@@ -13,7 +13,7 @@ fn arg(args: &[String], flag: &str) -> Option<String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    kvgate_telemetry::init(kvgate_telemetry::LogFormat::Text, "info");
+    let _traces = kvgate_telemetry::init(kvgate_telemetry::LogFormat::Text, "info", "kvgate-node-agent");
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
