@@ -72,6 +72,11 @@ pub struct RunArgs {
     /// decode): pods' logs are read by `kubectl logs` and log pipelines, not terminals.
     #[arg(long, value_enum, default_value = "json", env = "KVGATE_WORKER_LOG_FORMAT")]
     pub worker_log_format: kvgate_telemetry::LogFormat,
+    /// OTLP/HTTP endpoint the worker pods export their spans to (`http://collector:4318`; the
+    /// standard OTEL_EXPORTER_OTLP_ENDPOINT of each pod). Unset: pods export nothing. The
+    /// operator's own spans follow its own OTEL_* variables.
+    #[arg(long, env = "KVGATE_WORKER_OTLP_ENDPOINT")]
+    pub worker_otlp_endpoint: Option<String>,
     /// Take a Lease before reconciling, so that of several replicas only one writes.
     #[arg(long)]
     pub leader_elect: bool,

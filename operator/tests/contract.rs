@@ -71,9 +71,9 @@ fn every_spec_at_the_crds_bounds_renders_arguments_the_worker_accepts() {
     for d in boundary_specs() {
         for log in [LogFormat::Text, LogFormat::Json] {
             for role in [Role::Prefill, Role::Decode] {
-                failed.extend(check(&workers::worker_args(&d, role, log)).err());
+                failed.extend(check(&workers::worker_args(&d, role, &workers::Telemetry::logging(log))).err());
             }
-            let dep = router::deployment(&d, "img", d.spec.context_window, log);
+            let dep = router::deployment(&d, "img", d.spec.context_window, &workers::Telemetry::logging(log));
             let args = dep.spec.template.spec.unwrap().containers[0].args.clone().unwrap();
             failed.extend(check(&args).err());
         }
@@ -84,7 +84,7 @@ fn every_spec_at_the_crds_bounds_renders_arguments_the_worker_accepts() {
 #[test]
 fn the_worker_refuses_what_the_crd_refuses() {
     let d = spec(2048, json!({}), json!({ "name": "tiny" }), 30_000);
-    let args = workers::worker_args(&d, Role::Decode, LogFormat::Json);
+    let args = workers::worker_args(&d, Role::Decode, &workers::Telemetry::logging(LogFormat::Json));
     let with = |flag: &str, value: &str| -> Vec<String> {
         let mut a: Vec<String> = args.iter().filter(|x| !x.starts_with(&format!("--{flag}="))).cloned().collect();
         a.push(contract::flag::arg(flag, value));

@@ -1,7 +1,9 @@
 //! Dashboards and alert rules: conventions, promtool unit tests, and a live Prometheus that
 //! scrapes the operator and the worker pods of real deployments on the test control plane, plus
-//! router, prefill and decode processes replaying the incident's bug (`ignore-rejection`): the integrity and refused-rollout alerts fire, every metric the panels and
-//! rules name is really exported, and every panel query returns data.
+//! router, prefill and decode processes replaying the incident's bug (`ignore-rejection`): the
+//! integrity and refused-rollout alerts fire and the integrity alert is delivered through a real
+//! Alertmanager to a webhook, every metric the panels and rules name is really exported, and
+//! every panel query returns data.
 
 mod support;
 
@@ -10,6 +12,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kvgate_testenv::alertmanager::Alertmanager;
 use kvgate_testenv::process::{Proc, free_port, tail};
 use serde_json::Value;
 use support::*;
@@ -286,10 +289,14 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     let targets_file = prom_dir.join("targets.json");
     std::fs::write(&targets_file, "[]").unwrap();
     let op_addr = op.metrics.trim_start_matches("http://").trim_end_matches("/metrics").to_string();
+    // Alerts go where a platform team's would: Alertmanager, routing to a pager's webhook.
+    let alertmanager = Alertmanager::start(&prom_dir.join("alertmanager")).unwrap_or_else(|e| panic!("{e:#}"));
     let config = format!(
         r#"
 global: {{ scrape_interval: 1s, evaluation_interval: 1s }}
 rule_files: ["{rules}"]
+alerting:
+  alertmanagers: [{{ static_configs: [{{ targets: ["{am}"] }}] }}]
 scrape_configs:
   - job_name: kvgate-workers
     file_sd_configs: [{{ files: ["{targets}"], refresh_interval: 1s }}]
@@ -303,7 +310,8 @@ scrape_configs:
       - {{ targets: ["127.0.0.1:{router_port}"], labels: {{ namespace: "{ns}", deployment: incident, pod: incident-router }} }}
 "#,
         rules = repo("dashboards/alerts.yaml").display(),
-        targets = targets_file.display()
+        targets = targets_file.display(),
+        am = alertmanager.addr,
     );
     let prom = Prometheus::start(&prom_dir, &config);
 
@@ -352,6 +360,22 @@ scrape_configs:
         eprintln!("{alert} fired {:.1} s after the request", started.elapsed().as_secs_f64());
     }
     assert!(prom.firing("KvgateHandoffIntegrityViolation").iter().all(|a| a["labels"]["reason"] == "rejected_forwarded"));
+    // ... and reaches the pager through Alertmanager, with what the on-call needs to act.
+    let delivered = |name: &str| {
+        alertmanager.alerts().into_iter().find(|a| a["labels"]["alertname"] == name && a["status"] == "firing" && a["labels"]["deployment"] == "incident")
+    };
+    eventually(cp, &ns, "KvgateHandoffIntegrityViolation delivered to the webhook", Duration::from_secs(60), || {
+        delivered("KvgateHandoffIntegrityViolation").is_some()
+    });
+    let page = delivered("KvgateHandoffIntegrityViolation").unwrap();
+    assert_eq!((page["labels"]["pod"].as_str(), page["labels"]["reason"].as_str()), (Some("incident-decode"), Some("rejected_forwarded")), "{page}");
+    assert_eq!(page["labels"]["severity"], "critical", "{page}");
+    assert!(page["annotations"]["summary"].as_str().is_some_and(|s| s.contains("rejected_forwarded")), "{page}");
+    assert!(
+        page["annotations"]["runbook_url"].as_str().is_some_and(|u| u.ends_with("docs/runbooks.md#kvgatehandoffintegrityviolation")),
+        "{page}\n{}",
+        alertmanager.log()
+    );
     eventually(cp, &ns, "KvgateRolloutRefused firing for small", Duration::from_secs(60), || {
         prom.firing("KvgateRolloutRefused").iter().any(|a| a["labels"]["name"] == "small" && a["labels"]["namespace"] == ns.as_str())
     });

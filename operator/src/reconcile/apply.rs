@@ -72,7 +72,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     let stores = &ctx.stores;
     let ns = d.namespace().unwrap_or_else(|| "default".into());
     let name = d.name_any();
-    let log = ctx.settings.worker_log_format;
+    let telemetry = &ctx.settings.worker_telemetry;
     if d.spec.engine == Engine::Kvgate {
         ensure_secret(ctx, d, &ns, secret_missing).await?;
         for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
@@ -87,7 +87,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     for w in &plan.workers {
         let dep = match w.role {
             Role::Server => engine::deployment(d, &w.revision, w.replicas),
-            role => workers::deployment(d, role, &w.revision, image, w.replicas, log),
+            role => workers::deployment(d, role, &w.revision, image, w.replicas, telemetry),
         };
         apply(ctx, d, &stores.deployments, &dep).await?;
     }
@@ -95,7 +95,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         delete::<Deployment>(&ctx.client, &ns, dep).await?;
     }
     if let Some(window) = plan.router_window {
-        apply(ctx, d, &stores.deployments, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window, log)).await?;
+        apply(ctx, d, &stores.deployments, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window, telemetry)).await?;
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     for gate in &plan.pod_gates {

@@ -12,12 +12,12 @@ pub mod status;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
-use kvgate_telemetry::LogFormat;
 
 use crate::crd::InferenceDeployment;
 use crate::keys::RootKey;
@@ -37,8 +37,8 @@ pub const MANAGER: &str = "kvgate-operator";
 pub struct Settings {
     /// The worker image of deployments that name none.
     pub worker_image: String,
-    /// `--log-format` of the worker pods.
-    pub worker_log_format: LogFormat,
+    /// How the worker pods log (`--log-format`) and where they export spans.
+    pub worker_telemetry: crate::render::workers::Telemetry,
     /// Node directories a hostPath model may be under (see `host_paths`).
     pub allowed_host_paths: Vec<String>,
 }
@@ -116,7 +116,22 @@ impl Error {
 
 pub async fn reconcile(d: Arc<InferenceDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
-    let result = rollout::reconcile(&d, &ctx).await;
+    // One trace per pass (observe, decide, apply as its children), when spans are exported.
+    let span = tracing::info_span!(
+        "reconcile",
+        deployment = d.name_any(),
+        namespace = d.namespace().unwrap_or_default(),
+        revision = tracing::field::Empty,
+        phase = tracing::field::Empty,
+        rollback = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    );
+    let result = rollout::reconcile(&d, &ctx).instrument(span.clone()).await;
+    if let Err(e) = &result {
+        span.record("otel.status_code", "error");
+        span.record("otel.status_description", e.reason());
+    }
     if result.is_ok() {
         ctx.memory.succeeded(&d);
     }

@@ -9,6 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
+use tracing::Instrument;
 
 use super::{Context, Error, apply, decide, observe};
 use crate::crd::{Engine, InferenceDeployment};
@@ -24,7 +25,13 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     let rev = revision::of(&d.spec, &image);
     // A spec that would mount a node directory the operator may not mount gets no pod at all.
     let host_path_refusal = crate::host_paths::refusal(&d, &ctx.settings.allowed_host_paths);
-    let world = observe::world(ctx, &d, &rev);
+    let pass = tracing::Span::current();
+    pass.record("revision", rev.as_str());
+    let world = tracing::info_span!("observe", pods = tracing::field::Empty).in_scope(|| {
+        let world = observe::world(ctx, &d, &rev);
+        tracing::Span::current().record("pods", world.pods.len() as i64);
+        world
+    });
     if !world.unread.is_empty() {
         // A restarted operator has not asked these pods yet: deciding now would rewrite status
         // and gates from ignorance. Their first reads wake the next pass.
@@ -35,8 +42,17 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     let secret_missing = world.stuck.iter().any(|s| s.reason == "CreateContainerConfigError" && s.message.contains(&secret));
 
     let now = Time(Timestamp::now());
-    let plan = decide::decide(decide::Inputs { d: &d, revision: &rev, host_path_refusal: host_path_refusal.as_deref(), world: &world, now: &now });
-    apply::plan(ctx, &d, &image, &plan, secret_missing).await?;
+    let plan = tracing::info_span!("decide")
+        .in_scope(|| decide::decide(decide::Inputs { d: &d, revision: &rev, host_path_refusal: host_path_refusal.as_deref(), world: &world, now: &now }));
+    if let Some(phase) = plan.status.phase {
+        pass.record("phase", <&str>::from(phase));
+    }
+    if let Some(reason) = plan.rollback {
+        // The bake's judgement: the revision is rolled back in this pass.
+        pass.record("rollback", <&str>::from(reason));
+    }
+    let writes = tracing::info_span!("apply", workers = plan.workers.len() as i64, deletes = plan.delete.len() as i64, events = plan.events.len() as i64);
+    apply::plan(ctx, &d, &image, &plan, secret_missing).instrument(writes).await?;
     if let Some(run) = &plan.canary {
         let uid = d.uid().unwrap_or_default();
         let key = (d.spec.engine == Engine::Kvgate).then(|| ctx.root.deployment_key(&uid));

@@ -6,9 +6,8 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateS
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kvgate_proto::contract::flag;
-use kvgate_telemetry::LogFormat;
 
-use super::workers::{downward_env, handoff_secret, http_probe, model_flag, restricted, service_name};
+use super::workers::{Telemetry, handoff_secret, http_probe, model_flag, restricted, service_name, worker_env};
 use super::{ROUTER_PORT, labels, name, owned_meta};
 use crate::crd::InferenceDeployment;
 use crate::gate::Role;
@@ -21,7 +20,7 @@ pub fn router_name(d: &InferenceDeployment) -> String {
 
 /// The router's Deployment. `context_window` is the serving revision's: while a bigger window
 /// waits for (or is refused by) the gate, the router keeps admitting what is verified.
-pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, log: LogFormat) -> Deployment {
+pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, telemetry: &Telemetry) -> Deployment {
     let n = name(d);
     let selector = labels::role_selector(n, COMPONENT);
     let r = &d.spec.router;
@@ -31,7 +30,7 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, log
     let args = vec![
         "router".to_string(),
         flag::arg(flag::LISTEN, format!("0.0.0.0:{ROUTER_PORT}")),
-        flag::arg(flag::LOG_FORMAT, log.as_str()),
+        flag::arg(flag::LOG_FORMAT, telemetry.log.as_str()),
         flag::arg(flag::PREFILL_SERVICE, service_name(d, Role::Prefill)),
         flag::arg(flag::DECODE_SERVICE, service_name(d, Role::Decode)),
         flag::arg(flag::MODEL, model),
@@ -62,7 +61,7 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, log
                         name: "router".into(),
                         image: Some(image.into()),
                         args: Some(args),
-                        env: Some(downward_env()),
+                        env: Some(worker_env(telemetry)),
                         ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: ROUTER_PORT, ..Default::default() }]),
                         readiness_probe: Some(http_probe("/readyz", 2)),
                         liveness_probe: Some(http_probe("/healthz", 10)),

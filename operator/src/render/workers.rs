@@ -55,9 +55,36 @@ fn env_field(name: &str, path: &str) -> EnvVar {
     }
 }
 
-/// Env every worker container gets: where it runs (for its listen addresses and logs).
-pub fn downward_env() -> Vec<EnvVar> {
-    vec![env_field("POD_IP", "status.podIP"), env_field("POD_NAME", "metadata.name"), env_field("POD_NAMESPACE", "metadata.namespace")]
+/// How the worker pods this operator renders log and trace (its `--worker-log-format` and
+/// `--worker-otlp-endpoint`).
+#[derive(Debug, Clone)]
+pub struct Telemetry {
+    pub log: LogFormat,
+    /// Where the pods export spans (OTLP over HTTP); none: no export.
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Telemetry {
+    /// Logs in `log`, no span export.
+    pub fn logging(log: LogFormat) -> Telemetry {
+        Telemetry { log, otlp_endpoint: None }
+    }
+}
+
+fn env_value(name: &str, value: &str) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
+}
+
+/// Env every worker container gets: where it runs (for its listen addresses and logs) and,
+/// with an OTLP endpoint, the standard OpenTelemetry variables, the pod and namespace as
+/// resource attributes of its spans.
+pub fn worker_env(telemetry: &Telemetry) -> Vec<EnvVar> {
+    let mut env = vec![env_field("POD_IP", "status.podIP"), env_field("POD_NAME", "metadata.name"), env_field("POD_NAMESPACE", "metadata.namespace")];
+    if let Some(endpoint) = &telemetry.otlp_endpoint {
+        env.push(env_value("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
+        env.push(env_value("OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"));
+    }
+    env
 }
 
 /// Non-root, read-only root filesystem, no capabilities: workers need none.
@@ -105,12 +132,12 @@ pub fn handoff_secret(d: &InferenceDeployment) -> (Volume, VolumeMount, String) 
 /// The worker container's arguments. Pods listen on every address of their own network namespace,
 /// as on any cluster (so `kubectl port-forward`, which dials the pod's localhost, works); decode
 /// tells prefill its pod IP for the KV port (`$(POD_IP)` is expanded by the kubelet).
-pub fn worker_args(d: &InferenceDeployment, role: Role, log: LogFormat) -> Vec<String> {
+pub fn worker_args(d: &InferenceDeployment, role: Role, telemetry: &Telemetry) -> Vec<String> {
     let r = d.spec.worker(role);
     let pool = &r.kv_pool;
     let (model, _) = model_flag(d);
     let mut args =
-        vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("0.0.0.0:{}", d.spec.port(role))), flag::arg(flag::LOG_FORMAT, log.as_str())];
+        vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("0.0.0.0:{}", d.spec.port(role))), flag::arg(flag::LOG_FORMAT, telemetry.log.as_str())];
     if role == Role::Decode {
         args.push(flag::arg(flag::KV_LISTEN, format!("0.0.0.0:{KV_PORT}")));
         args.push(flag::arg(flag::KV_ADVERTISE, format!("$(POD_IP):{KV_PORT}")));
@@ -135,7 +162,7 @@ pub fn worker_args(d: &InferenceDeployment, role: Role, log: LogFormat) -> Vec<S
 }
 
 /// The Deployment of one role at one revision, with `replicas` pods.
-pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &str, replicas: i32, log: LogFormat) -> Deployment {
+pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &str, replicas: i32, telemetry: &Telemetry) -> Deployment {
     let r = d.spec.worker(role);
     let (_, model_volume) = model_flag(d);
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
@@ -160,8 +187,8 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
     let container = Container {
         name: "worker".into(),
         image: Some(image.into()),
-        args: Some(worker_args(d, role, log)),
-        env: Some(downward_env()),
+        args: Some(worker_args(d, role, telemetry)),
+        env: Some(worker_env(telemetry)),
         ports: Some(ports),
         readiness_probe: Some(http_probe("/readyz", 2)),
         liveness_probe: Some(http_probe("/healthz", 10)),
@@ -263,7 +290,7 @@ mod tests {
 
     #[test]
     fn decode_pods_mount_the_handoff_secret_and_carry_the_gate() {
-        let dep = deployment(&d(spec()), Role::Decode, "abc", "img:1", 3, LogFormat::Json);
+        let dep = deployment(&d(spec()), Role::Decode, "abc", "img:1", 3, &Telemetry::logging(LogFormat::Json));
         assert_eq!(dep.metadata.name.as_deref(), Some("llm-decode-abc"));
         assert_eq!(dep.spec.replicas, Some(3));
         let pod = dep.spec.template.spec.unwrap();
@@ -294,7 +321,7 @@ mod tests {
 
     #[test]
     fn prefill_pods_get_their_pool_flags_and_the_secret_but_no_token() {
-        let dep = deployment(&d(spec()), Role::Prefill, "abc", "img:1", 2, LogFormat::Json);
+        let dep = deployment(&d(spec()), Role::Prefill, "abc", "img:1", 2, &Telemetry::logging(LogFormat::Json));
         let pod = dep.spec.template.spec.unwrap();
         assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("llm-handoff-uid-1"));
         assert_eq!(pod.automount_service_account_token, Some(false));
@@ -307,7 +334,7 @@ mod tests {
     fn a_checkpoint_on_a_claim_is_mounted_read_only_at_models() {
         let mut s = spec();
         s["model"] = serde_json::json!({ "path": "qwen", "volume": { "persistentVolumeClaim": "weights" } });
-        let dep = deployment(&d(s), Role::Prefill, "abc", "img:1", 1, LogFormat::Json);
+        let dep = deployment(&d(s), Role::Prefill, "abc", "img:1", 1, &Telemetry::logging(LogFormat::Json));
         let pod = dep.spec.template.spec.unwrap();
         let v = &pod.volumes.unwrap()[0];
         assert_eq!(v.persistent_volume_claim.as_ref().unwrap().claim_name, "weights");
@@ -317,7 +344,7 @@ mod tests {
 
     #[test]
     fn the_router_discovers_peers_and_admits_the_window_it_is_given() {
-        let dep = router::deployment(&d(spec()), "img:1", 512, LogFormat::Json);
+        let dep = router::deployment(&d(spec()), "img:1", 512, &Telemetry::logging(LogFormat::Json));
         let pod = dep.spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("llm-router"));
         let args = pod.containers[0].args.clone().unwrap();
@@ -338,5 +365,15 @@ mod tests {
             (rule.resources.clone().unwrap(), rule.verbs.clone()),
             (vec!["endpointslices".to_string()], vec!["get".to_string(), "list".into(), "watch".into()])
         );
+    }
+
+    #[test]
+    fn with_an_otlp_endpoint_worker_pods_get_the_standard_variables_and_none_without() {
+        let t = Telemetry { log: LogFormat::Json, otlp_endpoint: Some("http://collector:4318".into()) };
+        let env = worker_env(&t);
+        let get = |n: &str| env.iter().find(|e| e.name == n).and_then(|e| e.value.clone());
+        assert_eq!(get("OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(), Some("http://collector:4318"));
+        assert!(get("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.contains("k8s.pod.name=$(POD_NAME)")));
+        assert!(worker_env(&Telemetry::logging(LogFormat::Json)).iter().all(|e| !e.name.starts_with("OTEL_")));
     }
 }

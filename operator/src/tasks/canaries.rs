@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use tracing::Instrument;
 
 use kube::runtime::reflector::ObjectRef;
 use kvgate_proto::auth::DeploymentKey;
@@ -47,13 +48,16 @@ impl Canaries {
             old.task.abort();
         }
         tracing::info!(name = owner.name, namespace = owner.namespace, revision = run.revision, "integrity canary");
-        let task = tokio::spawn(self.clone().run(owner.clone(), owner_uid.to_string(), run.clone(), key));
+        // Its own trace: the canary's calls carry it, so the candidate pods' spans join it.
+        let span = tracing::info_span!(parent: None, "canary", deployment = owner.name, namespace = owner.namespace, revision = run.revision, passed = tracing::field::Empty);
+        let task = tokio::spawn(self.clone().run(owner.clone(), owner_uid.to_string(), run.clone(), key).instrument(span));
         entries.insert(owner_uid.to_string(), Entry { revision: run.revision.clone(), result: None, task });
     }
 
     async fn run(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String, run: CanaryRun, key: Option<DeploymentKey>) {
         let started = Instant::now();
         let result = canary::run(&self.http, key.as_ref(), &run).await;
+        tracing::Span::current().record("passed", result.passed);
         self.metrics.canary_duration.observe(started.elapsed().as_secs_f64());
         self.metrics.canaries.with_label_values(&[if result.passed { "passed" } else { "failed" }]).inc();
         if let Some(e) = self.entries.lock().unwrap().get_mut(&uid).filter(|e| e.revision == run.revision) {

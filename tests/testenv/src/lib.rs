@@ -3,6 +3,7 @@
 //! identity, and cleaned up however the test binary ends; and the helpers every test suite
 //! shares (a blocking HTTP client, a `/metrics` reader, waiting with diagnostics).
 
+pub mod alertmanager;
 pub mod audit;
 pub mod certs;
 pub mod controlplane;
