@@ -8,6 +8,7 @@
 #   prometheus, promtool (prometheus): the alert-rule tests and the live-Prometheus test.
 #   python3: dashboards/generate.py --check.
 #   curl: worker/tests/readme.rs runs the README's commands as written.
+#   jq: worker/tests/traces.rs runs the README's walk from a mismatch to its request.
 #   python3-venv: scripts/py-deps.sh's virtual environment (the official openai client and
 #   lm-evaluation-harness, which worker/tests/clients.rs runs against the worker).
 #   runc: the node agent runs pods' containers with it.
@@ -26,6 +27,7 @@ command -v python3 >/dev/null || missing+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 if [ "$demo" = 0 ]; then
   command -v nft >/dev/null || missing+=(nftables)
+  command -v jq >/dev/null || missing+=(jq)
   command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 fi
 # The pinned Debian packages the kvgate images are made of (scripts/images.sh): fetched here, in

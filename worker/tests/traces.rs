@@ -53,6 +53,13 @@ impl Role {
         self.base.trim_start_matches("http://").to_string()
     }
 
+    /// Its log as `kubectl logs` would print it: one JSON object per line.
+    fn log_file(&self, path: &std::path::Path) -> std::path::PathBuf {
+        let text: String = self.lines.lock().unwrap().iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(path, text).unwrap();
+        path.to_path_buf()
+    }
+
     /// The log lines carrying `trace_id`.
     fn lines_of(&self, trace_id: &str) -> Vec<Value> {
         self.lines.lock().unwrap().iter().filter(|l| l["trace_id"] == trace_id).cloned().collect()
@@ -185,4 +192,63 @@ async fn a_handoff_refused_for_a_corrupt_page_is_an_error_span_naming_the_reason
     assert_eq!(mismatch["reason"], "checksum");
     assert!(mismatch["handoff_id"].as_str().is_some_and(|h| h.len() == 32), "{mismatch}");
     assert_eq!(mismatch["level"], "WARN");
+}
+
+/// The README's "Finding the request behind a mismatch": its three commands, with each
+/// `kubectl logs ... |` replaced by the same pod's log as a file, run by `sh` as written.
+fn readme_steps() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let heading = "### Finding the request behind a mismatch";
+    let start = readme.find(heading).unwrap_or_else(|| panic!("README has no {heading:?}"));
+    let section = &readme[start + heading.len()..];
+    let section = &section[..section.find("\n#").unwrap_or(section.len())];
+    section.split("```sh\n").skip(1).map(|b| b[..b.find("```").unwrap()].replace("\\\n", " ")).collect()
+}
+
+fn run_step(command: &str, env: &[(&str, &str)]) -> String {
+    let out = Command::new("sh").arg("-c").arg(command).envs(env.iter().copied()).output().expect("sh, curl and jq are needed (make test-deps installs them)");
+    assert!(out.status.success(), "`{command}` failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `kubectl logs -n "$NS" -l ...component=ROLE ... |` -> `cat FILE |`.
+fn from_file(command: &str, role: &str, file: &std::path::Path) -> String {
+    let (kubectl, rest) = command.split_once('|').unwrap_or_else(|| panic!("no pipe in {command}"));
+    assert!(kubectl.trim_start().starts_with("kubectl logs") && kubectl.contains(&format!("component={role}")), "{kubectl}");
+    format!("cat '{}' |{rest}", file.display())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_walk_from_a_mismatch_to_its_request_works_as_written() {
+    let jaeger = jaeger();
+    let d = deployment(&jaeger, &["--inject-fault=corrupt-page", "--allow-fault-injection"]);
+    let (status, body, traceparent, request_id) = complete(&d.router, &[("x-request-id", "walk-1")], "a prompt long enough for several pages of the tiny model's pool").await;
+    assert_eq!((status, request_id.as_str()), (502, "walk-1"), "{body}");
+    let trace_id = traceparent.split('-').nth(1).unwrap().to_string();
+    jaeger.wait_for(&trace_id, Duration::from_secs(30), |t: &Trace| t.spans().iter().any(|s| s.name == "handoff_receive" && s.is_error()));
+
+    let dir = std::env::temp_dir().join(format!("kvgate-walk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let steps = readme_steps();
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    let env = [("NS", "default"), ("NAME", "walk"), ("JAEGER", jaeger.query_url.as_str())];
+
+    // 1. Decode's refusal names the reason, the handoff and the trace.
+    let out = run_step(&from_file(&steps[0], "decode", &d.decode.log_file(&dir.join("decode.log"))), &env);
+    let row: Vec<&str> = out.lines().next().unwrap_or_else(|| panic!("step 1 printed nothing")).split('\t').collect();
+    assert_eq!((row[1], row[3]), ("checksum", trace_id.as_str()), "{out}");
+    let found = row[3].to_string();
+    let env = [env[0], env[1], env[2], ("TRACE_ID", found.as_str())];
+
+    // 2. Jaeger has every role's spans of that request, the refusal among them.
+    let out = run_step(&steps[1], &env);
+    for want in ["kvgate-router\tPOST /v1/completions", "kvgate-prefill\thandoff_send", "kvgate-decode\thandoff_receive\tchecksum"] {
+        assert!(out.lines().any(|l| l.starts_with(want)), "step 2 has no {want:?}:\n{out}");
+    }
+
+    // 3. The router's access line gives the client's request id and what it got.
+    let out = run_step(&from_file(&steps[2], "router", &d.router.log_file(&dir.join("router.log"))), &env);
+    let line: Value = serde_json::from_str(out.lines().next().unwrap_or_else(|| panic!("step 3 printed nothing"))).unwrap();
+    assert_eq!((line["request_id"].as_str(), line["status"].as_i64()), (Some("walk-1"), Some(502)), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
 }
