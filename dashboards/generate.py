@@ -53,6 +53,20 @@ def panel(title, description, unit, targets, kind="timeseries", thresholds=None,
     return p
 
 
+# A Jaeger search for decode's refused handoffs in the panel's time range (Jaeger wants
+# microseconds; Grafana's ${__from} is milliseconds), narrowed to the series' reason if it has one.
+JAEGER_SEARCH = ("${jaeger}/search?service=kvgate-decode&operation=handoff_receive&limit=20"
+                 "&start=${__from}000&end=${__to}000&tags=%7B%22error%22%3A%22true%22{reason}%7D")
+
+
+def jaeger_link(p, by_reason):
+    """Adds the data link to the failing spans' traces (README: finding the request behind a mismatch)."""
+    reason = "%2C%22otel.status_description%22%3A%22${__field.labels.reason}%22" if by_reason else ""
+    title = "Traces of these refusals in Jaeger" if by_reason else "Traces of refused handoffs in Jaeger"
+    p["fieldConfig"]["defaults"]["links"] = [{"title": title, "url": JAEGER_SEARCH.replace("{reason}", reason), "targetBlank": True}]
+    return p
+
+
 def variable(name, label, query):
     return {
         "name": name, "label": label, "type": "query", "datasource": DS,
@@ -79,17 +93,20 @@ def dashboard(uid, title, description, panels):
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}, "hide": 0},
             variable("namespace", "Namespace", "label_values(kvgate_build_info, namespace)"),
             variable("deployment", "Deployment", 'label_values(kvgate_requests_total{namespace=~"$namespace"}, deployment)'),
+            {"name": "jaeger", "label": "Jaeger URL", "type": "textbox", "query": "http://jaeger-query:16686",
+             "current": {"text": "http://jaeger-query:16686", "value": "http://jaeger-query:16686"}, "hide": 0,
+             "description": "Where the mismatch panels' data links search for the failing spans."},
         ]},
         "annotations": {"list": []}, "links": [], "panels": panels,
     }
 
 
 INTEGRITY = dashboard("kvgate-integrity", "kvgate / Integrity", "KV handoff integrity: every handoff decode refused, rejections, refused rollouts.", [
-    panel("Handoff mismatches in range", "Handoffs decode refused in the selected time range (any reason). Anything above zero is a KV integrity violation that kvgate caught: see the runbook KvgateHandoffIntegrityViolation.", "short",
+    jaeger_link(panel("Handoff mismatches in range", "Handoffs decode refused in the selected time range (any reason). Anything above zero is a KV integrity violation that kvgate caught: see the runbook KvgateHandoffIntegrityViolation. The data link opens the failing spans in Jaeger (the $jaeger variable).", "short",
           [(f"sum(increase(kvgate_handoff_mismatch_total{{{W}}}[$__range])) or vector(0)", "mismatches")], kind="stat",
-          thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}], w=6),
-    panel("Handoff mismatches by reason", "Rate of handoffs decode refused on evidence of bad KV, by reason: token_count, checksum, page_set, auth, fingerprint, timeout, unknown_handoff, rejected_forwarded, first_token.", "ops",
-          [(f"sum by (reason) (rate(kvgate_handoff_mismatch_total{{{W}}}[$__rate_interval]))", "{{reason}}")], w=18),
+          thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}], w=6), by_reason=False),
+    jaeger_link(panel("Handoff mismatches by reason", "Rate of handoffs decode refused on evidence of bad KV, by reason: token_count, checksum, page_set, auth, fingerprint, timeout, unknown_handoff, rejected_forwarded, first_token. A series' data link opens the traces of its refusals in Jaeger.", "ops",
+          [(f"sum by (reason) (rate(kvgate_handoff_mismatch_total{{{W}}}[$__rate_interval]))", "{{reason}}")], w=18), by_reason=True),
     panel("KV port refusals by reason", "Abuse or noise, not corruption: frames or connections decode's KV port refused that nobody holding the secret sent (malformed, too_large, unauthenticated), or beyond its limits (connection_limit, read_timeout). See the runbook KvgateKVPortAbuse.", "ops",
           [(f"sum by (reason) (rate(kvgate_kv_port_rejected_total{{{W}}}[$__rate_interval]))", "{{reason}}")]),
     panel("Internal requests refused by reason", "Calls to the workers' internal API without a valid signature of the deployment (missing, malformed, stale, replayed, bad_mac), signed for another worker process (wrong_target), with another body than signed (body_mismatch), or over the body limit or deadline (too_large, too_slow). See the runbook KvgateInternalRequestsRefused.", "reqps",

@@ -129,6 +129,19 @@ fn dashboards_follow_the_conventions_and_are_generated() {
         }
     }
     assert_eq!(uids, ["kvgate-integrity", "kvgate-capacity", "kvgate-serving", "kvgate-operator"], "dashboard uids must stay stable");
+    // The mismatch panels link to a Jaeger search for the refusals' spans, by reason and time.
+    let integrity = dashboard("integrity");
+    let mismatch_panels: Vec<&Value> =
+        integrity["panels"].as_array().unwrap().iter().filter(|p| p["targets"][0]["expr"].as_str().unwrap().contains("kvgate_handoff_mismatch_total")).collect();
+    assert!(!mismatch_panels.is_empty());
+    for p in mismatch_panels {
+        let url = p["fieldConfig"]["defaults"]["links"][0]["url"].as_str().unwrap_or_else(|| panic!("{}: no data link", p["title"]));
+        for part in ["${jaeger}/search?", "service=kvgate-decode", "operation=handoff_receive", "start=${__from}000", "end=${__to}000", "%22error%22"] {
+            assert!(url.contains(part), "{}: {url} lacks {part}", p["title"]);
+        }
+        let by_reason = p["targets"][0]["expr"].as_str().unwrap().contains("by (reason)");
+        assert_eq!(url.contains("otel.status_description%22%3A%22${__field.labels.reason}"), by_reason, "{url}");
+    }
 }
 
 #[test]
