@@ -90,7 +90,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         recorder,
         settings: Settings {
             worker_image: args.worker_image.clone(),
-            worker_telemetry: crate::render::workers::Telemetry { log: args.worker_log_format, otlp_endpoint: args.worker_otlp_endpoint.clone().filter(|e| !e.is_empty()) },
+            worker_telemetry: crate::render::workers::Telemetry {
+                log: args.worker_log_format,
+                otlp_endpoint: args.worker_otlp_endpoint.clone().filter(|e| !e.is_empty()),
+            },
             allowed_host_paths: args.allowed_host_paths.clone(),
         },
         root,

@@ -131,8 +131,12 @@ fn dashboards_follow_the_conventions_and_are_generated() {
     assert_eq!(uids, ["kvgate-integrity", "kvgate-capacity", "kvgate-serving", "kvgate-operator"], "dashboard uids must stay stable");
     // The mismatch panels link to a Jaeger search for the refusals' spans, by reason and time.
     let integrity = dashboard("integrity");
-    let mismatch_panels: Vec<&Value> =
-        integrity["panels"].as_array().unwrap().iter().filter(|p| p["targets"][0]["expr"].as_str().unwrap().contains("kvgate_handoff_mismatch_total")).collect();
+    let mismatch_panels: Vec<&Value> = integrity["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["targets"][0]["expr"].as_str().unwrap().contains("kvgate_handoff_mismatch_total"))
+        .collect();
     assert!(!mismatch_panels.is_empty());
     for p in mismatch_panels {
         let url = p["fieldConfig"]["defaults"]["links"][0]["url"].as_str().unwrap_or_else(|| panic!("{}: no data link", p["title"]));

@@ -1,7 +1,7 @@
 //! The worker's Prometheus metrics. Base units, `_total` counters, bounded labels; every known
 //! label value starts at zero so rates and alerts work from the first scrape.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::engine::admission::Rejection;
 
@@ -23,6 +23,10 @@ pub struct Metrics {
     pub generation_tokens: IntCounter,
     /// Requests whose client left before the answer: their work was cancelled.
     pub abandoned: IntCounter,
+    /// Requests being served now (an engine's running sequences, a router's dispatches), and
+    /// requests queued for admission: what an endpoint picker scores a pod by.
+    pub running: IntGauge,
+    pub waiting: IntGauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -51,6 +55,10 @@ impl RoleRegistry<'_> {
 
     pub fn gauge(&self, name: &str, help: &str) -> IntGauge {
         self.register(IntGauge::with_opts(self.opts(name, help)).unwrap())
+    }
+
+    pub fn ratio(&self, name: &str, help: &str) -> Gauge {
+        self.register(Gauge::with_opts(self.opts(name, help)).unwrap())
     }
 
     pub fn counter(&self, name: &str, help: &str) -> IntCounter {
@@ -105,6 +113,8 @@ impl Metrics {
                 prometheus::exponential_buckets(0.005, 2.0, 16).unwrap(),
             ),
             prompt_tokens: r.counter("kvgate_prompt_tokens_total", "Prompt tokens of admitted requests."),
+            running: r.gauge("kvgate_num_requests_running", "Requests being served now: an engine's running sequences, a router's dispatches in flight."),
+            waiting: r.gauge("kvgate_num_requests_waiting", "Requests queued for admission (waiting for KV pages); a router queues none."),
             generation_tokens: r.counter("kvgate_generation_tokens_total", "Tokens generated."),
         }
     }
@@ -117,9 +127,15 @@ pub struct PoolGauges {
     pub used_tokens: IntGauge,
     pub pages: IntGauge,
     pub pages_in_use: IntGauge,
+    pub usage_ratio: Gauge,
 }
 
 impl PoolGauges {
+    /// The gauges the pool keeps up to date itself.
+    pub fn usage(&self) -> crate::kv::pool::UsageGauges {
+        crate::kv::pool::UsageGauges { pages_in_use: self.pages_in_use.clone(), used_tokens: self.used_tokens.clone(), usage_ratio: self.usage_ratio.clone() }
+    }
+
     pub fn new(registry: &Registry, role: &str) -> Self {
         let r = RoleRegistry { registry, role };
         PoolGauges {
@@ -127,6 +143,7 @@ impl PoolGauges {
             used_tokens: r.gauge("kvgate_kv_pool_used_tokens", "Tokens of KV pool capacity held by live sequences (whole pages)."),
             pages: r.gauge("kvgate_kv_pool_pages", "Pages allocated in the KV pool."),
             pages_in_use: r.gauge("kvgate_kv_pool_pages_in_use", "KV pool pages held by live sequences or reservations."),
+            usage_ratio: r.ratio("kvgate_kv_cache_usage_ratio", "Fraction of the KV pool's pages in use (0 to 1), as vLLM's kv_cache_usage_perc."),
         }
     }
 }

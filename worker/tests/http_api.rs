@@ -152,6 +152,19 @@ async fn a_full_pool_makes_requests_wait_then_503() {
     while w.metric(r#"kvgate_kv_pool_pages_in_use{role="local"}"#).await == 0.0 {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+    // What an endpoint picker reads: one request running, the pool nearly full.
+    let mut running = 0.0;
+    for _ in 0..500 {
+        running = w.metric(r#"kvgate_num_requests_running{role="local"}"#).await;
+        if running == 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(running, 1.0);
+    let (in_use, pages) = (w.metric(r#"kvgate_kv_pool_pages_in_use{role="local"}"#).await, w.metric(r#"kvgate_kv_pool_pages{role="local"}"#).await);
+    assert_eq!(w.metric(r#"kvgate_kv_cache_usage_ratio{role="local"}"#).await, in_use / pages);
+    assert!(in_use / pages > 0.9, "{in_use} of {pages} pages");
     let (status, err) = w.post("/v1/completions", &json!({"prompt": "x".repeat(100), "max_tokens": 10})).await;
     assert_eq!(status, 503, "{err}");
     assert_eq!(err["error"]["code"], "pool_busy");
@@ -162,6 +175,9 @@ async fn a_full_pool_makes_requests_wait_then_503() {
     assert_eq!(status, 200);
     assert_eq!(w.metric(r#"kvgate_kv_pool_pages_in_use{role="local"}"#).await, 0.0);
     assert_eq!(w.metric(r#"kvgate_requests_total{code="503",role="local"}"#).await, 1.0);
+    for idle in ["kvgate_num_requests_running", "kvgate_num_requests_waiting", "kvgate_kv_cache_usage_ratio"] {
+        assert_eq!(w.metric(&format!(r#"{idle}{{role="local"}}"#)).await, 0.0, "{idle}");
+    }
 }
 
 #[tokio::test]

@@ -222,7 +222,8 @@ fn from_file(command: &str, role: &str, file: &std::path::Path) -> String {
 async fn the_readme_walk_from_a_mismatch_to_its_request_works_as_written() {
     let jaeger = jaeger();
     let d = deployment(&jaeger, &["--inject-fault=corrupt-page", "--allow-fault-injection"]);
-    let (status, body, traceparent, request_id) = complete(&d.router, &[("x-request-id", "walk-1")], "a prompt long enough for several pages of the tiny model's pool").await;
+    let (status, body, traceparent, request_id) =
+        complete(&d.router, &[("x-request-id", "walk-1")], "a prompt long enough for several pages of the tiny model's pool").await;
     assert_eq!((status, request_id.as_str()), (502, "walk-1"), "{body}");
     let trace_id = traceparent.split('-').nth(1).unwrap().to_string();
     jaeger.wait_for(&trace_id, Duration::from_secs(30), |t: &Trace| t.spans().iter().any(|s| s.name == "handoff_receive" && s.is_error()));

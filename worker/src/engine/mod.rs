@@ -45,7 +45,7 @@ impl Engine {
         gauges.capacity_tokens.set(pool.capacity_tokens() as i64);
         gauges.pages.set(pool.num_pages() as i64);
         metrics.context_window_tokens.set(window as i64);
-        pool.report_usage_to(gauges.pages_in_use, gauges.used_tokens);
+        pool.report_usage_to(gauges.usage());
         let scheduler = scheduler::Scheduler::new(model.clone(), pool.clone(), metrics.clone(), config);
         let flag = alive.clone();
         std::thread::Builder::new()

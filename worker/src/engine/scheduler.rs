@@ -66,10 +66,18 @@ impl Scheduler {
                 Err(_) => {}
             }
             self.admit();
+            self.publish_load();
             if !self.running.is_empty() {
                 self.step();
+                self.publish_load();
             }
         }
+    }
+
+    /// What an endpoint picker reads: running and queued requests.
+    fn publish_load(&self) {
+        self.metrics.running.set(self.running.len() as i64);
+        self.metrics.waiting.set(self.waiting.len() as i64);
     }
 
     /// Moves waiting requests into the running set, first come first served, while pages last.

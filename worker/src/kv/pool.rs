@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use prometheus::IntGauge;
+use prometheus::{Gauge, IntGauge};
 
 use half::{bf16, f16};
 use thiserror::Error;
@@ -26,6 +26,15 @@ pub enum KvError {
     PastLease { pos: usize, capacity: usize },
 }
 
+/// The gauges a pool keeps equal to its usage (pages, tokens, and the fraction of pages in use
+/// an endpoint picker reads).
+#[derive(Clone)]
+pub struct UsageGauges {
+    pub pages_in_use: IntGauge,
+    pub used_tokens: IntGauge,
+    pub usage_ratio: Gauge,
+}
+
 pub struct KvPool {
     layout: KvLayout,
     device: String,
@@ -34,7 +43,7 @@ pub struct KvPool {
     next_owner: AtomicU64,
     inner: Mutex<PoolInner>,
     /// Pages-in-use and used-tokens gauges, kept true at every lease and release.
-    usage: OnceLock<(IntGauge, IntGauge)>,
+    usage: OnceLock<UsageGauges>,
     /// Woken whenever pages are released, for callers waiting for room.
     freed: tokio::sync::Notify,
 }
@@ -103,16 +112,17 @@ impl KvPool {
         self.lock().alloc.free_pages()
     }
 
-    /// From now on, keeps `pages_in_use` and `used_tokens` equal to the pool's usage.
-    pub fn report_usage_to(&self, pages_in_use: IntGauge, used_tokens: IntGauge) {
-        let _ = self.usage.set((pages_in_use, used_tokens));
+    /// From now on, keeps the gauges equal to the pool's usage.
+    pub fn report_usage_to(&self, gauges: UsageGauges) {
+        let _ = self.usage.set(gauges);
         self.publish(self.lock().alloc.used_pages());
     }
 
     fn publish(&self, used_pages: usize) {
-        if let Some((pages, tokens)) = self.usage.get() {
-            pages.set(used_pages as i64);
-            tokens.set((used_pages * self.layout.page_size) as i64);
+        if let Some(g) = self.usage.get() {
+            g.pages_in_use.set(used_pages as i64);
+            g.used_tokens.set((used_pages * self.layout.page_size) as i64);
+            g.usage_ratio.set(used_pages as f64 / self.num_pages().max(1) as f64);
         }
     }
 

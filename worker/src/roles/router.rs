@@ -23,6 +23,22 @@ use crate::metrics::Metrics;
 use crate::model::SamplingParams;
 use crate::server::RequestContext;
 
+/// Counts a dispatch in `kvgate_num_requests_running` for as long as it lives.
+struct Running(prometheus::IntGauge);
+
+impl Running {
+    fn start(gauge: &prometheus::IntGauge) -> Running {
+        gauge.inc();
+        Running(gauge.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// The router role's backend: admits a request, picks a prefill/decode pair, reserves on decode,
 /// has prefill compute and hand off, and relays decode's tokens.
 pub struct Dispatcher {
@@ -118,6 +134,7 @@ impl Dispatcher {
             tracing::info_span!("dispatch", handoff_id = Empty, prefill = Empty, decode = Empty, otel.status_code = Empty, otel.status_description = Empty);
         tokio::spawn(
             async move {
+                let _running = Running::start(&this.metrics.running);
                 let arrived = Instant::now();
                 if let Err(event) = this.orchestrate(&tx, prompt, max_tokens, sampling, arrived, &request).await {
                     if let Event::Failed(f) = &event {
