@@ -76,8 +76,9 @@ fuzz:
 controlplane:
 	bash tests/controlplane/build.sh
 
-## The helm client the chart tests use (target/tools/bin/) and the CNI reference plugins the node
-## agent wires pods with (target/cni/bin/), built from their Go modules.
+## The helm client and chart linters the chart tests use, Jaeger and Alertmanager (the trace and
+## alert backends of the observability tests; target/tools/bin/), and the CNI reference plugins
+## the node agent wires pods with (target/cni/bin/), built from their Go modules.
 tools:
 	bash tests/tools/build.sh
 	bash tests/cni/build.sh
