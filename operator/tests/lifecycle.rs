@@ -191,7 +191,7 @@ fn every_log_line_of_the_operator_and_its_pods_is_json_and_none_is_coloured() {
         assert!(!lines.is_empty(), "{what}: no log lines");
         for line in lines {
             let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{what}: not a JSON line ({e}): {line}"));
-            assert!(v["level"].is_string() && v["fields"]["message"].is_string(), "{what}: {line}");
+            assert!(v["level"].is_string() && v["message"].is_string() && v["timestamp"].is_string(), "{what}: {line}");
         }
     };
     json_lines("the operator", &std::fs::read_to_string(&op.proc.log).unwrap());
@@ -200,6 +200,13 @@ fn every_log_line_of_the_operator_and_its_pods_is_json_and_none_is_coloured() {
     for role in ["router", "prefill", "decode"] {
         let logs = cp.kubectl_ok(&["-n", &ns, "logs", "-l", &format!("app.kubernetes.io/instance=llm,app.kubernetes.io/component={role}"), "--tail=-1"]);
         json_lines(role, &logs);
+        // The router's access line of the completion carries its trace and request ids.
+        if role == "router" {
+            let answered = logs.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find(|v| v["message"] == "request answered");
+            let answered = answered.unwrap_or_else(|| panic!("no access line in the router's logs:\n{logs}"));
+            assert!(answered["trace_id"].as_str().is_some_and(|t| t.len() == 32) && answered["request_id"].is_string(), "{answered}");
+            assert_eq!(answered["status"], 200, "{answered}");
+        }
     }
     // Text logs off a terminal: plain lines, no escapes.
     drop(op);
