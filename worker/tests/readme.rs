@@ -2,19 +2,12 @@
 //! no flags (what `make run` runs, here the debug build), then every `curl` line of the section
 //! through `sh`, each answered the way the README says.
 
+mod support;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-/// The shell blocks of the README section that starts with `heading`.
-fn section_blocks(heading: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let start = readme.find(heading).unwrap_or_else(|| panic!("README has no {heading:?}"));
-    let section = &readme[start + heading.len()..];
-    let section = &section[..section.find("\n#").unwrap_or(section.len())];
-    section.split("```sh\n").skip(1).map(|b| b[..b.find("```").unwrap()].to_string()).collect()
-}
 
 /// The commands of a block: continuation lines joined, comments dropped.
 fn commands(block: &str) -> Vec<String> {
@@ -33,7 +26,7 @@ impl Drop for Local {
 
 #[test]
 fn the_one_machine_commands_work_as_written() {
-    let blocks = section_blocks("### One machine, no Kubernetes");
+    let blocks = support::readme_blocks("### One machine, no Kubernetes");
     assert!(blocks[0].contains("make run") && blocks[0].contains("kvgate-worker -- local"), "{}", blocks[0]);
     assert!(
         std::net::TcpStream::connect("127.0.0.1:8080").is_err(),

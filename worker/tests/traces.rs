@@ -197,12 +197,7 @@ async fn a_handoff_refused_for_a_corrupt_page_is_an_error_span_naming_the_reason
 /// The README's "Finding the request behind a mismatch": its three commands, with each
 /// `kubectl logs ... |` replaced by the same pod's log as a file, run by `sh` as written.
 fn readme_steps() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let heading = "### Finding the request behind a mismatch";
-    let start = readme.find(heading).unwrap_or_else(|| panic!("README has no {heading:?}"));
-    let section = &readme[start + heading.len()..];
-    let section = &section[..section.find("\n#").unwrap_or(section.len())];
-    section.split("```sh\n").skip(1).map(|b| b[..b.find("```").unwrap()].replace("\\\n", " ")).collect()
+    support::readme_blocks("### Finding the request behind a mismatch").iter().map(|b| b.replace("\\\n", " ")).collect()
 }
 
 fn run_step(command: &str, env: &[(&str, &str)]) -> String {
