@@ -109,6 +109,13 @@ pub fn adopt(span: &tracing::Span, parent: Option<TraceContext>) -> TraceContext
     here
 }
 
+/// Marks `span` failed (it declares `otel.status_code` and `otel.status_description`) with
+/// `reason`: a refused handoff names its mismatch, a failed reconcile its error.
+pub fn mark_failed(span: &tracing::Span, reason: &str) {
+    span.record("otel.status_code", "error");
+    span.record("otel.status_description", reason);
+}
+
 /// The current span's position, when spans are exported (a process that starts no request,
 /// like the operator, has a trace only then).
 pub fn current() -> Option<TraceContext> {

@@ -129,8 +129,7 @@ pub async fn reconcile(d: Arc<InferenceDeployment>, ctx: Arc<Context>) -> Result
     );
     let result = rollout::reconcile(&d, &ctx).instrument(span.clone()).await;
     if let Err(e) = &result {
-        span.record("otel.status_code", "error");
-        span.record("otel.status_description", e.reason());
+        kvgate_telemetry::trace_context::mark_failed(&span, e.reason());
     }
     if result.is_ok() {
         ctx.memory.succeeded(&d);

@@ -338,8 +338,7 @@ impl Receipt {
         span.record("bytes", self.bytes as i64);
         span.record("integrity_seconds", self.hashing.as_secs_f64());
         if let Some(reason) = refused {
-            span.record("otel.status_code", "error");
-            span.record("otel.status_description", reason);
+            kvgate_telemetry::trace_context::mark_failed(&span, reason);
         }
     }
 }

@@ -17,9 +17,4 @@ pub fn join_trace(span: &tracing::Span, traceparent: Option<&str>) -> kvgate_tel
     kvgate_telemetry::trace_context::adopt(span, traceparent.and_then(kvgate_telemetry::TraceContext::parse))
 }
 
-/// Marks a span failed (it declares `otel.status_code` and `otel.status_description`) with the
-/// reason: a refused handoff names its mismatch.
-pub fn failed_span(span: &tracing::Span, reason: &str) {
-    span.record("otel.status_code", "error");
-    span.record("otel.status_description", reason);
-}
+pub use kvgate_telemetry::trace_context::mark_failed as failed_span;

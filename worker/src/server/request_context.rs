@@ -78,7 +78,7 @@ pub async fn open(mut req: Request, next: Next) -> Response {
     let elapsed_ms = started.elapsed().as_millis() as u64;
     span.in_scope(|| tracing::info!(status = status.as_u16(), elapsed_ms, "request answered"));
     if status.is_server_error() {
-        span.record("otel.status_code", "error");
+        trace_context::mark_failed(&span, status.as_str());
         span.record("error.type", status.as_str());
     }
     let headers = resp.headers_mut();
