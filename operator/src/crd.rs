@@ -113,6 +113,13 @@ pub struct InferenceDeploymentSpec {
     /// starts no rollout.
     #[serde(default)]
     pub rollout: RolloutSpec,
+    /// When set, the operator also renders an `InferencePool` (Gateway API Inference Extension,
+    /// `inference.networking.k8s.io/v1`) named like the deployment, over the pods that serve
+    /// its API (the routers, or the engine's servers; only verified ones are Ready), so a
+    /// gateway's endpoint picker can score them. Needs that CRD installed (condition
+    /// InferencePoolReady says whether it is). Not part of the revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference_pool: Option<InferencePoolSpec>,
 }
 
 /// The settings of a kvgate role the spec leaves out (the CRD requires both with engine kvgate).
@@ -363,6 +370,41 @@ fn timeout_ms() -> u64 {
     30_000
 }
 
+/// The `InferencePool` the operator renders for a gateway.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InferencePoolSpec {
+    /// The endpoint picker (EPP) the gateway asks which pod serves a request: a Service in the
+    /// deployment's namespace, which you deploy.
+    pub endpoint_picker: EndpointPickerRef,
+}
+
+/// A Service running the Gateway API Inference Extension's endpoint picker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointPickerRef {
+    /// The Service's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The Service port of the picker's ext-proc gRPC listener.
+    #[serde(default = "epp_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// What the gateway does when the picker does not answer: `FailClose` (the default: the
+    /// request fails) or `FailOpen` (the gateway picks an endpoint itself).
+    #[serde(default = "fail_close")]
+    #[schemars(extend("enum" = ["FailOpen", "FailClose"]))]
+    pub failure_mode: String,
+}
+
+fn epp_port() -> i32 {
+    9002
+}
+
+fn fail_close() -> String {
+    "FailClose".into()
+}
+
 /// How a new revision is proven before it serves.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -453,7 +495,8 @@ pub struct InferenceDeploymentStatus {
     /// `router/prefill/decode` ready pods of the serving revision, e.g. `1/2/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
-    /// Conditions, one per type: Available, Progressing, CapacityVerified, RolloutRefused.
+    /// Conditions, one per type: Available, Progressing, CapacityVerified, RolloutRefused,
+    /// Degraded, PrefillWithinHandoffTimeout and, with spec.inferencePool, InferencePoolReady.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

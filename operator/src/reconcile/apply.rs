@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::decide::Plan;
-use super::{Context, Error, MANAGER, event};
+use super::{Context, Error, MANAGER, event, inference_pool};
 use crate::crd::{Engine, InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
 use crate::render::{engine, router, secret, workers};
@@ -111,12 +111,21 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
             Err(e) => return Err(Error::api(format!("setting the gate condition of pod {}", gate.pod))(e)),
         }
     }
+    // The gateway's pool, and its condition in the status written below.
+    let mut new_status = plan.status.clone();
+    let had_pool = new_status.conditions.iter().any(|c| c.type_ == inference_pool::CONDITION);
+    let pool = inference_pool::sync(ctx, d, &ns, had_pool).await?;
+    let pool_changed = inference_pool::set_condition(d, &pool, &mut new_status.conditions);
     // Status first: it is the record the next pass (of this or another operator) decides on.
     // A pass killed after it announces nothing twice; one killed before it decides again.
-    if Some(&plan.status) != d.status.as_ref() {
-        status(ctx, d, &plan.status).await?;
+    if Some(&new_status) != d.status.as_ref() {
+        status(ctx, d, &new_status).await?;
     }
     let reference = d.object_ref(&());
+    if pool_changed && let Some((ok, reason, message)) = inference_pool::condition(d, &pool) {
+        let kind = if ok { EventType::Normal } else { EventType::Warning };
+        event(ctx, &reference, kind, reason, "InferencePool", message).await;
+    }
     if let Some(reason) = plan.refused_reason {
         ctx.metrics.refused.with_label_values(&[reason.as_str()]).inc();
         tracing::warn!(%name, %ns, %reason, "rollout refused");
@@ -129,7 +138,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         let kind = if e.warning { EventType::Warning } else { EventType::Normal };
         event(ctx, &reference, kind, e.reason, e.action, e.note.clone()).await;
     }
-    ctx.metrics.export(&ns, &name, d.spec.context_window, &plan.status, plan.unverified.len());
+    ctx.metrics.export(&ns, &name, d.spec.context_window, &new_status, plan.unverified.len());
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 
 pub mod apply;
 pub mod decide;
+pub mod inference_pool;
 pub mod memory;
 pub mod observe;
 pub mod pod_problems;

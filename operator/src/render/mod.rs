@@ -1,6 +1,7 @@
 //! The objects an `InferenceDeployment` owns, built from its spec. Pure: no I/O.
 
 pub mod engine;
+pub mod inference_pool;
 pub mod labels;
 pub mod revision;
 pub mod router;

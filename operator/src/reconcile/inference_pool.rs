@@ -1,0 +1,107 @@
+//! Keeps the optional `InferencePool` in line with `spec.inferencePool` and says how it stands
+//! in the condition `InferencePoolReady`. Its CRD is not the operator's and may be missing: that
+//! is a False condition and a Warning Event, never a failed pass (the deployment serves without
+//! a gateway). The pool is not watched (a watch of a type the cluster may not serve would fail),
+//! so each pass reads it once and writes only what differs; a pass runs at least every 30 s, so
+//! a CRD installed later is picked up within that.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+
+use super::{Context, Error, MANAGER};
+use crate::conditions;
+use crate::crd::InferenceDeployment;
+use crate::render::inference_pool::{self, GROUP, KIND, VERSION};
+
+pub const CONDITION: &str = "InferencePoolReady";
+
+/// What a pass did, for the condition and the Event of a change.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    /// The spec asks for no pool and none of this deployment's exists.
+    NotWanted,
+    /// The pool holds what the spec asks.
+    Applied { name: String },
+    /// The API server does not serve the InferencePool type.
+    NotServed,
+}
+
+fn api(ctx: &Context, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(ctx.client.clone(), ns, &inference_pool::api_resource())
+}
+
+/// Applies, or deletes when no longer asked for, the deployment's pool.
+pub async fn sync(ctx: &Context, d: &InferenceDeployment, ns: &str, had_condition: bool) -> Result<Outcome, Error> {
+    let api = api(ctx, ns);
+    let name = d.name_any();
+    let Some(pool) = inference_pool::pool(d) else {
+        // Only a pool this deployment owns is deleted (the condition says one was made).
+        if had_condition {
+            match api.get_opt(&name).await {
+                Ok(Some(p)) if p.owner_references().iter().any(|o| Some(&o.uid) == d.uid().as_ref()) => {
+                    match api.delete(&name, &DeleteParams::background()).await {
+                        Ok(_) => {}
+                        Err(e) if not_found(&e) => {}
+                        Err(e) => return Err(Error::api(format!("deleting {KIND} {name}"))(e)),
+                    }
+                }
+                Ok(_) => {}
+                Err(e) if not_found(&e) => {}
+                Err(e) => return Err(Error::api(format!("reading {KIND} {name}"))(e)),
+            }
+        }
+        return Ok(Outcome::NotWanted);
+    };
+    let mut body = serde_json::to_value(&pool).expect("k8s objects serialize");
+    body["apiVersion"] = format!("{GROUP}/{VERSION}").into();
+    body["kind"] = KIND.into();
+    match api.get_opt(&name).await {
+        Ok(Some(seen)) if crate::watch::diff::holds(&serde_json::to_value(&seen).unwrap_or_default(), &body) => {
+            return Ok(Outcome::Applied { name });
+        }
+        Ok(_) => {}
+        Err(e) if not_found(&e) => {}
+        Err(e) => return Err(Error::api(format!("reading {KIND} {name}"))(e)),
+    }
+    match api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await {
+        Ok(_) => Ok(Outcome::Applied { name }),
+        // An apply creates a missing object: a 404 here means the type itself is missing.
+        Err(e) if not_found(&e) => Ok(Outcome::NotServed),
+        Err(e) => Err(Error::api(format!("applying {KIND} {name}"))(e)),
+    }
+}
+
+/// A 404: the object is missing, or its type is not served (then the body is not even a Status,
+/// which `get_opt` does not take for "missing").
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// The condition for an outcome (`None`: no condition, the spec asks for no pool).
+pub fn condition(d: &InferenceDeployment, outcome: &Outcome) -> Option<(bool, &'static str, String)> {
+    let picker = d.spec.inference_pool.as_ref().map(|p| format!("{}:{}", p.endpoint_picker.name, p.endpoint_picker.port)).unwrap_or_default();
+    match outcome {
+        Outcome::NotWanted => None,
+        Outcome::Applied { name } => {
+            Some((true, "Applied", format!("{KIND} {name} selects the pods that serve this deployment's API; endpoint picker Service {picker}")))
+        }
+        Outcome::NotServed => Some((
+            false,
+            "CRDNotInstalled",
+            format!(
+                "spec.inferencePool is set, but the API server does not serve {GROUP}/{VERSION} {KIND}: install the Gateway API Inference Extension's CRDs (v1.0 or later); the deployment serves without it"
+            ),
+        )),
+    }
+}
+
+/// Puts the outcome's condition into `conds`; whether its status changed (for an Event).
+pub fn set_condition(d: &InferenceDeployment, outcome: &Outcome, conds: &mut Vec<Condition>) -> bool {
+    let before = conds.iter().find(|c| c.type_ == CONDITION).map(|c| c.status.clone());
+    match condition(d, outcome) {
+        None => conds.retain(|c| c.type_ != CONDITION),
+        Some((ok, reason, message)) => conditions::set(conds, CONDITION, ok, reason, message, d.metadata.generation),
+    }
+    before != conds.iter().find(|c| c.type_ == CONDITION).map(|c| c.status.clone())
+}
