@@ -54,16 +54,25 @@ def panel(title, description, unit, targets, kind="timeseries", thresholds=None,
 
 
 # A Jaeger search for decode's refused handoffs in the panel's time range (Jaeger wants
-# microseconds; Grafana's ${__from} is milliseconds), narrowed to the series' reason if it has one.
+# microseconds; Grafana's ${__from} is milliseconds), by span attributes (a span's error status
+# is not one a search can match): `refused` on any refusal, `error.type` naming the reason.
 JAEGER_SEARCH = ("${jaeger}/search?service=kvgate-decode&operation=handoff_receive&limit=20"
-                 "&start=${__from}000&end=${__to}000&tags=%7B%22error%22%3A%22true%22{reason}%7D")
+                 "&start=${__from}000&end=${__to}000&tags={tags}")
 
 
 def jaeger_link(p, by_reason):
     """Adds the data link to the failing spans' traces (README: finding the request behind a mismatch)."""
-    reason = "%2C%22otel.status_description%22%3A%22${__field.labels.reason}%22" if by_reason else ""
+    tags = "%7B%22error.type%22%3A%22${__field.labels.reason}%22%7D" if by_reason else "%7B%22refused%22%3A%22true%22%7D"
     title = "Traces of these refusals in Jaeger" if by_reason else "Traces of refused handoffs in Jaeger"
-    p["fieldConfig"]["defaults"]["links"] = [{"title": title, "url": JAEGER_SEARCH.replace("{reason}", reason), "targetBlank": True}]
+    p["fieldConfig"]["defaults"]["links"] = [{"title": title, "url": JAEGER_SEARCH.replace("{tags}", tags), "targetBlank": True}]
+    return p
+
+
+def jaeger_slow(p):
+    """Adds a data link to the traces of requests at least as slow as the clicked value (seconds)."""
+    url = ("${jaeger}/search?service=kvgate-router&operation=POST%20%2Fv1%2Fcompletions&limit=20"
+           "&start=${__from}000&end=${__to}000&minDuration=${__value.raw}s")
+    p["fieldConfig"]["defaults"]["links"] = [{"title": "Requests this slow in Jaeger", "url": url, "targetBlank": True}]
     return p
 
 
@@ -148,9 +157,11 @@ SERVING = dashboard("kvgate-serving", "kvgate / Serving", "Requests, latency, th
           [(f"sum by (code) (rate(kvgate_requests_total{{{R}}}[$__rate_interval]))", "{{code}}")]),
     panel("Error ratio", "Share of requests answered with a non-2xx status.", "percentunit",
           [(f"sum(rate(kvgate_requests_total{{{R}, code!~\"2..\"}}[$__rate_interval])) / sum(rate(kvgate_requests_total{{{R}}}[$__rate_interval]))", "errors")]),
-    panel("Time to first token", "From arrival to the first generated token: p50, p90, p99.", "s", quantiles("kvgate_time_to_first_token_seconds", R), w=8),
-    panel("Inter-token latency", "Between consecutive tokens of one request: p50, p90, p99.", "s", quantiles("kvgate_inter_token_latency_seconds", R), w=8),
-    panel("Request duration", "From arrival to the last token: p50, p90, p99.", "s", quantiles("kvgate_request_duration_seconds", R), w=8),
+    panel("Time to first token by role", "From arrival to the first generated token, p50/p90/p99 per role: the router's is what clients see (admission, prefill, handoff and the first decode step); decode's starts when the verified handoff is handed to its scheduler.", "s",
+          quantiles("kvgate_time_to_first_token_seconds", W, by="role"), w=8),
+    panel("Inter-token latency by role", "Between consecutive tokens of one request, p50/p90/p99 per role: decode's step time, and what the router's clients see of it.", "s",
+          quantiles("kvgate_inter_token_latency_seconds", W, by="role"), w=8),
+    jaeger_slow(panel("Request duration", "From arrival to the last token: p50, p90, p99. The data link opens the traces of requests at least as slow as the point clicked (exemplars are not used: the Prometheus client kvgate uses does not export them).", "s", quantiles("kvgate_request_duration_seconds", R), w=8)),
     panel("Tokens per second", "Prompt tokens admitted and tokens generated per second.", "suffix: tokens/s",
           [(f"sum(rate(kvgate_prompt_tokens_total{{{R}}}[$__rate_interval]))", "prompt"),
            (f"sum(rate(kvgate_generation_tokens_total{{{R}}}[$__rate_interval]))", "generated")], w=8),
@@ -158,6 +169,8 @@ SERVING = dashboard("kvgate-serving", "kvgate / Serving", "Requests, latency, th
           [(f"sum by (role) (rate(kvgate_handoff_bytes_total{{{W}}}[$__rate_interval]))", "{{role}}")], w=8),
     panel("Handoff duration", "Reservation to verified commit (decode) and transfer to ack (prefill): p50, p90, p99.", "s",
           quantiles("kvgate_handoff_duration_seconds", W, by="role"), w=8),
+    panel("Handoff size", "KV page bytes of one handoff: acknowledged (prefill) and verified and committed (decode), p50, p90, p99. The two agree unless handoffs fail.", "bytes",
+          quantiles("kvgate_handoff_size_bytes", W, by="role"), w=8),
 ])
 
 OPERATOR = dashboard("kvgate-operator", "kvgate / Operator", "The kvgate operator: reconciles, latency, rollout phases, canaries, rollbacks, refused rollouts, unverified serving pods, leadership.", [

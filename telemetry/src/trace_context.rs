@@ -109,11 +109,14 @@ pub fn adopt(span: &tracing::Span, parent: Option<TraceContext>) -> TraceContext
     here
 }
 
-/// Marks `span` failed (it declares `otel.status_code` and `otel.status_description`) with
-/// `reason`: a refused handoff names its mismatch, a failed reconcile its error.
+/// Marks `span` failed (it declares `otel.status_code`, `otel.status_description` and
+/// `error.type`) with `reason`: a refused handoff names its mismatch, a failed reconcile its
+/// error. `error.type` (the OpenTelemetry convention for an error's class) is an attribute, so a
+/// trace search can match it; the status is not one.
 pub fn mark_failed(span: &tracing::Span, reason: &str) {
     span.record("otel.status_code", "error");
     span.record("otel.status_description", reason);
+    span.record("error.type", reason);
 }
 
 /// The current span's position, when spans are exported (a process that starts no request,

@@ -194,6 +194,59 @@ async fn a_handoff_refused_for_a_corrupt_page_is_an_error_span_naming_the_reason
     assert_eq!(mismatch["level"], "WARN");
 }
 
+/// A dashboard panel's data link, by dashboard and panel title.
+fn data_link(dashboard: &str, title: &str) -> String {
+    let path = format!("{}/../dashboards/{dashboard}.json", env!("CARGO_MANIFEST_DIR"));
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let panel = d["panels"].as_array().unwrap().iter().find(|p| p["title"] == title).unwrap_or_else(|| panic!("{dashboard}: no panel {title:?}"));
+    panel["fieldConfig"]["defaults"]["links"][0]["url"].as_str().unwrap_or_else(|| panic!("{title}: no data link")).to_string()
+}
+
+/// The trace ids the Jaeger search a link opens finds, with Grafana's variables filled in:
+/// the UI's `/search` takes the query API's parameters.
+async fn follow(jaeger: &Jaeger, link: &str, vars: &[(&str, String)]) -> Vec<String> {
+    let mut url = link.replace("${jaeger}/search?", &format!("{}/api/traces?", jaeger.query_url));
+    for (name, value) in vars {
+        url = url.replace(&format!("${{{name}}}"), value);
+    }
+    assert!(!url.contains("${"), "a variable left unfilled: {url}");
+    let body = match reqwest::get(&url).await {
+        Ok(r) => r.text().await.unwrap_or_else(|e| panic!("{url}: {e}")),
+        Err(e) => panic!("{url}: {e}"),
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{url}: {e}: {body}"));
+    v["data"].as_array().unwrap_or_else(|| panic!("{url}: {body}")).iter().map(|t| t["traceID"].as_str().unwrap().to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboards_links_to_jaeger_find_the_refused_handoff_and_the_slow_request() {
+    let jaeger = jaeger();
+    let d = deployment(&jaeger, &["--inject-fault=corrupt-page", "--allow-fault-injection"]);
+    let from = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() - 1000;
+    let started = std::time::Instant::now();
+    let (status, body, traceparent, _) = complete(&d.router, &[], "a prompt long enough for several pages of the tiny model's pool").await;
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!(status, 502, "{body}");
+    let trace_id = traceparent.split('-').nth(1).unwrap().to_string();
+    let refused = |t: &Trace| t.spans().iter().any(|s| s.name == "handoff_receive" && s.is_error()) && t.has("kvgate-router", "POST /v1/completions");
+    jaeger.wait_for(&trace_id, Duration::from_secs(30), refused);
+    let to = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() + 1000;
+    let range = [("__from", from.to_string()), ("__to", to.to_string())];
+
+    let mismatches = data_link("integrity", "Handoff mismatches by reason");
+    let by = |reason: &str| -> Vec<(&str, String)> { range.iter().cloned().chain([("__field.labels.reason", reason.to_string())]).collect() };
+    assert_eq!(follow(&jaeger, &mismatches, &by("checksum")).await, [trace_id.clone()], "the checksum series' link");
+    assert!(follow(&jaeger, &mismatches, &by("token_count")).await.is_empty(), "another reason's link finds nothing");
+    let all = data_link("integrity", "Handoff mismatches in range");
+    assert_eq!(follow(&jaeger, &all, &range).await, [trace_id.clone()]);
+
+    // The request duration panel's link: requests at least as slow as the point clicked.
+    let slow = data_link("serving", "Request duration");
+    let at = |seconds: f64| -> Vec<(&str, String)> { range.iter().cloned().chain([("__value.raw", format!("{seconds:.6}"))]).collect() };
+    assert_eq!(follow(&jaeger, &slow, &at(took / 4.0)).await, [trace_id.clone()], "a request slower than the value clicked");
+    assert!(follow(&jaeger, &slow, &at(took * 4.0 + 1.0)).await.is_empty(), "none slower than four times its duration");
+}
+
 /// The README's "Finding the request behind a mismatch": its three commands, with each
 /// `kubectl logs ... |` replaced by the same pod's log as a file, run by `sh` as written.
 fn readme_steps() -> Vec<String> {

@@ -127,6 +127,7 @@ pub async fn reconcile(d: Arc<InferenceDeployment>, ctx: Arc<Context>) -> Result
         rollback = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
         otel.status_description = tracing::field::Empty,
+            error.type = tracing::field::Empty,
     );
     let result = rollout::reconcile(&d, &ctx).instrument(span.clone()).await;
     if let Err(e) = &result {

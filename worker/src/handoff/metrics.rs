@@ -13,6 +13,7 @@ pub struct HandoffMetrics {
     pub mismatch: IntCounterVec,
     pub bytes: IntCounter,
     pub duration: Histogram,
+    pub size: Histogram,
     pub cancelled: IntCounter,
     pub expired: IntCounter,
     pub kv_port_rejected: IntCounterVec,
@@ -31,6 +32,12 @@ impl HandoffMetrics {
                 "kvgate_handoff_duration_seconds",
                 "Time from reservation to a verified commit (decode) or to decode's answer (prefill).",
                 prometheus::exponential_buckets(0.0005, 2.0, 16).unwrap(),
+            ),
+            // 64 KiB to 16 GiB by fours: one page of a tiny model to a long prompt of a big one.
+            size: r.histogram(
+                "kvgate_handoff_size_bytes",
+                "KV page bytes of one handoff: sent and acknowledged (prefill), verified and committed (decode).",
+                prometheus::exponential_buckets(65536.0, 4.0, 10).unwrap(),
             ),
             cancelled: r.counter("kvgate_handoff_reservations_cancelled_total", "Decode reservations cancelled before a commit (a rejection elsewhere)."),
             expired: r.counter(

@@ -319,6 +319,9 @@ impl Receipt {
             integrity_seconds = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
             otel.status_description = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            // A searchable mark (span status is not an attribute a trace search can match).
+            refused = tracing::field::Empty,
         );
         kvgate_telemetry::trace_context::adopt(&span, Some(trace));
         self.span = Some(span);
@@ -339,6 +342,7 @@ impl Receipt {
         span.record("integrity_seconds", self.hashing.as_secs_f64());
         if let Some(reason) = refused {
             kvgate_telemetry::trace_context::mark_failed(&span, reason);
+            span.record("refused", true);
         }
     }
 }

@@ -419,6 +419,7 @@ impl Reservations {
         }
         let Some(Entry::Open(open)) = table.entries.remove(&c.handoff) else { unreachable!("checked by open_for") };
         self.metrics.duration.observe(open.created.elapsed().as_secs_f64());
+        self.metrics.size.observe(open.transfer.received_bytes as f64);
         self.metrics.total.with_label_values(&["committed"]).inc();
         let committed = Committed {
             lease: open.lease,

@@ -205,7 +205,11 @@ impl Transfer<'_> {
         out.write_all(&self.sign(Frame::Commit(commit), &key)).await?;
         out.flush().await?;
         report(sent_pages, sent_bytes, sealing);
-        read_ack(out.into_inner()).await.map(SendOutcome::Acked)
+        let ack = read_ack(out.into_inner()).await?;
+        if ack.ok {
+            self.metrics.size.observe((sent_pages * page_bytes) as f64);
+        }
+        Ok(SendOutcome::Acked(ack))
     }
 
     async fn dial(&self) -> Result<BufWriter<TcpStream>, SendError> {

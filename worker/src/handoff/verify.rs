@@ -43,11 +43,13 @@ pub struct Transfer {
     /// The checksum of each page index received so far.
     pub received: Vec<Option<u64>>,
     pub received_tokens: u32,
+    /// KV bytes of the pages received (payloads), for the size histogram.
+    pub received_bytes: u64,
 }
 
 impl Transfer {
     pub fn new(pages: Vec<u32>, reserved_tokens: u32) -> Self {
-        Transfer { received: vec![None; pages.len()], pages, reserved_tokens, received_tokens: 0 }
+        Transfer { received: vec![None; pages.len()], pages, reserved_tokens, received_tokens: 0, received_bytes: 0 }
     }
 
     pub fn pages_received(&self) -> usize {
@@ -58,6 +60,7 @@ impl Transfer {
     pub fn record(&mut self, f: &PageView) {
         self.received[f.fields.index as usize] = Some(f.checksum);
         self.received_tokens += f.fields.tokens;
+        self.received_bytes += f.payload.len() as u64;
     }
 }
 

@@ -149,7 +149,7 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
         "decode",
         otel.kind = "server",
         otel.status_code = Empty,
-        otel.status_description = Empty,
+        otel.status_description = Empty, error.type = Empty,
         trace_id = Empty,
         span_id = Empty,
         handoff_id = %id,

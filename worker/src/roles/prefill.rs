@@ -62,7 +62,7 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
         "prefill",
         otel.kind = "server",
         otel.status_code = Empty,
-        otel.status_description = Empty,
+        otel.status_description = Empty, error.type = Empty,
         trace_id = Empty,
         span_id = Empty,
         handoff_id = %req.reservation.handoff_id,
@@ -181,8 +181,7 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
         metrics: &role.metrics,
         integrity: true,
     };
-    let span =
-        tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty);
+    let span = tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
     let outcome = transfer.run().instrument(span.clone()).await;
     match &outcome {
         Ok(SendOutcome::Acked(ack)) if !ack.ok => super::failed_span(&span, &ack.reason),

@@ -130,8 +130,7 @@ impl Dispatcher {
         let request = request.clone();
         // A child of the request's span, living as long as the dispatch does (a streamed
         // answer outlives the handler).
-        let span =
-            tracing::info_span!("dispatch", handoff_id = Empty, prefill = Empty, decode = Empty, otel.status_code = Empty, otel.status_description = Empty);
+        let span = tracing::info_span!("dispatch", handoff_id = Empty, prefill = Empty, decode = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
         tokio::spawn(
             async move {
                 let _running = Running::start(&this.metrics.running);
@@ -256,8 +255,7 @@ impl Dispatcher {
         };
 
         // 3. Decode generates only from a verified handoff.
-        let generate_span =
-            tracing::info_span!("generate", completion_tokens = Empty, time_to_first_token = Empty, otel.status_code = Empty, otel.status_description = Empty);
+        let generate_span = tracing::info_span!("generate", completion_tokens = Empty, time_to_first_token = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
         let generated = async {
             let commit_wait_ms = commit_wait.map(|d| d.as_millis() as u64);
             let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms, traceparent: Some(request.traceparent()) };

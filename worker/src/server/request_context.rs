@@ -53,7 +53,7 @@ pub async fn open(mut req: Request, next: Next) -> Response {
         otel.kind = "server",
         otel.name = %format!("{} {}", req.method(), req.uri().path()),
         otel.status_code = Empty,
-        otel.status_description = Empty,
+        otel.status_description = Empty, error.type = Empty,
         http.route = req.uri().path(),
         request_id = %id,
         trace_id = Empty,
