@@ -3,7 +3,9 @@
 //! router, prefill and decode processes replaying the incident's bug (`ignore-rejection`): the
 //! integrity and refused-rollout alerts fire and the integrity alert is delivered through a real
 //! Alertmanager to a webhook, every metric the panels and rules name is really exported, and
-//! every panel query returns data.
+//! every panel query returns data. Pods and the operator export traces to a real Jaeger: one
+//! trace per request across the router, prefill and decode pods, a corrupting revision's error
+//! span in its canary's trace, and the README's walk from a mismatch to its request replayed.
 
 mod support;
 
@@ -480,4 +482,149 @@ scrape_configs:
         }
     }
     drop((prefill, decode, router));
+}
+
+#[test]
+fn pods_export_one_trace_per_request_and_a_corrupting_revision_gives_an_error_span_decode_logs_under_it() {
+    use kvgate_testenv::jaeger::{Jaeger, Trace};
+    let cp = cluster();
+    let ns = cp.restricted_namespace("traced");
+    // Jaeger in the test world's namespace, its OTLP port reachable from the pods' bridge.
+    let jaeger = Jaeger::start_receiving_on(&cp.dir.join("jaeger"), "0.0.0.0").unwrap_or_else(|e| panic!("{e:#}"));
+    let endpoint = jaeger.pods_otlp_endpoint();
+    let _op = Operator::start_with_env(
+        cp,
+        "operator-traced",
+        "lease-traced",
+        Some(&ns),
+        &[&format!("--worker-otlp-endpoint={endpoint}")],
+        &[&format!("OTEL_EXPORTER_OTLP_ENDPOINT={}", jaeger.otlp_endpoint), "OTEL_BSP_SCHEDULE_DELAY=100"],
+    );
+    apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", Duration::from_secs(120), || infd(cp, &ns, "llm")["status"]["phase"] == "Available");
+
+    // A client's request through the router pod: one trace, spans from all three pods.
+    let router = router_endpoints(cp, &ns, "llm").pop().expect("a ready router");
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let body = serde_json::json!({ "prompt": "Hello", "max_tokens": 4, "temperature": 0 }).to_string();
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "content-type: application/json"])
+        .args(["-H", &format!("traceparent: 00-{trace_id}-b7ad6b7169203331-01"), "-d", &body, &format!("http://{router}/v1/completions")])
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    let services = ["kvgate-router", "kvgate-prefill", "kvgate-decode"];
+    // (Pods export in batches every 5 s, the SDK's default.)
+    let whole = |t: &Trace| {
+        t.has("kvgate-router", "POST /v1/completions")
+            && t.has("kvgate-decode", "handoff_receive")
+            && t.has("kvgate-decode", "decode")
+            && t.has("kvgate-prefill", "handoff_send")
+    };
+    let trace = jaeger.wait_for(trace_id, Duration::from_secs(60), whole);
+    assert_eq!(trace.services(), services.into_iter().collect(), "{:?}\n{}", trace.summary(), jaeger.log());
+    // Each process is the pod it ran in (resource attributes from the rendered env).
+    let pods = names_of(&get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=llm"]));
+    let raw = jaeger.trace(trace_id).unwrap();
+    for (_, process) in raw["processes"].as_object().unwrap() {
+        let pod = process["tags"].as_array().unwrap().iter().find(|t| t["key"] == "k8s.pod.name").map(|t| t["value"].as_str().unwrap().to_string());
+        assert!(pod.as_ref().is_some_and(|p| pods.contains(p)), "{process} is none of the pods {pods:?}");
+    }
+
+    // A revision whose prefill corrupts every handoff: its integrity canary (traced by the
+    // operator, its calls carrying the trace into the candidate pods) is refused, and decode's
+    // receipt is an error span named for the reason.
+    apply_yaml(cp, &ns, &with_image(&tiny("llm", 256, 1024, 1024, ""), &kvgate_testenv::images::faulty_worker("corrupt-page")));
+    eventually(cp, &ns, "the corrupting revision refused by its canary", Duration::from_secs(180), || {
+        infd(cp, &ns, "llm")["status"]["refusedRevision"]["reason"] == "CanaryFailed"
+    });
+    let refused = "service=kvgate-decode&operation=handoff_receive&tags=%7B%22error.type%22%3A%22checksum%22%7D&lookback=1h&limit=20";
+    let mut traces = Vec::new();
+    eventually(cp, &ns, "decode's refused receipt in Jaeger", Duration::from_secs(30), || {
+        traces = jaeger.search(refused);
+        !traces.is_empty()
+    });
+    let refused_trace = jaeger.wait_for(&traces[0], Duration::from_secs(10), |t| t.has("kvgate-operator", "canary"));
+    assert!(refused_trace.has("kvgate-operator", "canary"), "the refusal is not in the canary's trace: {:?}", refused_trace.summary());
+    let receipt = refused_trace.spans().into_iter().find(|s| s.name == "handoff_receive" && s.is_error()).unwrap();
+    assert_eq!(receipt.tag("otel.status_description"), Some(&serde_json::json!("checksum")));
+
+    // The same corruption serving (no canary, no bake: nothing stops it), and a client's request
+    // failing on it: the README's walk from the mismatch to that request, replayed as written
+    // with the real kubectl against the pods.
+    // (A refused revision stays refused: another decode pool makes it another revision.)
+    let serving = format!("{}  rollout:\n    canary: {{ prompts: 0 }}\n    bakeSeconds: 0\n", tiny("llm", 256, 1024, 1040, ""));
+    let faulty = kvgate_testenv::images::faulty_worker("corrupt-page");
+    apply_yaml(cp, &ns, &with_image(&serving, &faulty));
+    // Settled: one pod per role, all of the new revision (the router follows the serving image).
+    eventually(cp, &ns, "the corrupting revision serving", Duration::from_secs(180), || {
+        let d = infd(cp, &ns, "llm");
+        let pods = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=llm"]);
+        let pods = pods["items"].as_array().cloned().unwrap_or_default();
+        d["status"]["phase"] == "Available"
+            && pods.len() == 3
+            && pods.iter().all(|p| p["spec"]["containers"][0]["image"] == faulty.as_str() && p["metadata"]["deletionTimestamp"].is_null())
+            && router_endpoints(cp, &ns, "llm").len() == 1
+    });
+    let router = router_endpoints(cp, &ns, "llm").pop().unwrap();
+    let long = "a prompt long enough for several pages of the tiny model's pool";
+    let body = serde_json::json!({ "prompt": long, "max_tokens": 4, "temperature": 0 }).to_string();
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-D",
+            "-",
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "x-request-id: walk-pods",
+            "-d",
+            &body,
+            &format!("http://{router}/v1/completions"),
+        ])
+        .output()
+        .expect("curl");
+    let answer = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(answer.starts_with("HTTP/1.1 502") && answer.contains("kv_handoff_checksum"), "{answer}");
+    let steps: Vec<String> = kvgate_testenv::readme::blocks("### Finding the request behind a mismatch").iter().map(|b| b.replace("\\\n", " ")).collect();
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    let kubectl_dir = kvgate_testenv::controlplane::bin_dir();
+    let path = format!("{}:{}", kubectl_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let run = |step: &str, trace: &str| -> String {
+        let out = std::process::Command::new("sh")
+            .args(["-c", step])
+            .env("PATH", &path)
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .env("NS", &ns)
+            .env("NAME", "llm")
+            .env("JAEGER", &jaeger.query_url)
+            .env("TRACE_ID", trace)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "`{step}` failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // 1. The decode pod's refusal, with the trace of the request.
+    let mut rows = String::new();
+    eventually(cp, &ns, "step 1 finds the refusal", Duration::from_secs(30), || {
+        rows = run(&steps[0], "");
+        !rows.is_empty()
+    });
+    let row: Vec<&str> = rows.lines().last().unwrap().split('\t').collect();
+    assert_eq!(row[1], "checksum", "{rows}");
+    let trace_id = row[3].to_string();
+    // 2. Jaeger: the request's spans from the router, prefill and decode pods, the refusal among them.
+    let arrived = |t: &Trace| t.has("kvgate-router", "POST /v1/completions") && t.spans().iter().any(|s| s.name == "handoff_receive" && s.is_error());
+    jaeger.wait_for(&trace_id, Duration::from_secs(30), arrived);
+    let spans = run(&steps[1], &trace_id);
+    for want in ["kvgate-router\tPOST /v1/completions", "kvgate-prefill\thandoff_send", "kvgate-decode\thandoff_receive\tchecksum"] {
+        assert!(spans.lines().any(|l| l.starts_with(want)), "step 2 has no {want:?}:\n{spans}");
+    }
+    // 3. The router pod's access line: the client's request id and what it got.
+    let line: Value = serde_json::from_str(run(&steps[2], &trace_id).lines().next().unwrap_or("null")).unwrap();
+    assert_eq!((line["request_id"].as_str(), line["status"].as_u64()), (Some("walk-pods"), Some(502)), "{line}");
+}
+
+fn names_of(list: &Value) -> Vec<String> {
+    list["items"].as_array().into_iter().flatten().filter_map(|o| o["metadata"]["name"].as_str().map(String::from)).collect()
 }

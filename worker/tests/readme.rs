@@ -26,7 +26,7 @@ impl Drop for Local {
 
 #[test]
 fn the_one_machine_commands_work_as_written() {
-    let blocks = support::readme_blocks("### One machine, no Kubernetes");
+    let blocks = kvgate_testenv::readme::blocks("### One machine, no Kubernetes");
     assert!(blocks[0].contains("make run") && blocks[0].contains("kvgate-worker -- local"), "{}", blocks[0]);
     assert!(
         std::net::TcpStream::connect("127.0.0.1:8080").is_err(),

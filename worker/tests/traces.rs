@@ -235,22 +235,22 @@ async fn the_dashboards_links_to_jaeger_find_the_refused_handoff_and_the_slow_re
 
     let mismatches = data_link("integrity", "Handoff mismatches by reason");
     let by = |reason: &str| -> Vec<(&str, String)> { range.iter().cloned().chain([("__field.labels.reason", reason.to_string())]).collect() };
-    assert_eq!(follow(&jaeger, &mismatches, &by("checksum")).await, [trace_id.clone()], "the checksum series' link");
+    assert_eq!(follow(&jaeger, &mismatches, &by("checksum")).await, [trace_id.as_str()], "the checksum series' link");
     assert!(follow(&jaeger, &mismatches, &by("token_count")).await.is_empty(), "another reason's link finds nothing");
     let all = data_link("integrity", "Handoff mismatches in range");
-    assert_eq!(follow(&jaeger, &all, &range).await, [trace_id.clone()]);
+    assert_eq!(follow(&jaeger, &all, &range).await, [trace_id.as_str()]);
 
     // The request duration panel's link: requests at least as slow as the point clicked.
     let slow = data_link("serving", "Request duration");
     let at = |seconds: f64| -> Vec<(&str, String)> { range.iter().cloned().chain([("__value.raw", format!("{seconds:.6}"))]).collect() };
-    assert_eq!(follow(&jaeger, &slow, &at(took / 4.0)).await, [trace_id.clone()], "a request slower than the value clicked");
+    assert_eq!(follow(&jaeger, &slow, &at(took / 4.0)).await, [trace_id.as_str()], "a request slower than the value clicked");
     assert!(follow(&jaeger, &slow, &at(took * 4.0 + 1.0)).await.is_empty(), "none slower than four times its duration");
 }
 
 /// The README's "Finding the request behind a mismatch": its three commands, with each
 /// `kubectl logs ... |` replaced by the same pod's log as a file, run by `sh` as written.
 fn readme_steps() -> Vec<String> {
-    support::readme_blocks("### Finding the request behind a mismatch").iter().map(|b| b.replace("\\\n", " ")).collect()
+    kvgate_testenv::readme::blocks("### Finding the request behind a mismatch").iter().map(|b| b.replace("\\\n", " ")).collect()
 }
 
 fn run_step(command: &str, env: &[(&str, &str)]) -> String {

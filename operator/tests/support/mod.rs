@@ -46,6 +46,12 @@ impl Operator {
 
     /// As `start_in`, with more arguments (`--log-format=json` before `run` is global too).
     pub fn start_with(cp: &ControlPlane, name: &str, lease: &str, namespace: Option<&str>, extra: &[&str]) -> Operator {
+        Self::start_with_env(cp, name, lease, namespace, extra, &[])
+    }
+
+    /// As `start_with`, with environment variables set for the operator (`NAME=value`), e.g.
+    /// the OTLP endpoint of its own spans.
+    pub fn start_with_env(cp: &ControlPlane, name: &str, lease: &str, namespace: Option<&str>, extra: &[&str], env: &[&str]) -> Operator {
         let port = free_port();
         let mut args = vec![
             "run".to_string(),
@@ -58,7 +64,13 @@ impl Operator {
         ];
         args.extend(namespace.map(|ns| format!("--namespace={ns}")));
         args.extend(extra.iter().map(|a| a.to_string()));
-        let mut proc = Proc::spawn(name, Path::new(env!("CARGO_BIN_EXE_kvgate-operator")), &args, &cp.dir).unwrap();
+        let bin = Path::new(env!("CARGO_BIN_EXE_kvgate-operator"));
+        let mut proc = if env.is_empty() {
+            Proc::spawn(name, bin, &args, &cp.dir).unwrap()
+        } else {
+            let with_env: Vec<String> = env.iter().map(|e| e.to_string()).chain([bin.display().to_string()]).chain(args).collect();
+            Proc::spawn(name, Path::new("/usr/bin/env"), &with_env, &cp.dir).unwrap()
+        };
         let metrics = format!("http://127.0.0.1:{port}/metrics");
         let deadline = Instant::now() + Duration::from_secs(30);
         while get(&metrics).is_none() {

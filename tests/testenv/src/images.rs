@@ -43,6 +43,8 @@ pub const FAULTY_WORKERS: &[(&str, &[(&str, &str)])] = &[
     // Prefill sends KV in a layout it does not report, from the first handoff: only comparing
     // outputs (the canary) can tell.
     ("wrong-layout", &[("KVGATE_INJECT_FAULT", "wrong-layout"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")]),
+    // Prefill corrupts a page of every handoff: decode refuses each (checksum), the canary fails.
+    ("corrupt-page", &[("KVGATE_INJECT_FAULT", "corrupt-page"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")]),
     // Prefill corrupts a page of every handoff after its 20th: passes a canary, fails under traffic.
     ("corrupt-after-20", &[("KVGATE_INJECT_FAULT", "corrupt-page"), ("KVGATE_ALLOW_FAULT_INJECTION", "true"), ("KVGATE_FAULT_AFTER", "20")]),
     // Prefill exits after its 5th handoff and comes back (same pod) with an eighth of its pool.
@@ -88,7 +90,8 @@ fn build() -> anyhow::Result<PathBuf> {
     let out = root.join("target/images-debug");
     let bins = ["kvgate-worker", "kvgate-operator"].map(|b| root.join("target/debug").join(b));
     let inputs = ["images/python.lock", "images/llamacpp/requirements.txt", "images/llamacpp/llama-server"].map(|f| root.join(f));
-    let want = stamp(&bins, &inputs)?;
+    // The faulty images are tags made from the table: a changed table is a rebuild too.
+    let want = format!("{}{FAULTY_WORKERS:?}\n", stamp(&bins, &inputs)?);
     let stamp_file = out.join("stamp");
     if std::fs::read_to_string(&stamp_file).ok().as_deref() == Some(want.as_str()) {
         return Ok(out);

@@ -22,6 +22,13 @@ pub struct Jaeger {
 impl Jaeger {
     /// Starts Jaeger with its own loopback ports, writing its config and log into `dir`.
     pub fn start(dir: &Path) -> anyhow::Result<Jaeger> {
+        Self::start_receiving_on(dir, "127.0.0.1")
+    }
+
+    /// As `start`, with the OTLP receiver on `host`: `0.0.0.0` inside a test world's network
+    /// namespace lets its pods export through the bridge (`pods_otlp_endpoint`); the query API
+    /// stays on loopback.
+    pub fn start_receiving_on(dir: &Path, host: &str) -> anyhow::Result<Jaeger> {
         let bin = tool("jaeger")?;
         std::fs::create_dir_all(dir)?;
         let (otlp, query, query_grpc, health) = (free_port(), free_port(), free_port(), free_port());
@@ -57,7 +64,7 @@ receivers:
   otlp:
     protocols:
       http:
-        endpoint: 127.0.0.1:{otlp}
+        endpoint: {host}:{otlp}
 processors:
   batch:
     timeout: 100ms
@@ -77,6 +84,21 @@ exporters:
             std::thread::sleep(Duration::from_millis(200));
         }
         Ok(Jaeger { proc, otlp_endpoint, query_url })
+    }
+
+    /// Where pods of the test world's node send spans: the OTLP port on the bridge's address
+    /// (start the receiver on `0.0.0.0`).
+    pub fn pods_otlp_endpoint(&self) -> String {
+        let port = self.otlp_endpoint.rsplit(':').next().unwrap_or_default();
+        format!("http://{}:{port}", crate::node::network::GATEWAY)
+    }
+
+    /// Trace ids of a search of the query API (`/api/traces?<query>`, the UI's `/search`
+    /// parameters: service, operation, tags, start, end, minDuration, limit).
+    pub fn search(&self, query: &str) -> Vec<String> {
+        let body = crate::http::get(&format!("{}/api/traces?{query}", self.query_url)).unwrap_or_default();
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["data"].as_array().into_iter().flatten().filter_map(|t| t["traceID"].as_str().map(String::from)).collect()
     }
 
     /// The trace with this id (32 hex digits), as the query API has it now (`None` until any of

@@ -15,6 +15,7 @@ pub mod netfault;
 pub mod netns;
 pub mod node;
 pub mod process;
+pub mod readme;
 pub mod relay;
 pub mod tools;
 pub mod wait;

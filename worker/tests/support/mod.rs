@@ -240,12 +240,3 @@ pub async fn eventually(w: &Worker, series: &str, want: f64) {
     }
     assert_eq!(w.metric(series).await, want, "{series}");
 }
-
-/// The shell blocks of the README section that starts with `heading`, as written.
-pub fn readme_blocks(heading: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let start = readme.find(heading).unwrap_or_else(|| panic!("README has no {heading:?}"));
-    let section = &readme[start + heading.len()..];
-    let section = &section[..section.find("\n#").unwrap_or(section.len())];
-    section.split("```sh\n").skip(1).map(|b| b[..b.find("```").unwrap()].to_string()).collect()
-}
