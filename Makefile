@@ -51,6 +51,8 @@ generate:
 bench:
 	$(CARGO) bench -p kvgate-worker --bench engine
 	$(CARGO) bench -p kvgate-worker --bench handoff
+	# Traces on vs off: a real Jaeger (`make tools`).
+	$(CARGO) bench -p kvgate-worker --bench tracing
 	bench/venv.sh bench/plot.py
 	$(CARGO) build --release -p kvgate-worker
 	bench/venv.sh bench/peer.py --worker target/release/kvgate-worker
