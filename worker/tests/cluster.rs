@@ -40,6 +40,32 @@ async fn a_rejected_prompt_forwarded_anyway_is_caught_as_rejected_forwarded() {
 }
 
 #[tokio::test]
+async fn through_a_prefill_that_forwards_what_it_rejects_honest_prompts_are_served_exactly_and_only_rejected_ones_are_caught() {
+    // The incident's fault does only what it names: prompts that fit are untouched.
+    let c = cluster(&["--kv-pool-tokens", "128", "--allow-fault-injection", "--inject-fault", "ignore-rejection"], &[]);
+    let reference = support::Worker::colocated(&[]);
+    let honest = ["hi", "a prompt that spans a few pages of the tiny model's KV cache", &"z".repeat(100)];
+    for prompt in honest {
+        assert_eq!(c.router.complete(prompt, 8).await, reference.complete(prompt, 8).await, "{prompt:?} through the faulty prefill");
+    }
+    let oversized = ["y".repeat(200), "y".repeat(299)];
+    for prompt in &oversized {
+        let (status, body) = c.router.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 4})).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (413, Some("prompt_too_large")), "{body}");
+    }
+    eventually(&c.decode, r#"kvgate_handoff_mismatch_total{reason="rejected_forwarded",role="decode"}"#, 2.0).await;
+    let committed = c.decode.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await;
+    assert_eq!(committed, honest.len() as f64, "every honest prompt's handoff committed");
+    for reason in ["token_count", "checksum", "page_set", "auth", "fingerprint", "timeout", "first_token"] {
+        let series = format!(r#"kvgate_handoff_mismatch_total{{reason="{reason}",role="decode"}}"#);
+        assert_eq!(c.decode.metric(&series).await, 0.0, "{reason}: only rejected prompts may be caught");
+    }
+    assert_eq!(c.router.metric(r#"kvgate_requests_rejected_total{reason="prompt_too_large",role="router"}"#).await, 2.0);
+    eventually(&c.decode, r#"kvgate_kv_pool_pages_in_use{role="decode"}"#, 0.0).await;
+    eventually(&c.prefill, r#"kvgate_kv_pool_pages_in_use{role="prefill"}"#, 0.0).await;
+}
+
+#[tokio::test]
 async fn a_prefill_process_that_dies_mid_transfer_leaves_no_pages_behind() {
     let mut c = cluster(&["--allow-fault-injection", "--inject-fault", "die-mid-transfer"], &[]);
     let prompt = "a prompt that spans six pages of the tiny model's KV cache, sixteen tokens per page.....";

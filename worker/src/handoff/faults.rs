@@ -21,6 +21,8 @@ pub enum Fault {
     /// Stop mid-transfer: a dedicated prefill process exits; in `local` the connection drops.
     DieMidTransfer,
     /// Reject a prompt that cannot fit, but still hand off a one-token placeholder for it.
+    /// Prompts that fit are served as without the fault (as in the incident, where only
+    /// rejected prompts went wrong).
     IgnoreRejection,
     /// Send KV in a layout that is not the one reported (each page's two halves swapped, as K
     /// and V mixed up would be): every checksum, MAC and fingerprint holds, the KV is wrong.

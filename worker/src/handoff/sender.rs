@@ -127,6 +127,7 @@ impl Transfer<'_> {
         };
         for (i, &dest) in r.pages.iter().enumerate() {
             match self.fault() {
+                // The placeholder of a rejected prompt (`ignore-rejection`) has one token of KV.
                 Some(Fault::TruncateTransfer | Fault::IgnoreRejection) if i >= 1 => break,
                 Some(Fault::DieMidTransfer) if i >= n.div_ceil(2).max(1) => {
                     if let Some(out) = out.as_mut() {

@@ -75,23 +75,31 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
 async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Response {
     let n = role.handoffs.fetch_add(1, Ordering::SeqCst) + 1;
     let fault = role.fault.filter(|_| faults::hits(n, role.fault_after, role.fault_every));
+    // The incident's bug touches only what prefill rejects: a prompt that fits is prefilled,
+    // checked and sent like any other (`forward_placeholder` is the bug's own path).
+    let (ignores_rejections, fault) = match fault {
+        Some(Fault::IgnoreRejection) => (true, None),
+        other => (false, other),
+    };
     let vocab = role.engine.model.vocab_size();
     if let Some(at) = req.prompt.iter().position(|t| *t as usize >= vocab) {
         let message = format!("prompt token {} at position {at} is outside the vocabulary of {vocab} tokens", req.prompt[at]);
         return ApiError::invalid(format!("prompt[{at}]"), message).into_response();
     }
     let layout = *role.engine.pool.layout();
-    // Nothing is computed, and no address dialled, for a reservation decode did not mint.
-    if fault != Some(Fault::IgnoreRejection)
+    let capacity = role.engine.pool.capacity_tokens();
+    let rejected = req.prompt.is_empty() || req.prompt.len() > capacity;
+    // Nothing is computed, and no address dialled, for a reservation decode did not mint (the
+    // bug's placeholder for a rejected prompt skips this: its lease is not the reservation's).
+    if !(rejected && ignores_rejections)
         && let Err(e) = check_reservation(&req.reservation, &role.secret, req.prompt.len(), &layout.fingerprint(), layout.page_size)
     {
         return reservation_error(e).into_response();
     }
-    let capacity = role.engine.pool.capacity_tokens();
-    if req.prompt.is_empty() || req.prompt.len() > capacity {
+    if rejected {
         let r = Rejection::NeverFits { prompt: req.prompt.len(), max_tokens: 0, needed: req.prompt.len(), capacity };
         role.engine.metrics.rejected.with_label_values(&[r.reason()]).inc();
-        if fault == Some(Fault::IgnoreRejection) && !req.prompt.is_empty() {
+        if ignores_rejections && !req.prompt.is_empty() {
             // The incident's bug: the prompt is rejected, yet a one-token placeholder is
             // computed and handed off anyway, after the rejection went out.
             let role = role.clone();
