@@ -122,6 +122,17 @@ pub struct InferenceDeploymentSpec {
     pub inference_pool: Option<InferencePoolSpec>,
 }
 
+/// A deployment for unit tests: `llm` in namespace `ns` with UID `uid-1`, from a JSON spec.
+#[cfg(test)]
+impl InferenceDeployment {
+    pub fn for_test(spec: serde_json::Value) -> Self {
+        let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).expect("a valid spec"));
+        d.metadata.namespace = Some("ns".into());
+        d.metadata.uid = Some("uid-1".into());
+        d
+    }
+}
+
 /// The settings of a kvgate role the spec leaves out (the CRD requires both with engine kvgate).
 static ABSENT_WORKER: std::sync::LazyLock<WorkerRole> =
     std::sync::LazyLock::new(|| WorkerRole { replicas: 0, kv_pool: KvPoolSpec::default(), resources: None, node_selector: None, tolerations: None });

@@ -60,7 +60,7 @@ mod tests {
         if let Some(p) = host_path {
             spec["model"] = serde_json::json!({ "path": "llama", "volume": { "hostPath": p } });
         }
-        InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap())
+        InferenceDeployment::for_test(spec)
     }
 
     #[test]

@@ -100,8 +100,7 @@ mod tests {
 
     fn d(uid: &str, version: &str) -> InferenceDeployment {
         let spec = serde_json::json!({ "model": { "name": "tiny" }, "contextWindow": 8, "prefill": { "kvPool": {} }, "decode": { "kvPool": {} } });
-        let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
-        d.metadata.namespace = Some("ns".into());
+        let mut d = InferenceDeployment::for_test(spec);
         d.metadata.uid = Some(uid.into());
         d.metadata.resource_version = Some(version.into());
         d

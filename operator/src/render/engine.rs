@@ -76,10 +76,7 @@ mod tests {
             "model": { "path": "tiny.gguf", "volume": { "persistentVolumeClaim": "models" } },
             "server": server,
         });
-        let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
-        d.metadata.namespace = Some("ns".into());
-        d.metadata.uid = Some("uid-1".into());
-        d
+        InferenceDeployment::for_test(spec)
     }
 
     #[test]

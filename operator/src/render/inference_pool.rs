@@ -59,10 +59,7 @@ mod tests {
     use super::*;
 
     fn deployment(spec: serde_json::Value) -> InferenceDeployment {
-        let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
-        d.metadata.namespace = Some("ns".into());
-        d.metadata.uid = Some("u1".into());
-        d
+        InferenceDeployment::for_test(spec)
     }
 
     #[test]
@@ -76,7 +73,7 @@ mod tests {
         assert_eq!(p.data["spec"]["selector"]["matchLabels"], json!(service.spec.unwrap().selector.unwrap()));
         assert_eq!(p.data["spec"]["targetPorts"], json!([{ "number": ROUTER_PORT }]));
         assert_eq!(p.data["spec"]["endpointPickerRef"], json!({ "kind": "Service", "name": "epp", "port": { "number": 9002 }, "failureMode": "FailClose" }));
-        assert_eq!(p.metadata.owner_references.unwrap()[0].uid, "u1", "deleted with its deployment");
+        assert_eq!(p.metadata.owner_references.unwrap()[0].uid, "uid-1", "deleted with its deployment");
 
         let vllm = deployment(json!({
             "engine": "vllm", "model": { "path": "m", "volume": { "hostPath": "/m" } }, "contextWindow": 64,

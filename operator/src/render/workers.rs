@@ -274,10 +274,7 @@ mod tests {
     use crate::render::router;
 
     fn d(spec: serde_json::Value) -> InferenceDeployment {
-        let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
-        d.metadata.namespace = Some("ns".into());
-        d.metadata.uid = Some("uid-1".into());
-        d
+        InferenceDeployment::for_test(spec)
     }
 
     fn spec() -> serde_json::Value {

@@ -21,8 +21,7 @@ pub(super) fn deployment(window: u64) -> InferenceDeployment {
         // Off here; the canary's transitions have their own tests below, with it on.
         "rollout": { "canary": { "prompts": 0 }, "bakeSeconds": 0 },
     });
-    let mut d = InferenceDeployment::new("llm", serde_json::from_value(spec).unwrap());
-    d.metadata.namespace = Some("ns".into());
+    let mut d = InferenceDeployment::for_test(spec);
     d.metadata.generation = Some(1);
     d
 }
