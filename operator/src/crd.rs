@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use kvgate_proto::contract;
@@ -135,7 +135,7 @@ impl InferenceDeployment {
 
 /// The settings of a kvgate role the spec leaves out (the CRD requires both with engine kvgate).
 static ABSENT_WORKER: std::sync::LazyLock<WorkerRole> =
-    std::sync::LazyLock::new(|| WorkerRole { replicas: 0, kv_pool: KvPoolSpec::default(), resources: None, node_selector: None, tolerations: None });
+    std::sync::LazyLock::new(|| WorkerRole { replicas: 0, kv_pool: KvPoolSpec::default(), resources: None, placement: Placement::default() });
 
 impl InferenceDeploymentSpec {
     /// The prefill or decode settings (engine kvgate).
@@ -214,12 +214,9 @@ pub struct ServerRole {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
-    /// Node labels the pods must match.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_selector: Option<BTreeMap<String, String>>,
-    /// Taints the pods tolerate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tolerations: Option<Vec<Toleration>>,
+    /// Where the pods run.
+    #[serde(flatten)]
+    pub placement: Placement,
 }
 
 /// Which model: the built-in `tiny` model, or a checkpoint directory on a volume.
@@ -269,12 +266,32 @@ pub struct WorkerRole {
     /// CPU, memory and accelerator requests and limits of the worker container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Where the pods run.
+    #[serde(flatten)]
+    pub placement: Placement,
+}
+
+/// Where a role's pods run. Without `topologySpreadConstraints`, prefill and decode pods of a
+/// revision spread across nodes (and routers, and an engine's servers, among themselves), softly:
+/// a cluster of one node still runs them all.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
     /// Node labels the pods must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
     /// Taints the pods tolerate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
+    /// Node and pod affinity, as in a pod spec (`kubectl explain pod.spec.affinity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "terse::<Affinity>")]
+    pub affinity: Option<Affinity>,
+    /// Topology spread, as in a pod spec (`kubectl explain pod.spec.topologySpreadConstraints`);
+    /// replaces the default spread across nodes (an empty list turns spreading off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "terse::<Vec<TopologySpreadConstraint>>")]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
 }
 
 fn one() -> i32 {
@@ -341,17 +358,14 @@ pub struct RouterRole {
     /// Requests and limits of the router container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
-    /// Node labels the pods must match.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_selector: Option<BTreeMap<String, String>>,
-    /// Taints the pods tolerate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tolerations: Option<Vec<Toleration>>,
+    /// Where the pods run.
+    #[serde(flatten)]
+    pub placement: Placement,
 }
 
 impl Default for RouterRole {
     fn default() -> Self {
-        RouterRole { replicas: 1, resources: None, node_selector: None, tolerations: None }
+        RouterRole { replicas: 1, resources: None, placement: Placement::default() }
     }
 }
 
@@ -549,6 +563,27 @@ pub struct InferenceDeploymentStatus {
     /// exists; a pod that reports it missing has it created again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff_secret: Option<String>,
+}
+
+/// A pod-spec type's full schema without its inner descriptions: `kubectl explain pod.spec` has
+/// them, and with them the CRD would outgrow the 256 KiB that `kubectl apply` keeps of it in an
+/// annotation.
+fn terse<T: JsonSchema>(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.remove("description");
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut s = T::json_schema(g);
+    let mut v = serde_json::to_value(&s).expect("a schema is JSON");
+    strip(&mut v);
+    s = schemars::Schema::try_from(v).expect("still a schema");
+    s
 }
 
 /// `Option<Phase>` as a structural schema: the phases' enum, nullable (schemars would list

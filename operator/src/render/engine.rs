@@ -53,8 +53,8 @@ pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Dep
     if matches!(d.spec.engine, Engine::Vllm | Engine::Sglang) {
         scratch("dshm", "/dev/shm", EmptyDirVolumeSource { medium: Some("Memory".into()), ..Default::default() });
     }
-    let placement = (server.and_then(|s| s.node_selector.clone()), server.and_then(|s| s.tolerations.clone()));
-    gated(d, Role::Server, revision, replicas, c, volumes, placement)
+    let placement = server.map(|s| s.placement.clone()).unwrap_or_default();
+    gated(d, Role::Server, revision, replicas, c, volumes, &placement)
 }
 
 /// The deployment's API: `<name>` port 80 -> the engine's verified pods, every revision.

@@ -55,33 +55,41 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, tel
                     labels: Some(labels::pod(labels::with(labels::common(n), selector), d.metadata.uid.as_deref())),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    service_account_name: Some(router_name(d)),
-                    containers: vec![Container {
-                        name: "router".into(),
-                        image: Some(image.into()),
-                        args: Some(args),
-                        env: Some(worker_env(telemetry)),
-                        ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: ROUTER_PORT, ..Default::default() }]),
-                        readiness_probe: Some(http_probe("/readyz", 2)),
-                        liveness_probe: Some(http_probe("/healthz", 10)),
-                        resources: r.resources.clone(),
-                        security_context: Some(container_sc),
-                        volume_mounts: Some(mounts),
+                spec: Some(placed(
+                    d,
+                    &r.placement,
+                    PodSpec {
+                        service_account_name: Some(router_name(d)),
+                        containers: vec![Container {
+                            name: "router".into(),
+                            image: Some(image.into()),
+                            args: Some(args),
+                            env: Some(worker_env(telemetry)),
+                            ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: ROUTER_PORT, ..Default::default() }]),
+                            readiness_probe: Some(http_probe("/readyz", 2)),
+                            liveness_probe: Some(http_probe("/healthz", 10)),
+                            resources: r.resources.clone(),
+                            security_context: Some(container_sc),
+                            volume_mounts: Some(mounts),
+                            ..Default::default()
+                        }],
+                        security_context: Some(pod_sc),
+                        volumes: Some(volumes),
+                        termination_grace_period_seconds: Some(10),
                         ..Default::default()
-                    }],
-                    security_context: Some(pod_sc),
-                    node_selector: r.node_selector.clone(),
-                    tolerations: r.tolerations.clone(),
-                    volumes: Some(volumes),
-                    termination_grace_period_seconds: Some(10),
-                    ..Default::default()
-                }),
+                    },
+                )),
             },
             ..Default::default()
         },
         ..Default::default()
     }
+}
+
+/// `spec` with the router's placement.
+fn placed(d: &InferenceDeployment, p: &crate::crd::Placement, mut spec: PodSpec) -> PodSpec {
+    super::placement::apply(&mut spec, d, p, None, None);
+    spec
 }
 
 /// The deployment's API: `<name>` port 80 -> the routers.

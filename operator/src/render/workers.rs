@@ -197,7 +197,7 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Default::default()
     };
-    gated(d, role, revision, replicas, container, volumes, (r.node_selector.clone(), r.tolerations.clone()))
+    gated(d, role, revision, replicas, container, volumes, &r.placement)
 }
 
 /// The Deployment of `role`'s pods at one revision: `container`, non-root, no service-account
@@ -210,7 +210,7 @@ pub fn gated(
     replicas: i32,
     container: Container,
     volumes: Vec<Volume>,
-    (node_selector, tolerations): (Option<std::collections::BTreeMap<String, String>>, Option<Vec<k8s_openapi::api::core::v1::Toleration>>),
+    placement: &crate::crd::Placement,
 ) -> Deployment {
     let n = name(d);
     let selector = labels::revision_selector(n, role.as_str(), revision);
@@ -231,11 +231,13 @@ pub fn gated(
                     readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
                     automount_service_account_token: Some(false),
                     security_context: Some(pod_sc),
-                    node_selector,
-                    tolerations,
                     volumes: (!volumes.is_empty()).then_some(volumes),
                     termination_grace_period_seconds: Some(10),
                     ..Default::default()
+                })
+                .map(|mut spec| {
+                    super::placement::apply(&mut spec, d, placement, Some(role), Some(revision));
+                    spec
                 }),
             },
             ..Default::default()
