@@ -614,7 +614,12 @@ fn pods_export_one_trace_per_request_and_a_corrupting_revision_gives_an_error_sp
     assert_eq!(row[1], "checksum", "{rows}");
     let trace_id = row[3].to_string();
     // 2. Jaeger: the request's spans from the router, prefill and decode pods, the refusal among them.
-    let arrived = |t: &Trace| t.has("kvgate-router", "POST /v1/completions") && t.spans().iter().any(|s| s.name == "handoff_receive" && s.is_error());
+    // (Each pod sends its spans in its own batch, every 5 s.)
+    let arrived = |t: &Trace| {
+        t.has("kvgate-router", "POST /v1/completions")
+            && t.has("kvgate-prefill", "handoff_send")
+            && t.spans().iter().any(|s| s.name == "handoff_receive" && s.is_error())
+    };
     jaeger.wait_for(&trace_id, Duration::from_secs(30), arrived);
     let spans = run(&steps[1], &trace_id);
     for want in ["kvgate-router\tPOST /v1/completions", "kvgate-prefill\thandoff_send", "kvgate-decode\thandoff_receive\tchecksum"] {
