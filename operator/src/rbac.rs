@@ -16,7 +16,8 @@ pub const WATCHED_NAMESPACES: &[(&str, &str, &[&str])] = &[
     ("rbac.authorization.k8s.io", "rolebindings", &["create", "list", "patch", "watch"]),
     // The optional gateway InferencePool (`reconcile::inference_pool`): read once per pass
     // (its CRD may be missing, so it is not watched), server-side applied like the owned
-    // objects above (create + patch), deleted when no longer asked.
+    // objects above (an apply that creates needs `create` as well as `patch`: without it the
+    // chart's test sees no pool), deleted when no longer asked.
     ("inference.networking.k8s.io", "inferencepools", &["create", "delete", "get", "patch"]),
     // The router's Role grants these; RBAC lets the operator grant only what it holds itself.
     ("discovery.k8s.io", "endpointslices", &["get", "list", "watch"]),

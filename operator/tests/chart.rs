@@ -341,6 +341,15 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     });
     let msg = condition(&infd(cp, &ns, "incident"), "RolloutRefused").unwrap()["message"].as_str().unwrap().to_string();
     assert!(msg.contains("tokens < contextWindow 1048576"), "{msg}");
+    // The chart's permissions cover the optional gateway pool: created under the operator's own
+    // identity once the Gateway API Inference Extension's CRD is there.
+    cp.kubectl_ok(&["apply", "-f", repo("tests/fixtures/inferencepool-crd.yaml").to_str().unwrap()]);
+    cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=30s"]);
+    cp.kubectl_ok(&["-n", &ns, "patch", "infd", "tiny", "--type=merge", "-p", r#"{"spec":{"inferencePool":{"endpointPicker":{"name":"tiny-epp"}}}}"#]);
+    eventually(cp, &ns, "the InferencePool applied by the chart's operator", Duration::from_secs(90), || {
+        condition_true(&infd(cp, &ns, "tiny"), "InferencePoolReady")
+            && get_json(cp, &["-n", &ns, "get", "inferencepools.inference.networking.k8s.io", "tiny"])["spec"]["endpointPickerRef"]["name"] == "tiny-epp"
+    });
     // The events were written by the pod's identity: its ServiceAccount, not an admin.
     let op = get_json(cp, &["-n", &release_ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate-operator"]);
     assert_eq!(op["items"][0]["spec"]["serviceAccountName"], "kvgate");
