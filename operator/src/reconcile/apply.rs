@@ -114,7 +114,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     // The gateway's pool, and its condition in the status written below.
     let mut new_status = plan.status.clone();
     let had_pool = new_status.conditions.iter().any(|c| c.type_ == inference_pool::CONDITION);
-    let pool = inference_pool::sync(ctx, d, &ns, had_pool).await?;
+    let pool = inference_pool::sync(ctx, d, &ns, had_pool).await;
     let pool_changed = inference_pool::set_condition(d, &pool, &mut new_status.conditions);
     // Status first: it is the record the next pass (of this or another operator) decides on.
     // A pass killed after it announces nothing twice; one killed before it decides again.

@@ -1,7 +1,7 @@
 //! Keeps the optional `InferencePool` in line with `spec.inferencePool` and says how it stands
-//! in the condition `InferencePoolReady`. Its CRD is not the operator's and may be missing: that
-//! is a False condition and a Warning Event, never a failed pass (the deployment serves without
-//! a gateway). The pool is not watched (a watch of a type the cluster may not serve would fail),
+//! in the condition `InferencePoolReady`. Its CRD is not the operator's and may be missing, and
+//! its RBAC may lag behind an upgrade: either is a False condition and a Warning Event, never a
+//! failed pass (the deployment serves without a gateway, and its rollouts go on). The pool is not watched (a watch of a type the cluster may not serve would fail),
 //! so each pass reads it once and writes only what differs; a pass runs at least every 30 s, so
 //! a CRD installed later is picked up within that.
 
@@ -17,7 +17,7 @@ use crate::render::inference_pool::{self, GROUP, KIND, VERSION};
 pub const CONDITION: &str = "InferencePoolReady";
 
 /// What a pass did, for the condition and the Event of a change.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub enum Outcome {
     /// The spec asks for no pool and none of this deployment's exists.
     NotWanted,
@@ -25,6 +25,8 @@ pub enum Outcome {
     Applied { name: String },
     /// The API server does not serve the InferencePool type.
     NotServed,
+    /// Reading, applying or deleting it failed (forbidden, rejected, API unavailable).
+    Failed(Error),
 }
 
 fn api(ctx: &Context, ns: &str) -> Api<DynamicObject> {
@@ -32,7 +34,11 @@ fn api(ctx: &Context, ns: &str) -> Api<DynamicObject> {
 }
 
 /// Applies, or deletes when no longer asked for, the deployment's pool.
-pub async fn sync(ctx: &Context, d: &InferenceDeployment, ns: &str, had_condition: bool) -> Result<Outcome, Error> {
+pub async fn sync(ctx: &Context, d: &InferenceDeployment, ns: &str, had_condition: bool) -> Outcome {
+    attempt(ctx, d, ns, had_condition).await.unwrap_or_else(Outcome::Failed)
+}
+
+async fn attempt(ctx: &Context, d: &InferenceDeployment, ns: &str, had_condition: bool) -> Result<Outcome, Error> {
     let api = api(ctx, ns);
     let name = d.name_any();
     let Some(pool) = inference_pool::pool(d) else {
@@ -93,6 +99,7 @@ pub fn condition(d: &InferenceDeployment, outcome: &Outcome) -> Option<(bool, &'
                 "spec.inferencePool is set, but the API server does not serve {GROUP}/{VERSION} {KIND}: install the Gateway API Inference Extension's CRDs (v1.0 or later); the deployment serves without it"
             ),
         )),
+        Outcome::Failed(e) => Some((false, e.reason(), format!("{e}; the deployment serves without it, retried every pass"))),
     }
 }
 
@@ -104,4 +111,32 @@ pub fn set_condition(d: &InferenceDeployment, outcome: &Outcome, conds: &mut Vec
         Some((ok, reason, message)) => conditions::set(conds, CONDITION, ok, reason, message, d.metadata.generation),
     }
     before != conds.iter().find(|c| c.type_ == CONDITION).map(|c| c.status.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn each_outcome_has_its_condition_and_a_failure_names_its_cause_without_failing_the_pass() {
+        let d = InferenceDeployment::for_test(json!({
+            "model": { "name": "tiny" }, "contextWindow": 64, "prefill": { "kvPool": {} }, "decode": { "kvPool": {} },
+            "inferencePool": { "endpointPicker": { "name": "epp" } },
+        }));
+        assert!(condition(&d, &Outcome::NotWanted).is_none());
+        let (ok, reason, message) = condition(&d, &Outcome::Applied { name: "llm".into() }).unwrap();
+        assert!(ok && reason == "Applied" && message.contains("epp:9002"), "{message}");
+        let (ok, reason, _) = condition(&d, &Outcome::NotServed).unwrap();
+        assert!(!ok && reason == "CRDNotInstalled");
+        let forbidden = kube::Error::Api(kube::core::Status::failure("no", "Forbidden").with_code(403).boxed());
+        let (ok, reason, message) = condition(&d, &Outcome::Failed(Error::api("applying InferencePool llm")(forbidden))).unwrap();
+        assert!(!ok && reason == "Forbidden" && message.starts_with("applying InferencePool llm: forbidden"), "{message}");
+
+        let mut conds = Vec::new();
+        assert!(set_condition(&d, &Outcome::NotServed, &mut conds), "a new condition is a change");
+        assert!(!set_condition(&d, &Outcome::NotServed, &mut conds), "the same again is not");
+        assert!(set_condition(&d, &Outcome::Applied { name: "llm".into() }, &mut conds));
+        assert!(set_condition(&d, &Outcome::NotWanted, &mut conds) && conds.is_empty(), "no pool asked: no condition");
+    }
 }
