@@ -11,6 +11,7 @@
 //! holding the secret sent counted in `kvgate_kv_port_rejected_total`, apart from integrity
 //! mismatches.
 
+use kvgate_telemetry::trace_context::mark_failed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -341,7 +342,7 @@ impl Receipt {
         span.record("bytes", self.bytes as i64);
         span.record("integrity_seconds", self.hashing.as_secs_f64());
         if let Some(reason) = refused {
-            kvgate_telemetry::trace_context::mark_failed(&span, reason);
+            mark_failed(&span, reason);
             span.record("refused", true);
         }
     }

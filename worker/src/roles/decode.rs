@@ -1,6 +1,7 @@
 //! The decode role: reserves pages, receives KV on its KV port, and generates only from a
 //! handoff whose every check passed, within what the reservation allows.
 
+use kvgate_telemetry::trace_context::mark_failed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -164,7 +165,7 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
         let req = parsed?;
         let wait = req.commit_wait_ms.map(Duration::from_millis);
         let committed = role.reservations.take_committed(id, wait).await.map_err(|v| {
-            super::failed_span(&tracing::Span::current(), v.reason.as_str());
+            mark_failed(&tracing::Span::current(), v.reason.as_str());
             verdict_error(&v)
         })?;
         // The reservation, not the caller, bounds what is generated (its pages are the lease).

@@ -16,5 +16,3 @@ pub use kvgate_proto::roles::{PREFILL_PATH, RESERVE_PATH, cancel_path, generate_
 pub fn join_trace(span: &tracing::Span, traceparent: Option<&str>) -> kvgate_telemetry::TraceContext {
     kvgate_telemetry::trace_context::adopt(span, traceparent.and_then(kvgate_telemetry::TraceContext::parse))
 }
-
-pub use kvgate_telemetry::trace_context::mark_failed as failed_span;

@@ -1,6 +1,7 @@
 //! The prefill role: computes a prompt's KV and streams it into decode's reservation. A prompt
 //! that can never fit is rejected before anything is computed or sent.
 
+use kvgate_telemetry::trace_context::mark_failed;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -116,7 +117,7 @@ async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Response {
         Ok(resp) if resp.ok => Json(resp).into_response(),
         Ok(resp) => {
             // Decode refused the handoff: the prefill span fails with decode's reason.
-            super::failed_span(&tracing::Span::current(), &resp.reason);
+            mark_failed(&tracing::Span::current(), &resp.reason);
             (StatusCode::BAD_GATEWAY, Json(resp)).into_response()
         }
         Err(Failed::Send(e @ SendError::Reservation(_))) => reservation_error(e).into_response(),
@@ -192,8 +193,8 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
     let span = tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
     let outcome = transfer.run().instrument(span.clone()).await;
     match &outcome {
-        Ok(SendOutcome::Acked(ack)) if !ack.ok => super::failed_span(&span, &ack.reason),
-        Err(e) => super::failed_span(&span, &e.to_string()),
+        Ok(SendOutcome::Acked(ack)) if !ack.ok => mark_failed(&span, &ack.reason),
+        Err(e) => mark_failed(&span, &e.to_string()),
         _ => {}
     }
     role.metrics.duration.observe(started.elapsed().as_secs_f64());

@@ -14,7 +14,6 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::failed_span;
 use super::internal_auth::{REFUSED_HEADER, Signer};
 use super::peers::{Peer, Peers};
 use crate::engine::admission::{self, Limits};
@@ -22,6 +21,7 @@ use crate::engine::{Event, Failure, FinishReason, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
 use crate::server::RequestContext;
+use kvgate_telemetry::trace_context::mark_failed;
 
 /// Counts a dispatch in `kvgate_num_requests_running` for as long as it lives.
 struct Running(prometheus::IntGauge);
@@ -137,7 +137,7 @@ impl Dispatcher {
                 let arrived = Instant::now();
                 if let Err(event) = this.orchestrate(&tx, prompt, max_tokens, sampling, arrived, &request).await {
                     if let Event::Failed(f) = &event {
-                        failed_span(&tracing::Span::current(), &f.code);
+                        mark_failed(&tracing::Span::current(), &f.code);
                     }
                     let _ = tx.send(event);
                 }
@@ -232,7 +232,7 @@ impl Dispatcher {
                 let failure = peer_error(r, "prefill").await;
                 let rejected = matches!(&failure, Event::Failed(f) if f.code == Rejection::PROMPT_TOO_LARGE);
                 if let Event::Failed(f) = &failure {
-                    failed_span(&prefill_span, &f.code);
+                    mark_failed(&prefill_span, &f.code);
                 }
                 self.cancel(&decode, &id, rejected, request).await;
                 return Err(failure);
@@ -265,7 +265,7 @@ impl Dispatcher {
         .instrument(generate_span.clone())
         .await;
         if let Err(Event::Failed(f)) = &generated {
-            failed_span(&generate_span, &f.code);
+            mark_failed(&generate_span, &f.code);
         }
         generated
     }
