@@ -579,11 +579,9 @@ fn terse<T: JsonSchema>(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
             _ => {}
         }
     }
-    let mut s = T::json_schema(g);
-    let mut v = serde_json::to_value(&s).expect("a schema is JSON");
+    let mut v = serde_json::to_value(T::json_schema(g)).expect("a schema is JSON");
     strip(&mut v);
-    s = schemars::Schema::try_from(v).expect("still a schema");
-    s
+    schemars::Schema::try_from(v).expect("still a schema")
 }
 
 /// `Option<Phase>` as a structural schema: the phases' enum, nullable (schemars would list

@@ -1,9 +1,10 @@
 //! Keeps the optional `InferencePool` in line with `spec.inferencePool` and says how it stands
 //! in the condition `InferencePoolReady`. Its CRD is not the operator's and may be missing, and
 //! its RBAC may lag behind an upgrade: either is a False condition and a Warning Event, never a
-//! failed pass (the deployment serves without a gateway, and its rollouts go on). The pool is not watched (a watch of a type the cluster may not serve would fail),
-//! so each pass reads it once and writes only what differs; a pass runs at least every 30 s, so
-//! a CRD installed later is picked up within that.
+//! failed pass (the deployment serves without a gateway, and its rollouts go on). The pool is
+//! not watched (a watch of a type the cluster may not serve would fail), so each pass reads it
+//! once and writes only what differs; a pass runs at least every 30 s, so a CRD installed later
+//! is picked up within that.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
@@ -59,9 +60,8 @@ async fn attempt(ctx: &Context, d: &InferenceDeployment, ns: &str, had_condition
         }
         return Ok(Outcome::NotWanted);
     };
-    let mut body = serde_json::to_value(&pool).expect("k8s objects serialize");
-    body["apiVersion"] = format!("{GROUP}/{VERSION}").into();
-    body["kind"] = KIND.into();
+    // A DynamicObject made for the pool's ApiResource carries its apiVersion and kind.
+    let body = serde_json::to_value(&pool).expect("k8s objects serialize");
     match api.get_opt(&name).await {
         Ok(Some(seen)) if crate::watch::diff::holds(&serde_json::to_value(&seen).unwrap_or_default(), &body) => {
             return Ok(Outcome::Applied { name });

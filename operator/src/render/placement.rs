@@ -39,8 +39,8 @@ fn default_spread(d: &InferenceDeployment, role: Option<Role>, revision: Option<
     }
 }
 
-/// Sets `spec`'s placement from the spec's `p`: `role` `None` is the router.
-pub fn apply(spec: &mut PodSpec, d: &InferenceDeployment, p: &Placement, role: Option<Role>, revision: Option<&str>) {
+/// `spec` placed as the spec's `p` says: `role` `None` is the router.
+pub fn placed(mut spec: PodSpec, d: &InferenceDeployment, p: &Placement, role: Option<Role>, revision: Option<&str>) -> PodSpec {
     spec.node_selector = p.node_selector.clone();
     spec.tolerations = p.tolerations.clone();
     spec.affinity = p.affinity.clone();
@@ -48,6 +48,7 @@ pub fn apply(spec: &mut PodSpec, d: &InferenceDeployment, p: &Placement, role: O
         Some(given) => (!given.is_empty()).then(|| given.clone()),
         None => Some(vec![default_spread(d, role, revision)]),
     };
+    spec
 }
 
 #[cfg(test)]
@@ -61,21 +62,19 @@ mod tests {
         InferenceDeployment::for_test(json!({ "model": { "name": "tiny" }, "contextWindow": 64, "prefill": prefill, "decode": { "kvPool": {} } }))
     }
 
-    fn placed(d: &InferenceDeployment, role: Option<Role>) -> PodSpec {
-        let mut s = PodSpec::default();
+    fn rendered(d: &InferenceDeployment, role: Option<Role>) -> PodSpec {
         let p = match role {
             Some(r) => d.spec.worker(r).placement.clone(),
             None => d.spec.router.placement.clone(),
         };
-        apply(&mut s, d, &p, role, Some("rev1"));
-        s
+        placed(PodSpec::default(), d, &p, role, Some("rev1"))
     }
 
     #[test]
     fn by_default_prefill_and_decode_of_a_revision_spread_together_across_nodes_softly() {
         let d = spec(json!({}));
-        let prefill = placed(&d, Some(Role::Prefill)).topology_spread_constraints.unwrap();
-        let decode = placed(&d, Some(Role::Decode)).topology_spread_constraints.unwrap();
+        let prefill = rendered(&d, Some(Role::Prefill)).topology_spread_constraints.unwrap();
+        let decode = rendered(&d, Some(Role::Decode)).topology_spread_constraints.unwrap();
         assert_eq!(prefill, decode, "one spread counts both roles");
         let c = &prefill[0];
         assert_eq!((c.topology_key.as_str(), c.max_skew, c.when_unsatisfiable.as_str()), (HOSTNAME, 1, "ScheduleAnyway"));
@@ -87,7 +86,7 @@ mod tests {
                 "matchExpressions": [{ "key": "app.kubernetes.io/component", "operator": "In", "values": ["prefill", "decode"] }],
             })
         );
-        let router = placed(&d, None).topology_spread_constraints.unwrap();
+        let router = rendered(&d, None).topology_spread_constraints.unwrap();
         assert_eq!(serde_json::to_value(&router[0].label_selector).unwrap()["matchExpressions"][0]["values"], json!(["router"]));
         assert!(serde_json::to_value(&router[0].label_selector).unwrap()["matchLabels"].get("kvgate.dev/revision").is_none());
     }
@@ -99,14 +98,14 @@ mod tests {
         let own = json!([{ "maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule" }]);
         let d = spec(json!({ "affinity": affinity, "topologySpreadConstraints": own, "nodeSelector": { "pool": "prefill" },
             "tolerations": [{ "key": "gpu", "operator": "Exists" }] }));
-        let s = placed(&d, Some(Role::Prefill));
+        let s = rendered(&d, Some(Role::Prefill));
         assert_eq!(serde_json::to_value(&s.affinity).unwrap(), affinity);
         assert_eq!(serde_json::to_value(&s.topology_spread_constraints).unwrap(), own);
         assert_eq!(s.node_selector.unwrap()["pool"], "prefill");
         assert_eq!(s.tolerations.unwrap()[0].key.as_deref(), Some("gpu"));
         // Decode keeps the default; an empty list turns spreading off.
-        assert!(placed(&d, Some(Role::Decode)).topology_spread_constraints.is_some());
+        assert!(rendered(&d, Some(Role::Decode)).topology_spread_constraints.is_some());
         let off = spec(json!({ "topologySpreadConstraints": [] }));
-        assert_eq!(placed(&off, Some(Role::Prefill)).topology_spread_constraints, None);
+        assert_eq!(rendered(&off, Some(Role::Prefill)).topology_spread_constraints, None);
     }
 }

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kvgate_proto::contract::flag;
 
 use super::workers::{Telemetry, handoff_secret, http_probe, model_flag, restricted, service_name, worker_env};
-use super::{ROUTER_PORT, labels, name, owned_meta};
+use super::{ROUTER_PORT, labels, name, owned_meta, placement};
 use crate::crd::InferenceDeployment;
 use crate::gate::Role;
 
@@ -55,9 +55,7 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, tel
                     labels: Some(labels::pod(labels::with(labels::common(n), selector), d.metadata.uid.as_deref())),
                     ..Default::default()
                 }),
-                spec: Some(placed(
-                    d,
-                    &r.placement,
+                spec: Some(placement::placed(
                     PodSpec {
                         service_account_name: Some(router_name(d)),
                         containers: vec![Container {
@@ -78,18 +76,16 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, tel
                         termination_grace_period_seconds: Some(10),
                         ..Default::default()
                     },
+                    d,
+                    &r.placement,
+                    None,
+                    None,
                 )),
             },
             ..Default::default()
         },
         ..Default::default()
     }
-}
-
-/// `spec` with the router's placement.
-fn placed(d: &InferenceDeployment, p: &crate::crd::Placement, mut spec: PodSpec) -> PodSpec {
-    super::placement::apply(&mut spec, d, p, None, None);
-    spec
 }
 
 /// The deployment's API: `<name>` port 80 -> the routers.

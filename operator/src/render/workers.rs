@@ -226,19 +226,21 @@ pub fn gated(
             strategy: Some(DeploymentStrategy { type_: Some("RollingUpdate".into()), ..Default::default() }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
-                spec: Some(PodSpec {
-                    containers: vec![container],
-                    readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
-                    automount_service_account_token: Some(false),
-                    security_context: Some(pod_sc),
-                    volumes: (!volumes.is_empty()).then_some(volumes),
-                    termination_grace_period_seconds: Some(10),
-                    ..Default::default()
-                })
-                .map(|mut spec| {
-                    super::placement::apply(&mut spec, d, placement, Some(role), Some(revision));
-                    spec
-                }),
+                spec: Some(super::placement::placed(
+                    PodSpec {
+                        containers: vec![container],
+                        readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
+                        automount_service_account_token: Some(false),
+                        security_context: Some(pod_sc),
+                        volumes: (!volumes.is_empty()).then_some(volumes),
+                        termination_grace_period_seconds: Some(10),
+                        ..Default::default()
+                    },
+                    d,
+                    placement,
+                    Some(role),
+                    Some(revision),
+                )),
             },
             ..Default::default()
         },
