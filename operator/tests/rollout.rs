@@ -475,7 +475,7 @@ fn decodes_kv_link_cut_mid_transfer_fails_only_that_request_and_frees_its_pages(
     let router = router_endpoints(cp, &ns, "linkcut").pop().unwrap();
     let decode = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=decode"])["items"][0].clone();
     let decode_ip = decode["status"]["podIP"].as_str().unwrap().to_string();
-    let link = kvgate_testenv::netfault::PodLink::of(&cp.node_dir("node-1"), decode["metadata"]["uid"].as_str().unwrap()).unwrap();
+    let link = kvgate_testenv::netfault::PodLink::of(node_1(), decode["metadata"]["uid"].as_str().unwrap()).unwrap();
     let decode_metrics = || get(&format!("http://{decode_ip}:8082/metrics")).unwrap_or_default();
     let family = |name: &str| kvgate_testenv::metrics::family_sum(&decode_metrics(), name);
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kubectl (Kubernetes v1.37.2) and etcd (v3.7.3, pinned by
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (Kubernetes v1.37.2) and etcd (v3.7.3, pinned by
 # go.mod, at least what Kubernetes requires) from the official Go modules into target/controlplane/bin/.
 # Idempotent: Go's build cache makes a second run with nothing changed take seconds.
 set -euo pipefail
@@ -30,6 +30,7 @@ if [ -z "${CONTROLPLANE_VERSIONS_ONLY:-}" ]; then
   [ -x "$out/kube-apiserver" ] || echo "first build of the control plane from the Kubernetes Go modules: about 30 minutes on 2 cores (seconds afterwards)"
   build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
   build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+  build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
   build etcd go.etcd.io/etcd/server/v3
   build kubectl k8s.io/kubernetes/cmd/kubectl
 fi

@@ -98,16 +98,21 @@ impl Operator {
 
 /// Installs the CRDs from `crds/` and starts a node agent mapping the worker image.
 pub fn cluster() -> &'static ControlPlane {
+    node_1();
+    ControlPlane::shared()
+}
+
+/// The cluster's one node (most tests need no more; `nodes.rs` starts its own world of two).
+pub fn node_1() -> &'static kvgate_testenv::nodes::Node {
     use std::sync::OnceLock;
-    static AGENT: OnceLock<Proc> = OnceLock::new();
+    static NODE: OnceLock<kvgate_testenv::nodes::Node> = OnceLock::new();
     let cp = ControlPlane::shared();
-    AGENT.get_or_init(|| {
+    NODE.get_or_init(|| {
         cp.kubectl_ok(&["apply", "-f", repo("crds").to_str().unwrap()]);
         cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/inferencedeployments.kvgate.dev", "--timeout=30s"]);
         let images = kvgate_testenv::images::debug_table().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
         cp.node_agent(&workspace_bin("kvgate-node-agent"), "node-1", &images).unwrap_or_else(|e| panic!("node agent: {e:#}"))
-    });
-    cp
+    })
 }
 
 /// A fresh file under the control plane's directory for one manifest.

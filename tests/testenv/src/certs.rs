@@ -47,8 +47,8 @@ pub fn generate(dir: &Path) -> anyhow::Result<Certs> {
     let mut server = CertificateParams::new(vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
-        // Where pods reach the API server: the pod bridge's address in the world's namespace.
-        crate::node::network::GATEWAY.to_string(),
+        // Where nodes and pods reach the API server: the world's address on the fabric.
+        crate::fabric::WORLD.to_string(),
         // The kubernetes Service's ClusterIP, first of --service-cluster-ip-range.
         "10.96.0.1".to_string(),
         "kubernetes".to_string(),
@@ -65,7 +65,9 @@ pub fn generate(dir: &Path) -> anyhow::Result<Certs> {
     let admin_cert = admin.signed_by(&admin_key, &issuer)?;
 
     let kubelet_key = KeyPair::generate()?;
-    let mut kubelet = CertificateParams::new(vec![crate::node::network::GATEWAY.to_string()])?;
+    // One serving certificate for every node address the fabric can give (a test world's
+    // shortcut: a kubelet has its own).
+    let mut kubelet = CertificateParams::new(crate::fabric::all_node_ips().map(|ip| ip.to_string()).collect::<Vec<_>>())?;
     kubelet.distinguished_name.push(DnType::CommonName, "kvgate-node-agent");
     let kubelet_cert = kubelet.signed_by(&kubelet_key, &issuer)?;
 

@@ -1,8 +1,10 @@
-//! etcd, kube-apiserver and kube-controller-manager on free ports, one set per test binary, in
-//! the binary's own network namespace (`netns`), with a kubeconfig for an admin in
-//! `system:masters`. The API server listens on every address of that namespace: the tests dial
-//! 127.0.0.1, pods the bridge's address.
+//! etcd, kube-apiserver, kube-controller-manager and kube-scheduler on free ports, one set per
+//! test binary, in the binary's own network namespace (`netns`), with a kubeconfig for an admin
+//! in `system:masters`, and node agents each on a machine of its own (`fabric`). The API server
+//! listens on every address of the world's namespace: the tests dial 127.0.0.1, nodes and pods
+//! the world's address on the fabric.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
@@ -11,9 +13,17 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use crate::certs::{self, Certs};
+use crate::fabric::{self, Machine};
 use crate::netns;
-use crate::node::network;
+use crate::nodes::{Node, Resources};
 use crate::process::{Proc, free_port, tail};
+
+/// How often node agents renew their Lease, and how long kube-controller-manager waits without
+/// one before it marks the Node NotReady (a kubelet's defaults are 10 s and 50 s): a node lost in
+/// a test is noticed in seconds. Its pods are then evicted once their `unreachable` toleration
+/// runs out (the operator renders 30 s for kvgate's pods).
+pub const NODE_HEARTBEAT_SECS: u64 = 2;
+pub const NODE_MONITOR_GRACE_SECS: u64 = 16;
 
 /// Where `make controlplane` puts the binaries (override with `KVGATE_CONTROLPLANE_BIN`).
 pub fn bin_dir() -> PathBuf {
@@ -69,6 +79,9 @@ pub struct ControlPlane {
     pub server: String,
     pub certs: Certs,
     procs: Mutex<Vec<Proc>>,
+    /// Each node name's machine index (a node started again under its name gets its address and
+    /// pod CIDR back).
+    machines: Mutex<BTreeMap<String, u8>>,
 }
 
 fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
@@ -109,11 +122,11 @@ impl ControlPlane {
         let dir = std::env::temp_dir().join(format!("{DIR_PREFIX}{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir)?;
         let certs = certs::generate(&dir)?;
-        let (client, peer, secure, kcm_port) = (free_port(), free_port(), free_port(), free_port());
+        let (client, peer, secure, kcm_port, scheduler_port) = (free_port(), free_port(), free_port(), free_port(), free_port());
         let server = format!("https://127.0.0.1:{secure}");
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_text(&server, &certs))?;
-        let cp = ControlPlane { dir: dir.clone(), kubeconfig, server, certs, procs: Mutex::new(Vec::new()) };
+        let cp = ControlPlane { dir: dir.clone(), kubeconfig, server, certs, procs: Mutex::new(Vec::new()), machines: Mutex::new(BTreeMap::new()) };
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         let path = |p: &Path| p.display().to_string();
 
@@ -148,7 +161,7 @@ impl ControlPlane {
                 s(&[
                     &format!("--etcd-servers=http://127.0.0.1:{client}"),
                     "--bind-address=0.0.0.0",
-                    &format!("--advertise-address={}", network::GATEWAY),
+                    &format!("--advertise-address={}", fabric::WORLD),
                     &format!("--secure-port={secure}"),
                     &format!("--tls-cert-file={}", path(&cp.certs.server_cert)),
                     &format!("--tls-private-key-file={}", path(&cp.certs.server_key)),
@@ -205,11 +218,28 @@ impl ControlPlane {
                 "--use-service-account-credentials=true",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--concurrent-deployment-syncs=10",
+                "--node-monitor-period=2s",
+                &format!("--node-monitor-grace-period={NODE_MONITOR_GRACE_SECS}s"),
                 "--v=1",
             ]),
             &dir,
         )?;
         cp.procs.lock().unwrap().push(kcm);
+        let scheduler = Proc::spawn(
+            "kube-scheduler",
+            &binary("kube-scheduler")?,
+            &s(&[
+                &format!("--kubeconfig={admin}"),
+                &format!("--authentication-kubeconfig={admin}"),
+                &format!("--authorization-kubeconfig={admin}"),
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={scheduler_port}"),
+                "--leader-elect=false",
+                "--v=1",
+            ]),
+            &dir,
+        )?;
+        cp.procs.lock().unwrap().push(scheduler);
         // The controller manager is up once it has made the default ServiceAccount.
         wait_until("kube-controller-manager", Duration::from_secs(60), || {
             cp.check_alive()?;
@@ -287,36 +317,72 @@ impl ControlPlane {
         name
     }
 
-    /// The API server as pods reach it: the pod bridge's address.
+    /// The API server as nodes and pods reach it: the world's address on the fabric.
     pub fn pod_server(&self) -> String {
-        self.server.replace("127.0.0.1", &network::GATEWAY.to_string())
+        self.server.replace("127.0.0.1", &fabric::WORLD.to_string())
     }
 
-    /// Starts a node agent (`kvgate-node-agent` at `agent`) that runs pods whose images are in
-    /// `images` (name, then `oci:LAYOUT:TAG` or a host binary's path; see `node::images`), stopped
-    /// when the returned process is dropped. Its pods' files (logs, `network.json`, bundles) are
-    /// under `node_dir(node)`.
-    pub fn node_agent(&self, agent: &Path, node: &str, images: &[(String, String)]) -> anyhow::Result<Proc> {
+    /// Starts node `node` with the default resources: see `node_agent_with`.
+    pub fn node_agent(&self, agent: &Path, node: &str, images: &[(String, String)]) -> anyhow::Result<Node> {
+        self.node_agent_with(agent, node, images, &Resources::default())
+    }
+
+    /// Starts a node agent (`kvgate-node-agent` at `agent`) on a machine of its own
+    /// (`fabric::Machine`), offering `resources` to the scheduler and running pods whose images
+    /// are in `images` (name, then `oci:LAYOUT:TAG` or a host binary's path; see `node::images`).
+    /// Returns once the Node is Ready. Its pods' files (logs, `network.json`, bundles) are under
+    /// `node_dir(node)`. A node started again under a name it had gets its machine's address
+    /// and pod CIDR back.
+    pub fn node_agent_with(&self, agent: &Path, node: &str, images: &[(String, String)], resources: &Resources) -> anyhow::Result<Node> {
+        let index = {
+            let mut machines = self.machines.lock().unwrap();
+            let next = machines.len() as u8 + 1;
+            *machines.entry(node.to_string()).or_insert(next)
+        };
+        let machine = Machine::start(index)?;
+        let (pod_cidr, _) = fabric::pod_cidr(index);
+        // The admin's kubeconfig names 127.0.0.1, which inside the machine is its own loopback.
+        let kubeconfig = self.dir.join(format!("{node}.kubeconfig"));
+        std::fs::write(&kubeconfig, std::fs::read_to_string(&self.kubeconfig)?.replace(&self.server, &self.pod_server()))?;
         let mut args = vec![
-            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--net={}", machine.netns.display()),
+            agent.display().to_string(),
+            format!("--kubeconfig={}", kubeconfig.display()),
             format!("--server={}", self.pod_server()),
             format!("--ca-file={}", self.certs.ca.display()),
             format!("--kubelet-cert={}", self.certs.kubelet_cert.display()),
             format!("--kubelet-key={}", self.certs.kubelet_key.display()),
-            format!("--cni-bin={}", network::default_bin_dir().display()),
+            format!("--cni-bin={}", crate::node::network::default_bin_dir().display()),
             format!("--node-name={node}"),
             format!("--dir={}", self.node_dir(node).display()),
+            format!("--node-ip={}", machine.ip),
+            format!("--pod-cidr={pod_cidr}"),
+            format!("--cpu={}", resources.cpu),
+            format!("--memory={}", resources.memory),
+            format!("--heartbeat-seconds={NODE_HEARTBEAT_SECS}"),
         ];
         for (name, path) in images {
             args.push("--image".into());
             args.push(format!("{name}={path}"));
         }
-        let mut p = Proc::spawn(node, agent, &args, &self.dir)?;
-        wait_until("the node agent's Node", Duration::from_secs(30), || {
+        // nsenter (util-linux) execs the agent inside the machine's namespace, in the process
+        // group Proc gives it: killing that group is the machine losing power.
+        let mut p = Proc::spawn(node, Path::new("nsenter"), &args, &self.dir)?;
+        wait_until("the node agent's Node to be Ready", Duration::from_secs(60), || {
             p.check_alive()?;
-            Ok(self.kubectl(&["get", "node", node]).status.success())
+            Ok(self.node_ready(node) == Some(true))
         })?;
-        Ok(p)
+        Ok(Node::new(node, self.node_dir(node), p, machine))
+    }
+
+    /// The Node's Ready condition (`None` while there is no such Node or no condition).
+    pub fn node_ready(&self, node: &str) -> Option<bool> {
+        let out = self.kubectl(&["get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]);
+        match String::from_utf8_lossy(&out.stdout).trim() {
+            "True" => Some(true),
+            "False" | "Unknown" => Some(false),
+            _ => None,
+        }
     }
 
     /// The API server's audit log (with `Options::audit`): one JSON event per line.

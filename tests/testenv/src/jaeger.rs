@@ -26,7 +26,7 @@ impl Jaeger {
     }
 
     /// As `start`, with the OTLP receiver on `host`: `0.0.0.0` inside a test world's network
-    /// namespace lets its pods export through the bridge (`pods_otlp_endpoint`); the query API
+    /// namespace lets its pods export through the fabric (`pods_otlp_endpoint`); the query API
     /// stays on loopback.
     pub fn start_receiving_on(dir: &Path, host: &str) -> anyhow::Result<Jaeger> {
         let bin = tool("jaeger")?;
@@ -86,11 +86,11 @@ exporters:
         Ok(Jaeger { proc, otlp_endpoint, query_url })
     }
 
-    /// Where pods of the test world's node send spans: the OTLP port on the bridge's address
-    /// (start the receiver on `0.0.0.0`).
+    /// Where pods of the test world's nodes send spans: the OTLP port on the world's address on
+    /// the fabric (start the receiver on `0.0.0.0`).
     pub fn pods_otlp_endpoint(&self) -> String {
         let port = self.otlp_endpoint.rsplit(':').next().unwrap_or_default();
-        format!("http://{}:{port}", crate::node::network::GATEWAY)
+        format!("http://{}:{port}", crate::fabric::WORLD)
     }
 
     /// Trace ids of a search of the query API (`/api/traces?<query>`, the UI's `/search`

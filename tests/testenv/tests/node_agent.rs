@@ -9,13 +9,13 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use kvgate_testenv::ControlPlane;
-use kvgate_testenv::process::Proc;
+use kvgate_testenv::nodes::Node;
 use serde_json::Value;
 
 kvgate_testenv::own_network_namespace!();
 
 /// The control plane with one node agent, shared by this file's tests.
-static AGENT: OnceLock<Proc> = OnceLock::new();
+static AGENT: OnceLock<Node> = OnceLock::new();
 
 fn cluster() -> &'static ControlPlane {
     let cp = ControlPlane::shared();
@@ -55,7 +55,7 @@ fn eventually(cp: &ControlPlane, what: &str, timeout: Duration, check: impl FnMu
     kvgate_testenv::wait::eventually(what, timeout, Duration::from_millis(250), check, || {
         let pods =
             cp.kubectl(&["get", "pods", "-A", "-o", "custom-columns=NS:.metadata.namespace,NAME:.metadata.name,STATE:.status.containerStatuses[*].state"]);
-        let agent = AGENT.get().map(|a| kvgate_testenv::process::tail(&a.log, 40)).unwrap_or_default();
+        let agent = AGENT.get().map(|a| kvgate_testenv::process::tail(a.log(), 40)).unwrap_or_default();
         let containers: String = std::fs::read_dir(cp.node_dir("node-1"))
             .into_iter()
             .flatten()
@@ -327,12 +327,12 @@ fn kubectl_logs_shows_follows_and_keeps_the_previous_run_of_a_worker() {
     let listening = "kvgate-worker local listening on http://0.0.0.0:8082";
     assert!(container_log(cp, &ns, "w", "worker").contains(listening));
 
-    // The kubelet API answers only the API server's client certificate.
+    // The kubelet API (on the node's address) answers only the API server's client certificate.
     let port = json(cp, &["get", "node", "node-1"])["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64().unwrap();
     let curl = |cert: &Path, key: &Path| {
         std::process::Command::new("curl")
             .args(["-sS", "--fail-with-body", "--cacert", cp.certs.ca.to_str().unwrap(), "--cert", cert.to_str().unwrap(), "--key", key.to_str().unwrap()])
-            .arg(format!("https://198.18.0.1:{port}/containerLogs/{ns}/w/worker"))
+            .arg(format!("https://{}:{port}/containerLogs/{ns}/w/worker", AGENT.get().unwrap().machine.ip))
             .output()
             .unwrap()
     };

@@ -1,4 +1,5 @@
-//! `make dev-cluster`: the test control plane and a node agent in the foreground, for people.
+//! `make dev-cluster`: the test control plane and its nodes (two unless `--nodes` says otherwise)
+//! in the foreground, for people.
 //! Everything runs in a network namespace of its own; the host reaches it only through relays on
 //! 127.0.0.1: the API server (the kubeconfig written to `target/dev-cluster/kubeconfig` points
 //! there) and, with `--forward NAMESPACE/SERVICE`, a Service's ready pods. Ctrl-C stops it all.
@@ -15,10 +16,12 @@ use kvgate_testenv::relay::{Relay, Target};
 
 kvgate_testenv::own_network_namespace!();
 
-const USAGE: &str = "usage: kvgate-dev-cluster [--out DIR] [--forward NAMESPACE/SERVICE]...
+const USAGE: &str = "usage: kvgate-dev-cluster [--nodes N] [--out DIR] [--forward NAMESPACE/SERVICE]...
 
-Starts etcd, kube-apiserver, kube-controller-manager and a node agent in a network namespace of
-their own, relays the API server to 127.0.0.1 (kubeconfig: DIR/kubeconfig, written once all is up)
+Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler in a network namespace of
+their own and N nodes (default 2, at most 32: node-1, node-2, ...), each a node agent in a network
+namespace of its own with its own pod bridge and pod CIDR (198.18.I.0/24), all joined by a fabric
+(198.19.0.0/24) through the control plane's namespace; relays the API server to 127.0.0.1 (kubeconfig: DIR/kubeconfig, written once all is up)
 and each --forward Service to a free port on 127.0.0.1 (written to DIR/forward/NAMESPACE.SERVICE).
 DIR is target/dev-cluster unless --out says otherwise.";
 
@@ -31,6 +34,14 @@ async fn main() -> anyhow::Result<()> {
     }
     let value = |flag: &str| args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].clone()).collect::<Vec<_>>();
     let forwards = value("--forward");
+    let nodes: u8 = match value("--nodes").pop() {
+        Some(n) => n
+            .parse()
+            .ok()
+            .filter(|n| (1..=kvgate_testenv::fabric::MAX_NODES).contains(n))
+            .ok_or_else(|| anyhow::anyhow!("--nodes {n}: expected a number of nodes from 1 to {}", kvgate_testenv::fabric::MAX_NODES))?,
+        None => 2,
+    };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let worker = root.join("target/debug/kvgate-worker");
     let operator = root.join("target/debug/kvgate-operator");
@@ -43,7 +54,10 @@ async fn main() -> anyhow::Result<()> {
     let cp = tokio::task::spawn_blocking(ControlPlane::start).await??;
     // The images the chart and the operator name: OCI images of these binaries, run by runc.
     let images = tokio::task::spawn_blocking(kvgate_testenv::images::debug_table).await??;
-    let node = cp.node_agent(&agent, "dev-node", &images)?;
+    let mut started = Vec::new();
+    for i in 1..=nodes {
+        started.push(cp.node_agent(&agent, &format!("node-{i}"), &images)?);
+    }
 
     let out = value("--out").pop().map(std::path::PathBuf::from).unwrap_or_else(|| root.join("target/dev-cluster"));
     std::fs::create_dir_all(out.join("forward"))?;
@@ -61,8 +75,9 @@ async fn main() -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&cp.kubeconfig)?.replace(&cp.server, &format!("https://{}", api_relay.addr));
     std::fs::write(&kubeconfig, text)?;
     println!(
-        "kvgate dev cluster is up: API server https://{}, node dev-node (images ghcr.io/kvgate/kvgate-worker and -operator built from target/debug, run by runc)",
-        api_relay.addr
+        "kvgate dev cluster is up: API server https://{}, nodes {} (images ghcr.io/kvgate/kvgate-worker and -operator built from target/debug, run by runc)",
+        api_relay.addr,
+        started.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ")
     );
     println!("  export KUBECONFIG={}", kubeconfig.canonicalize()?.display());
     println!("  kubectl get nodes");
@@ -74,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(&kubeconfig);
     let _ = std::fs::remove_dir_all(out.join("forward"));
-    drop(node);
+    drop(started);
     drop(cp);
     println!("stopped");
     Ok(())

@@ -1,15 +1,16 @@
-//! Registers a Node, keeps its Lease and Ready condition fresh, binds pending pods to itself,
-//! runs their containers as OCI containers with runc (see `pod`; each pod in its own network
+//! Registers a Node, keeps its Lease and Ready condition fresh, runs the containers of the pods
+//! kube-scheduler binds to it as OCI containers with runc (see `pod`; each pod in its own network
 //! namespace, see `network`, and cgroup, see `cgroups`), reports their status, and serves their logs on the kubelet's port
 //! (`kubelet_api`).
 
 use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -19,7 +20,7 @@ use super::cgroups::{self, Cgroups};
 use super::images::ImageTable;
 use super::kubelet_api::{self, KubeletTls};
 use super::logs::LogIndex;
-use super::network::{self, PodNetwork};
+use super::network::PodNetwork;
 use super::oci_image::ImageStore;
 use super::pod::{PodRt, Runtime};
 use super::runc::Runc;
@@ -38,6 +39,15 @@ pub struct AgentConfig {
     /// The kubelet API's serving certificate and key (PEM); clients must be signed by `ca_file`.
     pub kubelet_cert: PathBuf,
     pub kubelet_key: PathBuf,
+    /// The node's address (its InternalIP, where the API server dials its kubelet API) and
+    /// the CIDR its pods get addresses from.
+    pub node_ip: Ipv4Addr,
+    pub pod_cidr: String,
+    /// What the scheduler may place here (`allocatable`), e.g. "8" and "16Gi".
+    pub cpu: String,
+    pub memory: String,
+    /// How often the Lease is renewed and the Ready condition posted (a kubelet's is 10 s).
+    pub heartbeat: Duration,
 }
 
 pub struct NodeAgent {
@@ -59,7 +69,7 @@ impl NodeAgent {
     /// Fails when pods cannot be networked here (no CNI plugins). Without a writable memory
     /// controller it says so once and refuses only pods that set limits.
     pub fn new(client: kube::Client, cfg: AgentConfig) -> anyhow::Result<Self> {
-        let network = PodNetwork::new(cfg.cni_bin.clone(), &cfg.dir)?;
+        let network = PodNetwork::new(cfg.cni_bin.clone(), &cfg.dir, &cfg.pod_cidr, cfg.node_ip)?;
         let cgroups = Cgroups::new().map_err(|e| format!("{e:#}"));
         if let Err(e) = &cgroups {
             tracing::warn!(error = e, "pod resource limits cannot be enforced on this machine; pods that set limits will not start");
@@ -79,56 +89,35 @@ impl NodeAgent {
             let node = Node {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
-                    labels: Some([("kubernetes.io/hostname".to_string(), name.clone())].into()),
+                    labels: Some([("kubernetes.io/hostname".to_string(), name.clone()), ("kubernetes.io/os".to_string(), "linux".to_string())].into()),
                     ..Default::default()
                 },
+                spec: Some(NodeSpec { pod_cidr: Some(self.cfg.pod_cidr.clone()), pod_cidrs: Some(vec![self.cfg.pod_cidr.clone()]), ..Default::default() }),
                 ..Default::default()
             };
             nodes.create(&PostParams::default(), &node).await?;
         }
-        self.heartbeat().await
-    }
-
-    async fn heartbeat(&self) -> anyhow::Result<()> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let now = Timestamp::now();
-        let status = json!({ "status": {
-            "capacity": { "cpu": "16", "memory": "64Gi", "pods": "110" },
-            "allocatable": { "cpu": "16", "memory": "64Gi", "pods": "110" },
-            "addresses": [{ "type": "InternalIP", "address": network::GATEWAY.to_string() }, { "type": "Hostname", "address": self.cfg.node_name }],
-            "daemonEndpoints": { "kubeletEndpoint": { "Port": self.kubelet_port } },
-            "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kvgate node agent is posting ready status",
-                             "lastHeartbeatTime": now, "lastTransitionTime": now }],
-            "nodeInfo": { "kubeletVersion": "v1.37.2-kvgate", "containerRuntimeVersion": "kvgate-local://1", "operatingSystem": "linux",
-                          "architecture": std::env::consts::ARCH, "kernelVersion": "", "osImage": "", "kubeProxyVersion": "",
-                          "machineID": "", "systemUUID": "", "bootID": "" },
-        }});
-        nodes.patch_status(&self.cfg.node_name, &PatchParams::default(), &Patch::Merge(&status)).await?;
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
-        let lease = json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": { "name": self.cfg.node_name },
-            "spec": { "holderIdentity": self.cfg.node_name, "leaseDurationSeconds": 40, "renewTime": MicroTime(now) },
-        });
-        leases.patch(&self.cfg.node_name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&lease)).await?;
-        Ok(())
+        heartbeat(&self.client, &self.cfg, self.kubelet_port).await
     }
 
     /// Runs until the process is stopped.
     pub async fn run(mut self) -> anyhow::Result<()> {
-        // Every address of this (the test world's) namespace: the API server dials the node's
-        // InternalIP, the pod bridge's gateway, which exists once the first pod is wired.
+        // Every address of the node's namespace: the API server dials its InternalIP.
         let tls = KubeletTls { cert: &self.cfg.kubelet_cert, key: &self.cfg.kubelet_key, client_ca: &self.cfg.ca_file };
         self.kubelet_port = kubelet_api::serve(([0, 0, 0, 0], 0).into(), tls, self.logs.clone()).await?.port();
         self.register().await?;
-        let mut last_beat = Instant::now();
-        loop {
-            if last_beat.elapsed() > Duration::from_secs(10) {
-                if let Err(e) = self.heartbeat().await {
+        // Its own task: a pod sync that waits (a terminating pod's grace period) never delays
+        // a heartbeat, or the node would go NotReady while it stops a pod.
+        let (client, cfg, port) = (self.client.clone(), self.cfg.clone(), self.kubelet_port);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(cfg.heartbeat).await;
+                if let Err(e) = heartbeat(&client, &cfg, port).await {
                     tracing::warn!(error = %e, "node heartbeat failed");
                 }
-                last_beat = Instant::now();
             }
+        });
+        loop {
             if let Err(e) = self.sync().await {
                 tracing::warn!(error = %e, "pod sync failed");
             }
@@ -138,12 +127,6 @@ impl NodeAgent {
 
     async fn sync(&mut self) -> anyhow::Result<()> {
         let all: Api<Pod> = Api::all(self.client.clone());
-        // Bind pending pods that name no node (no scheduler runs here).
-        for pod in all.list(&ListParams::default().fields("spec.nodeName=")).await? {
-            if pod.metadata.deletion_timestamp.is_none() {
-                self.bind(&pod).await;
-            }
-        }
         let mine = all.list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name))).await?;
         let mut seen = BTreeSet::new();
         for pod in mine {
@@ -195,19 +178,6 @@ impl NodeAgent {
             }
         }
         Ok(())
-    }
-
-    async fn bind(&self, pod: &Pod) {
-        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let binding = Binding {
-            metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
-            target: ObjectReference { kind: Some("Node".into()), name: Some(self.cfg.node_name.clone()), api_version: Some("v1".into()), ..Default::default() },
-        };
-        if let Err(e) = api.create_subresource::<Binding, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
-            tracing::debug!(pod = name, error = %e, "binding failed (already bound?)");
-        }
     }
 
     /// A new pod: its network namespace, cgroup, directory, and a kubeconfig with its service
@@ -300,4 +270,31 @@ impl Drop for NodeAgent {
             rt.tear_down(Duration::from_secs(1), &self.network);
         }
     }
+}
+
+/// Posts the Node's Ready status and renews its Lease.
+async fn heartbeat(client: &kube::Client, cfg: &AgentConfig, kubelet_port: u16) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let now = Timestamp::now();
+    let resources = json!({ "cpu": cfg.cpu, "memory": cfg.memory, "pods": "110" });
+    let status = json!({ "status": {
+        "capacity": resources,
+        "allocatable": resources,
+        "addresses": [{ "type": "InternalIP", "address": cfg.node_ip.to_string() }, { "type": "Hostname", "address": cfg.node_name }],
+        "daemonEndpoints": { "kubeletEndpoint": { "Port": kubelet_port } },
+        "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kvgate node agent is posting ready status",
+                         "lastHeartbeatTime": now, "lastTransitionTime": now }],
+        "nodeInfo": { "kubeletVersion": "v1.37.2-kvgate", "containerRuntimeVersion": "kvgate-local://1", "operatingSystem": "linux",
+                      "architecture": std::env::consts::ARCH, "kernelVersion": "", "osImage": "", "kubeProxyVersion": "",
+                      "machineID": "", "systemUUID": "", "bootID": "" },
+    }});
+    nodes.patch_status(&cfg.node_name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": { "name": cfg.node_name },
+        "spec": { "holderIdentity": cfg.node_name, "leaseDurationSeconds": 4 * cfg.heartbeat.as_secs().max(1), "renewTime": MicroTime(now) },
+    });
+    leases.patch(&cfg.node_name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&lease)).await?;
+    Ok(())
 }

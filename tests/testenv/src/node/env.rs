@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 /// Values of the downward-API field paths the node agent supports.
-pub fn field(pod: &Pod, path: &str, pod_ip: &str) -> Option<String> {
+pub fn field(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
     let m = &pod.metadata;
     let spec = pod.spec.as_ref();
     Some(match path {
@@ -16,19 +16,19 @@ pub fn field(pod: &Pod, path: &str, pod_ip: &str) -> Option<String> {
         "spec.nodeName" => spec?.node_name.clone()?,
         "spec.serviceAccountName" => spec?.service_account_name.clone().unwrap_or_else(|| "default".into()),
         "status.podIP" => pod_ip.to_string(),
-        "status.hostIP" => super::network::GATEWAY.to_string(),
+        "status.hostIP" => host_ip.to_string(),
         _ => return None,
     })
 }
 
 /// The container's environment, in order; unsupported sources are reported.
-pub fn build(pod: &Pod, c: &Container, pod_ip: &str) -> Result<BTreeMap<String, String>, String> {
+pub fn build(pod: &Pod, c: &Container, pod_ip: &str, host_ip: &str) -> Result<BTreeMap<String, String>, String> {
     let mut env = BTreeMap::new();
     for var in c.env.iter().flatten() {
         let value = match (&var.value, &var.value_from) {
             (Some(v), _) => expand(v, &env),
             (None, Some(from)) => match &from.field_ref {
-                Some(f) => field(pod, &f.field_path, pod_ip).ok_or_else(|| format!("env {}: field {} is not supported", var.name, f.field_path))?,
+                Some(f) => field(pod, &f.field_path, pod_ip, host_ip).ok_or_else(|| format!("env {}: field {} is not supported", var.name, f.field_path))?,
                 None => return Err(format!("env {}: only value and fieldRef are supported", var.name)),
             },
             (None, None) => String::new(),

@@ -3,8 +3,9 @@
 //! Each pod gets a network namespace held open by a sandbox process (`sleep infinity` unshared
 //! into a new namespace, the part a pause container plays), then `loopback` brings its `lo` up and
 //! `bridge` (with `host-local` IPAM) plugs a veth into the `kvgate0` bridge of the node's namespace
-//! and gives it an address from 198.18.0.0/15 (RFC 2544 benchmarking space, never routed). The
-//! bridge holds the gateway 198.18.0.1, where pods reach the API server. Containers `setns` into
+//! and gives it an address from the node's pod CIDR (`--pod-cidr`). The bridge holds the CIDR's
+//! first address, the pods' gateway: through it they reach the node, and through the node's own
+//! routes the other nodes and the API server (`kvgate_testenv::fabric`). Containers `setns` into
 //! the sandbox's namespace before exec. DEL releases the address when the pod goes.
 
 use std::io::Write;
@@ -16,9 +17,6 @@ use std::process::{Child, Command, Stdio};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-/// The pod CIDR and the bridge's address in it.
-pub const POD_CIDR: &str = "198.18.0.0/15";
-pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 pub const BRIDGE: &str = "kvgate0";
 
 /// Where `make tools` builds the plugins (override with `KVGATE_CNI_BIN`).
@@ -29,6 +27,7 @@ pub fn default_bin_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct PodNetwork {
     bin: PathBuf,
+    node_ip: Ipv4Addr,
     bridge: Value,
     loopback: Value,
 }
@@ -37,6 +36,8 @@ pub struct PodNetwork {
 #[derive(Debug)]
 pub struct Sandbox {
     pub ip: Ipv4Addr,
+    /// The node's address (the pod's `status.hostIP`).
+    pub host_ip: Ipv4Addr,
     /// The host end of the pod's veth, in the node's namespace.
     pub host_link: String,
     /// `/proc/<sandbox pid>/ns/net`, the `CNI_NETNS` of the pod.
@@ -46,20 +47,24 @@ pub struct Sandbox {
 }
 
 impl PodNetwork {
-    /// Checks that the plugins are there; IPAM state lives under `dir`.
-    pub fn new(bin: PathBuf, dir: &Path) -> anyhow::Result<Self> {
+    /// Checks that the plugins are there; pods get addresses from `pod_cidr` (the bridge holds
+    /// its first one), IPAM state lives under `dir`.
+    pub fn new(bin: PathBuf, dir: &Path, pod_cidr: &str, node_ip: Ipv4Addr) -> anyhow::Result<Self> {
         for plugin in ["bridge", "host-local", "loopback"] {
             if !bin.join(plugin).is_file() {
                 bail!("CNI plugin {} not found: build the reference plugins with `make tools` (tests/cni/build.sh)", bin.join(plugin).display());
             }
         }
+        let gateway = first_address(pod_cidr)?;
         let bridge = json!({
             "cniVersion": "1.0.0", "name": "kvgate", "type": "bridge", "bridge": BRIDGE,
             "isGateway": true, "ipMasq": false, "hairpinMode": true,
-            "ipam": { "type": "host-local", "dataDir": dir.join("ipam"), "ranges": [[{ "subnet": POD_CIDR, "gateway": GATEWAY }]] },
+            "ipam": { "type": "host-local", "dataDir": dir.join("ipam"), "ranges": [[{ "subnet": pod_cidr, "gateway": gateway }]],
+                      // Everything beyond the bridge (other nodes, the API server) through the node.
+                      "routes": [{ "dst": "0.0.0.0/0" }] },
         });
         let loopback = json!({ "cniVersion": "1.0.0", "name": "kvgate-lo", "type": "loopback" });
-        Ok(PodNetwork { bin, bridge, loopback })
+        Ok(PodNetwork { bin, node_ip, bridge, loopback })
     }
 
     /// A new namespace for pod `id`, wired to the bridge.
@@ -72,7 +77,7 @@ impl PodNetwork {
         }
         let holder = holder.spawn().context("starting the pod's sandbox process (sleep, from coreutils)")?;
         let netns = PathBuf::from(format!("/proc/{}/ns/net", holder.id()));
-        let mut sandbox = Sandbox { ip: Ipv4Addr::UNSPECIFIED, host_link: String::new(), netns, id: id.to_string(), holder };
+        let mut sandbox = Sandbox { ip: Ipv4Addr::UNSPECIFIED, host_ip: self.node_ip, host_link: String::new(), netns, id: id.to_string(), holder };
         let wired = self.call("ADD", &self.loopback, &sandbox, "lo").and_then(|_| self.call("ADD", &self.bridge, &sandbox, "eth0"));
         match wired.and_then(|result| parse_result(&result)) {
             Ok((ip, host_link)) => {
@@ -123,6 +128,17 @@ impl PodNetwork {
     }
 }
 
+/// The first host address of `cidr` (`198.18.1.0/24` gives 198.18.1.1).
+pub fn first_address(cidr: &str) -> anyhow::Result<Ipv4Addr> {
+    let (net, bits) = cidr.split_once('/').with_context(|| format!("pod CIDR {cidr}: expected ADDRESS/BITS"))?;
+    let (net, bits): (Ipv4Addr, u32) = (net.parse().with_context(|| format!("pod CIDR {cidr}"))?, bits.parse().with_context(|| format!("pod CIDR {cidr}"))?);
+    if !(8..=30).contains(&bits) {
+        bail!("pod CIDR {cidr}: the prefix must be 8 to 30 bits long");
+    }
+    let mask = u32::MAX << (32 - bits);
+    Ok(Ipv4Addr::from((u32::from(net) & mask) + 1))
+}
+
 /// The pod's address and the veth's host end from a bridge ADD result.
 fn parse_result(result: &Value) -> anyhow::Result<(Ipv4Addr, String)> {
     let cidr = result["ips"][0]["address"].as_str().with_context(|| format!("no address in the CNI result {result}"))?;
@@ -154,5 +170,13 @@ mod tests {
             "ips": [{ "interface": 2, "address": "198.18.0.5/15", "gateway": "198.18.0.1" }],
         });
         assert_eq!(parse_result(&result).unwrap(), ("198.18.0.5".parse().unwrap(), "veth1234abcd".to_string()));
+    }
+
+    #[test]
+    fn the_gateway_is_the_first_address_of_the_pod_cidr() {
+        assert_eq!(first_address("198.18.3.0/24").unwrap(), Ipv4Addr::new(198, 18, 3, 1));
+        assert_eq!(first_address("10.1.2.77/16").unwrap(), Ipv4Addr::new(10, 1, 0, 1));
+        assert!(first_address("198.18.3.0").unwrap_err().to_string().contains("ADDRESS/BITS"));
+        assert!(first_address("198.18.3.0/31").unwrap_err().to_string().contains("8 to 30"));
     }
 }

@@ -210,7 +210,7 @@ impl PodRt {
         }
         std::fs::metadata(&self.sandbox.netns).map_err(|e| ("CreateContainerError", format!("pod sandbox {}: {e}", self.sandbox.netns.display())))?;
         let image = rt.images.resolve(c.spec.image.as_deref().unwrap_or("")).map_err(|e| ("ErrImagePull", e))?;
-        let mut vars = env::build(pod, &c.spec, &self.ip.to_string()).map_err(|e| ("CreateContainerConfigError", e))?;
+        let mut vars = env::build(pod, &c.spec, &self.ip.to_string(), &self.sandbox.host_ip.to_string()).map_err(|e| ("CreateContainerConfigError", e))?;
         // Marks the container's processes as part of this test world (see `netns::sweep`).
         if let Some(world) = std::env::var_os(crate::netns::WORLD) {
             vars.insert(crate::netns::WORLD.into(), world.to_string_lossy().into_owned());
@@ -453,8 +453,8 @@ impl PodRt {
             "phase": phase,
             "podIP": self.ip.to_string(),
             "podIPs": [{ "ip": self.ip.to_string() }],
-            "hostIP": network::GATEWAY.to_string(),
-            "hostIPs": [{ "ip": network::GATEWAY.to_string() }],
+            "hostIP": self.sandbox.host_ip.to_string(),
+            "hostIPs": [{ "ip": self.sandbox.host_ip.to_string() }],
             "startTime": self.started,
             "conditions": [
                 cond("PodScheduled", true, None),

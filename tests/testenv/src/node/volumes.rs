@@ -51,7 +51,7 @@ pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option
                 } else if let Some(d) = &src.downward_api {
                     for item in d.items.iter().flatten() {
                         let field = item.field_ref.as_ref().map(|f| f.field_path.as_str()).unwrap_or("");
-                        let value = super::env::field(pod, field, "").ok_or_else(|| format!("volume {}: field {field} is not supported", v.name))?;
+                        let value = super::env::field(pod, field, "", "").ok_or_else(|| format!("volume {}: field {field} is not supported", v.name))?;
                         data.insert(item.path.clone(), value.into_bytes());
                     }
                 }

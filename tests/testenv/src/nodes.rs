@@ -1,0 +1,56 @@
+//! A node of the test world: a machine on the fabric (`fabric::Machine`) with a node agent
+//! running inside its namespace.
+
+use std::path::PathBuf;
+
+use crate::fabric::Machine;
+use crate::process::Proc;
+
+/// What the node offers the scheduler (its `allocatable`).
+#[derive(Debug, Clone)]
+pub struct Resources {
+    pub cpu: String,
+    pub memory: String,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources { cpu: "16".into(), memory: "64Gi".into() }
+    }
+}
+
+/// A running node. Dropping it stops the agent the polite way (SIGTERM: it tears its pods down),
+/// then ends the machine's namespace.
+#[derive(Debug)]
+pub struct Node {
+    pub name: String,
+    /// Where the agent keeps its pods' files (one directory per pod UID).
+    pub dir: PathBuf,
+    // Declared before `machine`: the agent stops before its namespace goes.
+    agent: Proc,
+    pub machine: Machine,
+}
+
+impl Node {
+    pub(crate) fn new(name: &str, dir: PathBuf, agent: Proc, machine: Machine) -> Node {
+        Node { name: name.to_string(), dir, agent, machine }
+    }
+
+    /// The machine dies: SIGKILL to the agent's process group (the agent and every process of
+    /// its pods: sandboxes, runc and its containers, host processes), then its namespace ends
+    /// and its link with it. Nothing is told and nothing cleans up: the Node stops heartbeating
+    /// and its pods' addresses stop answering, as when a machine loses power.
+    pub fn power_off(mut self) {
+        self.agent.kill();
+    }
+
+    /// Fails with the agent's log tail if it exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        self.agent.check_alive()
+    }
+
+    /// The agent's log.
+    pub fn log(&self) -> &std::path::Path {
+        &self.agent.log
+    }
+}
