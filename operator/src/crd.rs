@@ -280,7 +280,9 @@ pub struct Placement {
     /// Node labels the pods must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
-    /// Taints the pods tolerate.
+    /// Taints the pods tolerate. A lost node's `node.kubernetes.io/not-ready` and `unreachable`
+    /// taints are tolerated for 30 s (then the pods are evicted and replaced elsewhere) unless
+    /// a toleration here names them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
     /// Node and pod affinity, as in a pod spec (`kubectl explain pod.spec.affinity`).

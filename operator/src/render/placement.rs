@@ -1,11 +1,18 @@
 //! Where a role's pods run: the spec's node selector, tolerations and affinity as given, and
-//! topology spread as given or, by default, across nodes. Disaggregation exists to put prefill
-//! and decode on different machines: by default the prefill and decode pods of one revision
-//! spread together over `kubernetes.io/hostname` (so with two nodes, one of each per node), and
-//! routers, or an engine's servers, spread among themselves. `ScheduleAnyway`: a preference the
-//! scheduler weighs, never a reason to leave a pod pending on a cluster of one node.
+//! topology spread as given or, by default, across nodes (`kubernetes.io/hostname`): each role's
+//! pods of one revision among themselves, so losing a machine never takes all of one role (two
+//! nodes and two of each: one prefill and one decode per node). Routers, or an engine's servers,
+//! spread among themselves. `ScheduleAnyway`: a preference the scheduler weighs, never a reason
+//! to leave a pod pending on a cluster of one node. (A second spread counting prefill and decode
+//! together cannot be added: the API allows one constraint per topology key and
+//! `whenUnsatisfiable`, and counting them together alone let two nodes each hold one role.)
+//!
+//! A pod on a node that stops answering is evicted after 30 s, not the API server's default
+//! 300 s (`DefaultTolerationSeconds`): the node lifecycle controller has already taken it out of
+//! its Service's endpoints, and five minutes at reduced capacity is a long time for a serving
+//! fleet. A toleration of the spec's for the same taint replaces ours.
 
-use k8s_openapi::api::core::v1::{PodSpec, TopologySpreadConstraint};
+use k8s_openapi::api::core::v1::{PodSpec, Toleration, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use super::labels;
@@ -13,6 +20,27 @@ use crate::crd::{InferenceDeployment, Placement};
 use crate::gate::Role;
 
 pub const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// The taints a lost node gets, and how long a pod stays bound to one.
+pub const NODE_LOST_TAINTS: [&str; 2] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"];
+pub const NODE_LOST_EVICTION_SECONDS: i64 = 30;
+
+/// The spec's tolerations, then ours for a lost node's taints the spec does not name.
+fn tolerations(given: Option<&Vec<Toleration>>) -> Vec<Toleration> {
+    let mut all = given.cloned().unwrap_or_default();
+    for key in NODE_LOST_TAINTS {
+        if !all.iter().any(|t| t.key.as_deref() == Some(key)) {
+            all.push(Toleration {
+                key: Some(key.into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoExecute".into()),
+                toleration_seconds: Some(NODE_LOST_EVICTION_SECONDS),
+                ..Default::default()
+            });
+        }
+    }
+    all
+}
 
 /// The pods a default spread counts: `components` of the deployment, of `revision` if given.
 fn spread(d: &InferenceDeployment, components: &[&str], revision: Option<&str>) -> TopologySpreadConstraint {
@@ -33,8 +61,7 @@ fn spread(d: &InferenceDeployment, components: &[&str], revision: Option<&str>) 
 /// The default spread of `role`'s pods at `revision` (the router has none: it is not a revision's).
 fn default_spread(d: &InferenceDeployment, role: Option<Role>, revision: Option<&str>) -> TopologySpreadConstraint {
     match role {
-        Some(Role::Prefill | Role::Decode) => spread(d, &[Role::Prefill.as_str(), Role::Decode.as_str()], revision),
-        Some(Role::Server) => spread(d, &[Role::Server.as_str()], revision),
+        Some(role) => spread(d, &[role.as_str()], revision),
         None => spread(d, &[super::router::COMPONENT], None),
     }
 }
@@ -42,7 +69,7 @@ fn default_spread(d: &InferenceDeployment, role: Option<Role>, revision: Option<
 /// `spec` placed as the spec's `p` says: `role` `None` is the router.
 pub fn placed(mut spec: PodSpec, d: &InferenceDeployment, p: &Placement, role: Option<Role>, revision: Option<&str>) -> PodSpec {
     spec.node_selector = p.node_selector.clone();
-    spec.tolerations = p.tolerations.clone();
+    spec.tolerations = Some(tolerations(p.tolerations.as_ref()));
     spec.affinity = p.affinity.clone();
     spec.topology_spread_constraints = match &p.topology_spread_constraints {
         Some(given) => (!given.is_empty()).then(|| given.clone()),
@@ -71,24 +98,25 @@ mod tests {
     }
 
     #[test]
-    fn by_default_prefill_and_decode_of_a_revision_spread_together_across_nodes_softly() {
+    fn by_default_each_role_spreads_across_nodes_softly() {
         let d = spec(json!({}));
-        let prefill = rendered(&d, Some(Role::Prefill)).topology_spread_constraints.unwrap();
-        let decode = rendered(&d, Some(Role::Decode)).topology_spread_constraints.unwrap();
-        assert_eq!(prefill, decode, "one spread counts both roles");
-        let c = &prefill[0];
-        assert_eq!((c.topology_key.as_str(), c.max_skew, c.when_unsatisfiable.as_str()), (HOSTNAME, 1, "ScheduleAnyway"));
-        let selector = serde_json::to_value(c.label_selector.as_ref().unwrap()).unwrap();
-        assert_eq!(
-            selector,
-            json!({
-                "matchLabels": { "app.kubernetes.io/instance": "llm", "kvgate.dev/revision": "rev1" },
-                "matchExpressions": [{ "key": "app.kubernetes.io/component", "operator": "In", "values": ["prefill", "decode"] }],
-            })
-        );
+        let selector = |c: &TopologySpreadConstraint| serde_json::to_value(c.label_selector.as_ref().unwrap()).unwrap();
+        for role in [Role::Prefill, Role::Decode] {
+            let spread = rendered(&d, Some(role)).topology_spread_constraints.unwrap();
+            assert_eq!(spread.len(), 1, "the API allows one constraint per topology key and whenUnsatisfiable");
+            let c = &spread[0];
+            assert_eq!((c.topology_key.as_str(), c.max_skew, c.when_unsatisfiable.as_str()), (HOSTNAME, 1, "ScheduleAnyway"));
+            assert_eq!(
+                selector(c),
+                json!({
+                    "matchLabels": { "app.kubernetes.io/instance": "llm", "kvgate.dev/revision": "rev1" },
+                    "matchExpressions": [{ "key": "app.kubernetes.io/component", "operator": "In", "values": [role.as_str()] }],
+                })
+            );
+        }
         let router = rendered(&d, None).topology_spread_constraints.unwrap();
-        assert_eq!(serde_json::to_value(&router[0].label_selector).unwrap()["matchExpressions"][0]["values"], json!(["router"]));
-        assert!(serde_json::to_value(&router[0].label_selector).unwrap()["matchLabels"].get("kvgate.dev/revision").is_none());
+        assert_eq!(selector(&router[0])["matchExpressions"][0]["values"], json!(["router"]));
+        assert!(selector(&router[0])["matchLabels"].get("kvgate.dev/revision").is_none());
     }
 
     #[test]
@@ -107,5 +135,31 @@ mod tests {
         assert!(rendered(&d, Some(Role::Decode)).topology_spread_constraints.is_some());
         let off = spec(json!({ "topologySpreadConstraints": [] }));
         assert_eq!(rendered(&off, Some(Role::Prefill)).topology_spread_constraints, None);
+    }
+
+    #[test]
+    fn pods_leave_a_lost_node_after_30_seconds_unless_the_spec_says_otherwise() {
+        let lost = |s: &PodSpec| -> Vec<(String, Option<i64>)> {
+            s.tolerations
+                .iter()
+                .flatten()
+                .filter(|t| t.effect.as_deref() == Some("NoExecute"))
+                .map(|t| (t.key.clone().unwrap(), t.toleration_seconds))
+                .collect()
+        };
+        let d = spec(json!({ "tolerations": [{ "key": "gpu", "operator": "Exists" }] }));
+        let want = vec![("node.kubernetes.io/not-ready".to_string(), Some(30)), ("node.kubernetes.io/unreachable".to_string(), Some(30))];
+        for role in [Some(Role::Prefill), Some(Role::Decode), None] {
+            assert_eq!(lost(&rendered(&d, role)), want, "{role:?}");
+        }
+        assert_eq!(rendered(&d, Some(Role::Prefill)).tolerations.unwrap()[0].key.as_deref(), Some("gpu"), "the spec's come first");
+        // The spec's own toleration for a taint replaces ours for that taint only.
+        let own = spec(
+            json!({ "tolerations": [{ "key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 600 }] }),
+        );
+        assert_eq!(
+            lost(&rendered(&own, Some(Role::Prefill))),
+            vec![("node.kubernetes.io/unreachable".to_string(), Some(600)), ("node.kubernetes.io/not-ready".to_string(), Some(30))]
+        );
     }
 }

@@ -1,0 +1,342 @@
+//! Two machines: kube-scheduler places the operator's pods on two nodes (each node agent in a
+//! network namespace of its own with its own pod bridge and CIDR, joined by the test world's
+//! fabric), so every KV handoff between prefill and decode crosses from one machine to the other;
+//! a node lost with a client running; the link between the nodes shaped and cut mid-handoff; a
+//! partition between them while both still reach the API server.
+//!
+//! The tests share the two nodes and change them (one is powered off and started again, links are
+//! shaped and cut), so they run one at a time.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use kvgate_testenv::ControlPlane;
+use kvgate_testenv::controlplane::{NODE_HEARTBEAT_SECS, NODE_MONITOR_GRACE_SECS};
+use kvgate_testenv::fabric;
+use kvgate_testenv::nodes::{Node, Resources};
+use serde_json::Value;
+use support::*;
+
+const LONG: Duration = Duration::from_secs(180);
+
+/// Node-2's size, unlike node-1's default, so the test can tell that each reports its own.
+fn node_2_resources() -> Resources {
+    Resources { cpu: "8".into(), memory: "32Gi".into() }
+}
+
+struct World {
+    node_2: Option<Node>,
+}
+
+fn start_node_2(cp: &ControlPlane) -> Node {
+    let images = kvgate_testenv::images::debug_table().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
+    cp.node_agent_with(&workspace_bin("kvgate-node-agent"), "node-2", &images, &node_2_resources()).unwrap_or_else(|e| panic!("node-2: {e:#}"))
+}
+
+/// The control plane with node-1 and node-2, the operator, and the right to change them.
+fn world() -> (&'static ControlPlane, &'static Operator, MutexGuard<'static, World>) {
+    static OP: OnceLock<Operator> = OnceLock::new();
+    static WORLD: Mutex<World> = Mutex::new(World { node_2: None });
+    let cp = cluster();
+    let op = OP.get_or_init(|| Operator::start(cp, "operator"));
+    // A test that failed holding the lock leaves the world usable: the next one checks what it needs.
+    let mut world = WORLD.lock().unwrap_or_else(|e| e.into_inner());
+    if world.node_2.is_none() {
+        world.node_2 = Some(start_node_2(cp));
+    }
+    (cp, op, world)
+}
+
+/// `(component, node)` of every live pod of deployment `name`.
+fn placement(cp: &ControlPlane, ns: &str, name: &str) -> Vec<(String, String)> {
+    let pods = get_json(cp, &["-n", ns, "get", "pods", "-l", &format!("app.kubernetes.io/instance={name}")]);
+    let mut out: Vec<(String, String)> = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| {
+            let component = p["metadata"]["labels"]["app.kubernetes.io/component"].as_str().unwrap_or_default().to_string();
+            (component, p["spec"]["nodeName"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The live pods of one component, as JSON.
+fn pods_of(cp: &ControlPlane, ns: &str, name: &str, component: &str) -> Vec<Value> {
+    let pods = get_json(cp, &["-n", ns, "get", "pods", "-l", &format!("app.kubernetes.io/instance={name},app.kubernetes.io/component={component}")]);
+    pods["items"].as_array().into_iter().flatten().filter(|p| p["metadata"]["deletionTimestamp"].is_null()).cloned().collect()
+}
+
+/// Sum of a metric family over the pod's /metrics (dialled on its address from the world).
+fn pod_metric(pod: &Value, family: &str) -> Option<f64> {
+    let ip = pod["status"]["podIP"].as_str()?;
+    let ports = pod["spec"]["containers"][0]["ports"].as_array()?;
+    let port = ports.iter().find(|p| p["name"] == "http")?["containerPort"].as_u64()?;
+    let text = get(&format!("http://{ip}:{port}/metrics"))?;
+    Some(kvgate_testenv::metrics::family_sum(&text, family))
+}
+
+/// KV pages each live worker pod of the deployment holds (`None`: its /metrics did not answer).
+fn pages_held(cp: &ControlPlane, ns: &str, name: &str) -> Vec<(String, Option<f64>)> {
+    ["prefill", "decode"]
+        .iter()
+        .flat_map(|c| pods_of(cp, ns, name, c))
+        .map(|p| (p["metadata"]["name"].as_str().unwrap_or_default().to_string(), pod_metric(&p, "kvgate_kv_pool_pages_in_use")))
+        .collect()
+}
+
+/// Waits until every live worker pod of the deployment holds no KV page.
+fn no_pages_held(cp: &ControlPlane, ns: &str, name: &str, what: &str) {
+    kvgate_testenv::wait::eventually(
+        &format!("every KV page free ({what})"),
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || pages_held(cp, ns, name).iter().all(|(_, pages)| *pages == Some(0.0)),
+        || format!("pages held: {:?}\n{}", pages_held(cp, ns, name), diagnostics(cp, ns)),
+    );
+}
+
+fn ready_replicas(cp: &ControlPlane, ns: &str, name: &str, role: &str) -> i64 {
+    infd(cp, ns, name)["status"][role]["readyReplicas"].as_i64().unwrap_or(0)
+}
+
+/// A tiny deployment with `replicas` prefill and decode workers each, and `placement` (YAML
+/// lines under `spec:`) appended.
+fn deployment(name: &str, replicas: u32, placement: &str) -> String {
+    format!("{}{placement}", tiny(name, 2048, 4096, 4096, "").replace("replicas: 1", &format!("replicas: {replicas}")))
+}
+
+/// A spec line that pins `role`'s pods to `node`.
+fn pinned(role: &str, node: &str) -> String {
+    format!("  {role}: {{ nodeSelector: {{ kubernetes.io/hostname: {node} }} }}\n")
+}
+
+#[test]
+fn both_nodes_are_ready_and_prefill_and_decode_land_on_different_machines() {
+    let (cp, _op, _world) = world();
+    let nodes = get_json(cp, &["get", "nodes"]);
+    let mut seen: Vec<(String, String, String, String)> = nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let ready = n["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Ready").map(|c| c["status"].clone());
+            assert_eq!(ready, Some("True".into()), "{n}");
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (s(&n["metadata"]["name"]), s(&n["status"]["allocatable"]["cpu"]), s(&n["status"]["allocatable"]["memory"]), s(&n["spec"]["podCIDR"]))
+        })
+        .collect();
+    seen.sort();
+    let (cidr_1, cidr_2) = (fabric::pod_cidr(1).0, fabric::pod_cidr(2).0);
+    assert_eq!(seen, vec![("node-1".into(), "16".into(), "64Gi".into(), cidr_1.clone()), ("node-2".into(), "8".into(), "32Gi".into(), cidr_2.clone())]);
+
+    // The default spread, each role across nodes: one prefill and one decode per node; the
+    // router pinned by the spec.
+    let ns = cp.restricted_namespace("spread");
+    apply_yaml(cp, &ns, &deployment("spread", 2, &pinned("router", "node-2")));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "spread")["status"]["phase"] == "Available");
+    let want: Vec<(String, String)> = [("decode", "node-1"), ("decode", "node-2"), ("prefill", "node-1"), ("prefill", "node-2"), ("router", "node-2")]
+        .map(|(c, n)| (c.into(), n.into()))
+        .into();
+    assert_eq!(placement(cp, &ns, "spread"), want);
+    for component in ["prefill", "decode"] {
+        for pod in pods_of(cp, &ns, "spread", component) {
+            let (node, ip) = (pod["spec"]["nodeName"].as_str().unwrap(), pod["status"]["podIP"].as_str().unwrap());
+            let prefix = if node == "node-1" { &cidr_1 } else { &cidr_2 };
+            assert!(ip.starts_with(prefix.trim_end_matches("0/24")), "{component} on {node} has {ip}, outside {prefix}");
+            assert_eq!(pod["status"]["hostIP"].as_str(), Some(if node == "node-1" { "198.19.0.11" } else { "198.19.0.12" }));
+        }
+    }
+    // Handoffs cross machines (the router picks its pair per request): every answer the same.
+    let router = router_endpoints(cp, &ns, "spread").pop().unwrap();
+    let answers: Vec<(u16, String)> = (0..6).map(|_| complete(&router, "Hello", 6).expect("the router answers")).collect();
+    let reference = completion_text(&answers[0].1).unwrap_or_else(|| panic!("{:?}", answers[0]));
+    assert_eq!(never_wrong(&answers, &reference), (6, 0));
+    cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
+}
+
+/// Requests through one router until stopped: `(ms since start, status, body)`, status 0 for a
+/// router that could not be reached at all.
+struct Client {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(u128, u16, String)>>,
+}
+
+impl Client {
+    fn start(router: String, prompt: &'static str, start: Instant) -> Client {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let (status, body) = complete(&router, prompt, 6).unwrap_or((0, String::new()));
+                    answers.push((start.elapsed().as_millis(), status, body));
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                answers
+            }
+        });
+        Client { stop, thread }
+    }
+
+    fn stop(self) -> Vec<(u128, u16, String)> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap()
+    }
+}
+
+/// The error code of a failed request's JSON body.
+fn code(body: &str) -> String {
+    serde_json::from_str::<Value>(body).ok().and_then(|v| v["error"]["code"].as_str().map(String::from)).unwrap_or_else(|| "(none)".into())
+}
+
+#[test]
+fn a_node_lost_with_a_client_running_fails_requests_only_with_codes_and_serving_recovers_on_the_other() {
+    let (cp, _op, mut world) = world();
+    let ns = cp.restricted_namespace("nodeloss");
+    apply_yaml(cp, &ns, &deployment("loss", 2, &pinned("router", "node-1")));
+    let spread: Vec<(String, String)> = [("decode", "node-1"), ("decode", "node-2"), ("prefill", "node-1"), ("prefill", "node-2"), ("router", "node-1")]
+        .map(|(c, n)| (c.into(), n.into()))
+        .into();
+    eventually(cp, &ns, "Available with a prefill and a decode on each node", LONG, || {
+        infd(cp, &ns, "loss")["status"]["phase"] == "Available" && placement(cp, &ns, "loss") == spread
+    });
+    let router = router_endpoints(cp, &ns, "loss").pop().unwrap();
+    let (status, body) = complete(&router, "Hello", 6).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let reference = completion_text(&body).unwrap();
+
+    let start = Instant::now();
+    let client = Client::start(router, "Hello", start);
+    std::thread::sleep(Duration::from_secs(2));
+    let killed = start.elapsed();
+    world.node_2.take().unwrap().power_off();
+
+    let mut marks = Vec::new();
+    let mut mark = |what: &str| marks.push((what.to_string(), start.elapsed() - killed));
+    eventually(cp, &ns, "node-2 NotReady", Duration::from_secs(NODE_MONITOR_GRACE_SECS + 30), || cp.node_ready("node-2") == Some(false));
+    mark("node-2 NotReady");
+    eventually(cp, &ns, "node-2's pods evicted", Duration::from_secs(90), || {
+        let pods = get_json(cp, &["-n", &ns, "get", "pods", "--field-selector=spec.nodeName=node-2"]);
+        pods["items"].as_array().is_some_and(|a| !a.is_empty() && a.iter().all(|p| !p["metadata"]["deletionTimestamp"].is_null()))
+    });
+    mark("its pods evicted");
+    eventually(cp, &ns, "two verified prefill and decode workers again, on node-1", LONG, || {
+        ready_replicas(cp, &ns, "loss", "prefill") == 2
+            && ready_replicas(cp, &ns, "loss", "decode") == 2
+            && placement(cp, &ns, "loss").iter().all(|(_, n)| n == "node-1")
+            && pods_of(cp, &ns, "loss", "decode").len() == 2
+    });
+    mark("replacements verified and serving");
+    // Serving holds once recovered.
+    std::thread::sleep(Duration::from_secs(5));
+    let answers = client.stop();
+    let recovered = marks.last().unwrap().1;
+
+    let unreachable = answers.iter().filter(|(_, s, _)| *s == 0).count();
+    assert_eq!(unreachable, 0, "the router (on node-1) stopped answering");
+    let plain: Vec<(u16, String)> = answers.iter().map(|(_, s, b)| (*s, b.clone())).collect();
+    let (served, failed) = never_wrong(&plain, &reference);
+    let mut codes = std::collections::BTreeMap::<String, usize>::new();
+    for (_, _, body) in answers.iter().filter(|(_, s, _)| *s != 200) {
+        *codes.entry(code(body)).or_default() += 1;
+    }
+    let after_kill = |t: u128| t.saturating_sub(killed.as_millis());
+    let failures: Vec<u128> = answers.iter().filter(|(_, s, _)| *s != 200).map(|(t, _, _)| after_kill(*t)).collect();
+    let tail: Vec<u16> = answers.iter().filter(|(t, _, _)| *t > (killed + recovered).as_millis()).map(|(_, s, _)| *s).collect();
+    assert!(!tail.is_empty() && tail.iter().all(|s| *s == 200), "not serving after recovery: {tail:?}");
+    eprintln!(
+        "node loss (heartbeat {NODE_HEARTBEAT_SECS} s, grace {NODE_MONITOR_GRACE_SECS} s, eviction after 30 s): {} requests, {served} served with the reference text, {failed} failed {codes:?} (first {:?} ms, last {:?} ms after the kill); {}",
+        answers.len(),
+        failures.first(),
+        failures.last(),
+        marks.iter().map(|(w, t)| format!("{w} at {:.1} s", t.as_secs_f64())).collect::<Vec<_>>().join(", ")
+    );
+    no_pages_held(cp, &ns, "loss", "the survivors");
+
+    // The machine comes back: Ready again, and its agent finishes the pods evicted while it was
+    // gone (they were still bound to it, Terminating).
+    world.node_2 = Some(start_node_2(cp));
+    eventually(cp, &ns, "node-2's old pods gone", Duration::from_secs(60), || {
+        get_json(cp, &["-n", &ns, "get", "pods", "--field-selector=spec.nodeName=node-2"])["items"].as_array().is_some_and(|a| a.is_empty())
+    });
+    cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
+}
+
+#[test]
+fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_requests_it_carries() {
+    let (cp, _op, world) = world();
+    let node_2 = world.node_2.as_ref().unwrap();
+    let node_1 = node_1();
+    let ns = cp.restricted_namespace("partition");
+    // Prefill on node-1, decode on node-2: every handoff crosses the link between them.
+    let yaml = format!(
+        "{}{}  handoff: {{ timeoutMs: 3000 }}\n",
+        deployment("split", 1, "")
+            .replace("  prefill:\n    replicas: 1\n", "  prefill:\n    replicas: 1\n    nodeSelector: { kubernetes.io/hostname: node-1 }\n")
+            .replace("  decode:\n    replicas: 1\n", "  decode:\n    replicas: 1\n    nodeSelector: { kubernetes.io/hostname: node-2 }\n"),
+        pinned("router", "node-1"),
+    );
+    apply_yaml(cp, &ns, &yaml);
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "split")["status"]["phase"] == "Available");
+    let want: Vec<(String, String)> = [("decode", "node-2"), ("prefill", "node-1"), ("router", "node-1")].map(|(c, n)| (c.into(), n.into())).into();
+    assert_eq!(placement(cp, &ns, "split"), want);
+    let router = router_endpoints(cp, &ns, "split").pop().unwrap();
+    let long_prompt: &'static str = "the quick brown fox jumps over the lazy dog ".repeat(30).leak();
+    let reference = |prompt: &str| {
+        let (status, body) = complete(&router, prompt, 2).unwrap();
+        assert_eq!(status, 200, "{body}");
+        completion_text(&body).unwrap()
+    };
+    let (short_ref, long_ref) = (reference("Hello"), reference(long_prompt));
+    let decode = pods_of(cp, &ns, "split", "decode").pop().unwrap();
+    let counted = || {
+        pod_metric(&decode, "kvgate_handoff_reservations_expired_total").unwrap_or(0.0) + pod_metric(&decode, "kvgate_handoff_mismatch_total").unwrap_or(0.0)
+    };
+
+    // 1. A slow link into decode's machine: the handoff takes longer and is served whole.
+    node_2.machine.shape(4000, 32).unwrap();
+    let (status, body) = complete(&router, long_prompt, 2).unwrap();
+    assert_eq!((status, completion_text(&body)), (200, Some(long_ref.clone())), "{body}");
+    assert_eq!(counted(), 0.0, "a slow but whole handoff was counted as failed");
+
+    // 2. Slower still, and the link cut one second into the handoff (past decode's 3 s timeout),
+    // then back: that request fails with its reason, counted, and no page stays held.
+    node_2.machine.shape(256, 16).unwrap();
+    let request = std::thread::spawn({
+        let router = router.clone();
+        move || complete(&router, long_prompt, 2)
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    fabric::partition(&node_1.machine, &node_2.machine).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    fabric::heal(&node_1.machine, &node_2.machine).unwrap();
+    node_2.machine.unshape().unwrap();
+    let (status, body) = request.join().unwrap().expect("an answer from the router");
+    assert_ne!(status, 200, "{body}");
+    assert!(code(&body).starts_with("kv_handoff"), "the client is not told what failed: {status} {body}");
+    eventually(cp, &ns, "decode to count the cut handoff", Duration::from_secs(15), || counted() >= 1.0);
+    no_pages_held(cp, &ns, "split", "both machines");
+
+    // 3. A partition between the machines: each still reaches the API server (Ready, pods
+    // Ready), requests fail with a code and none is answered with anything but the reference.
+    fabric::partition(&node_1.machine, &node_2.machine).unwrap();
+    let during: Vec<(u16, String)> = (0..3).map(|_| complete(&router, "Hello", 2).expect("the router answers")).collect();
+    assert_eq!(never_wrong(&during, &short_ref), (0, 3), "{during:?}");
+    std::thread::sleep(Duration::from_secs(NODE_MONITOR_GRACE_SECS.max(5)));
+    assert_eq!((cp.node_ready("node-1"), cp.node_ready("node-2")), (Some(true), Some(true)), "a node lost the API server in a partition between pods");
+    assert_eq!(ready_replicas(cp, &ns, "split", "decode"), 1, "decode is alive and reports to the API server");
+    fabric::heal(&node_1.machine, &node_2.machine).unwrap();
+    no_pages_held(cp, &ns, "split", "both machines");
+    let after: Vec<(u16, String)> = (0..3).map(|_| complete(&router, "Hello", 2).expect("the router answers")).collect();
+    assert_eq!(never_wrong(&after, &short_ref), (3, 0), "{after:?}");
+    eprintln!("partition: failed with {:?}; link cut mid-handoff: {}", during.iter().map(|(s, b)| format!("{s} {}", code(b))).collect::<Vec<_>>(), code(&body));
+    cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
+}
