@@ -14,7 +14,7 @@ demo:
 	bash scripts/demo.sh
 
 ## Every test of the workspace: unit, model, HTTP tests against real worker processes, and the
-## control-plane tests (real etcd, kube-apiserver, kube-controller-manager, kubectl).
+## control-plane tests (real etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl).
 test: test-deps controlplane tools
 	$(CARGO) test --workspace --locked
 
@@ -61,10 +61,14 @@ bench:
 	$(CARGO) build -p kvgate-worker --features testing -p kvgate-testenv
 	$(CARGO) bench -p kvgate-operator --bench operator
 
-## The mixed-abuse soak (worker/tests/abuse.rs) for ten minutes; `make test` runs it for 8 s.
+## The soaks, long: the mixed-abuse soak of one worker (worker/tests/abuse.rs) for ten minutes, and
+## the cluster soak on two nodes (operator/tests/nodes.rs: load through a rollout, a rollback and a
+## node lost, per round) for five rounds. `make test` runs them for 8 s and one round.
 SOAK_SECS ?= 600
-soak:
+SOAK_ROUNDS ?= 5
+soak: test-deps controlplane tools
 	KVGATE_SOAK_SECS=$(SOAK_SECS) $(CARGO) test -p kvgate-worker --test abuse -- --nocapture a_mixed_abuse_soak
+	KVGATE_CLUSTER_SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test -p kvgate-operator --test nodes -- --nocapture a_soak
 
 ## The fuzz targets (frame decoder; JSON bodies of /v1/* and /internal/*) with a long budget;
 ## `make test` runs them with a small fixed one.
@@ -73,7 +77,7 @@ fuzz:
 	KVGATE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p kvgate-proto --test fuzz_frames
 	KVGATE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p kvgate-worker --test fuzz_bodies
 
-## Build kube-apiserver, kube-controller-manager, kubectl and etcd from the official Go modules
+## Build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd from the official Go modules
 ## into target/controlplane/bin/ (first build about 30 minutes on 2 cores; seconds afterwards).
 controlplane:
 	bash tests/controlplane/build.sh
@@ -100,7 +104,8 @@ images-docker:
 	$(ENGINE) build -f images/worker.Dockerfile -t ghcr.io/kvgate/kvgate-worker:$(VERSION) .
 	$(ENGINE) build -f images/worker-cuda.Dockerfile -t ghcr.io/kvgate/kvgate-worker:$(VERSION)-cuda .
 
-## A control plane and node agent in the foreground; kubeconfig in target/dev-cluster/.
+## A control plane and two nodes in the foreground (`--nodes N` for another count); kubeconfig in
+## target/dev-cluster/.
 dev-cluster: controlplane
 	$(CARGO) build -p kvgate-worker -p kvgate-operator -p kvgate-testenv
 	$(CARGO) run -q -p kvgate-testenv --bin kvgate-dev-cluster

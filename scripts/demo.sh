@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make demo: a local control plane and node agent, the CRDs and the Helm chart, the tiny example
+# make demo: a local control plane and two nodes, the CRDs and the Helm chart, the tiny example
 # (Available, answering a completion), the incident example (refused with both numbers) and
 # llama.cpp's real server split into slots smaller than its declared window (refused with
 # llama.cpp's own numbers).
@@ -32,7 +32,7 @@ step "cargo build of the worker, the operator and the dev cluster"
 cargo build -q -p kvgate-worker -p kvgate-operator -p kvgate-testenv
 kubeconfig=target/dev-cluster/kubeconfig
 rm -f "$kubeconfig"
-step "the dev cluster: etcd, kube-apiserver, kube-controller-manager and a node agent running pods under runc"
+step "the dev cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and two nodes (node agents, each in a network namespace of its own) running pods under runc"
 target/debug/kvgate-dev-cluster --forward demo/tiny &
 cluster=$!
 stop() {

@@ -340,3 +340,88 @@ fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_reques
     eprintln!("partition: failed with {:?}; link cut mid-handoff: {}", during.iter().map(|(s, b)| format!("{s} {}", code(b))).collect::<Vec<_>>(), code(&body));
     cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
 }
+
+/// Resident memory of the running worker containers of namespace `ns` on both nodes, in MiB:
+/// (sum, largest).
+fn workers_rss(cp: &ControlPlane, ns: &str, world: &World) -> (u64, u64) {
+    let pods = get_json(cp, &["-n", ns, "get", "pods", "-l", "app.kubernetes.io/component in (prefill,decode)"]);
+    let uids: Vec<String> = pods["items"].as_array().into_iter().flatten().filter_map(|p| p["metadata"]["uid"].as_str().map(|u| format!("-{u}-"))).collect();
+    let all: Vec<u64> = [node_1()]
+        .into_iter()
+        .chain(world.node_2.as_ref())
+        .flat_map(|n| n.container_rss())
+        .filter(|(id, _)| uids.iter().any(|u| id.contains(u)))
+        .map(|(_, bytes)| bytes >> 20)
+        .collect();
+    (all.iter().sum(), all.iter().copied().max().unwrap_or(0))
+}
+
+/// Continuous load through everything an operator does to a serving deployment: a rollout (its
+/// canary and a bake that promotes), a revision that goes bad under traffic (its bake rolls it
+/// back), and a node lost and back. `KVGATE_CLUSTER_SOAK_ROUNDS` rounds (1 in `make test`, more in
+/// `make soak`); the totals are printed.
+#[test]
+fn a_soak_through_rollouts_a_rollback_and_a_node_loss_never_answers_wrong() {
+    let (cp, op, mut world) = world();
+    let rounds: usize = std::env::var("KVGATE_CLUSTER_SOAK_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(1);
+    let ns = cp.restricted_namespace("soak");
+    // Two pools, alternated by each round's rollout (a new revision each time).
+    let spec = |tokens: u64, rollout: &str| {
+        format!("{}{}  rollout: {{ {rollout} }}\n", tiny("soak", 256, 1024, tokens, "").replace("replicas: 1", "replicas: 2"), pinned("router", "node-1"))
+    };
+    apply_yaml(cp, &ns, &spec(1024, "bakeSeconds: 3"));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "soak")["status"]["phase"] == "Available");
+    let prompt = "Every answer must be the one the verified revision gives. ".repeat(2);
+    let (status, body) = complete(&router_endpoints(cp, &ns, "soak").pop().unwrap(), &prompt, 8).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let reference = completion_text(&body).unwrap();
+    let operator_rss = || kvgate_testenv::nodes::rss(op.proc.pid() as i64).unwrap_or(0) >> 20;
+    let (operator_start, workers_start) = (operator_rss(), workers_rss(cp, &ns, &world));
+    let started = Instant::now();
+    let traffic = Traffic::start(&ns, "soak", &prompt, 3);
+
+    for round in 0..rounds {
+        let tokens = if round % 2 == 0 { 2048 } else { 1024 };
+        // A good rollout: canary, bake, promoted.
+        let before = infd(cp, &ns, "soak")["status"]["currentRevision"].clone();
+        apply_yaml(cp, &ns, &spec(tokens, "bakeSeconds: 3"));
+        eventually(cp, &ns, "the rollout promoted and Available", LONG, || {
+            let d = infd(cp, &ns, "soak");
+            d["status"]["phase"] == "Available" && d["status"]["currentRevision"] != before
+        });
+        // A revision that corrupts pages after its 20th handoff: promoted, then rolled back.
+        let good = infd(cp, &ns, "soak")["status"]["currentRevision"].clone();
+        let bad = with_image(&spec(tokens, "bakeSeconds: 600"), &kvgate_testenv::images::faulty_worker("corrupt-after-20"));
+        apply_yaml(cp, &ns, &bad);
+        eventually(cp, &ns, "RolledBack", LONG, || infd(cp, &ns, "soak")["status"]["phase"] == "RolledBack");
+        assert_eq!(infd(cp, &ns, "soak")["status"]["currentRevision"], good);
+        apply_yaml(cp, &ns, &spec(tokens, "bakeSeconds: 3"));
+        eventually(cp, &ns, "Available on the good revision", LONG, || infd(cp, &ns, "soak")["status"]["phase"] == "Available");
+        // A node lost, its pods replaced on the survivor, the node back.
+        world.node_2.take().unwrap().power_off();
+        eventually(cp, &ns, "node-2 NotReady", Duration::from_secs(NODE_MONITOR_GRACE_SECS + 30), || cp.node_ready("node-2") == Some(false));
+        eventually(cp, &ns, "every worker on node-1 and verified", LONG, || {
+            ready_replicas(cp, &ns, "soak", "prefill") == 2
+                && ready_replicas(cp, &ns, "soak", "decode") == 2
+                && placement(cp, &ns, "soak").iter().all(|(_, n)| n == "node-1")
+        });
+        world.node_2 = Some(start_node_2(cp));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let answers = traffic.stop();
+    let (served, failed) = never_wrong(&answers, &reference);
+    let mut codes = std::collections::BTreeMap::<String, usize>::new();
+    for (_, body) in answers.iter().filter(|(s, _)| *s != 200) {
+        *codes.entry(code(body)).or_default() += 1;
+    }
+    no_pages_held(cp, &ns, "soak", "the end of the soak");
+    let (operator_end, workers_end) = (operator_rss(), workers_rss(cp, &ns, &world));
+    eprintln!(
+        "cluster soak: {rounds} round(s) in {:.0} s: {} requests, {served} 200s all equal to the reference, {failed} non-200 {codes:?}; \
+         pages in use at the end 0; operator RSS {operator_start} -> {operator_end} MiB; worker containers RSS (sum, largest) {workers_start:?} -> {workers_end:?} MiB",
+        started.elapsed().as_secs_f64(),
+        answers.len()
+    );
+    assert!(served >= 10, "{served} served: the load never ran");
+    cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
+}

@@ -53,4 +53,24 @@ impl Node {
     pub fn log(&self) -> &std::path::Path {
         &self.agent.log
     }
+
+    /// Resident memory, in bytes, of each running container's process on this node, by runc
+    /// container id (`kvgate-ctr-<agent>-<pod uid>-<container>`).
+    pub fn container_rss(&self) -> Vec<(String, u64)> {
+        let out = std::process::Command::new("runc").arg("--root").arg(self.dir.join("runc")).args(["list", "--format", "json"]).output();
+        let list: serde_json::Value = out.ok().and_then(|o| serde_json::from_slice(&o.stdout).ok()).unwrap_or_default();
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["status"] == "running")
+            .filter_map(|c| Some((c["id"].as_str()?.to_string(), rss(c["pid"].as_i64()?)?)))
+            .collect()
+    }
+}
+
+/// `VmRSS` of process `pid`, in bytes.
+pub fn rss(pid: i64) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
 }
