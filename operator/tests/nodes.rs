@@ -24,7 +24,7 @@ const LONG: Duration = Duration::from_secs(180);
 
 /// Node-2's size, unlike node-1's default, so the test can tell that each reports its own.
 fn node_2_resources() -> Resources {
-    Resources { cpu: "8".into(), memory: "32Gi".into() }
+    Resources { cpu: "8".into(), memory: "32Gi".into(), ephemeral_storage: "50Gi".into() }
 }
 
 struct World {

@@ -359,6 +359,7 @@ impl ControlPlane {
             format!("--pod-cidr={pod_cidr}"),
             format!("--cpu={}", resources.cpu),
             format!("--memory={}", resources.memory),
+            format!("--ephemeral-storage={}", resources.ephemeral_storage),
             format!("--heartbeat-seconds={NODE_HEARTBEAT_SECS}"),
         ];
         for (name, path) in images {

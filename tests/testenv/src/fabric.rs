@@ -13,9 +13,8 @@
 //! (1..=[`MAX_NODES`]) is 198.19.0.(10+i) and its pods are 198.18.i.0/24 behind 198.18.i.1.
 
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Mutex;
 
 use anyhow::{Context, bail};
@@ -66,13 +65,7 @@ impl Machine {
             bail!("node index {index} is outside 1..={MAX_NODES}");
         }
         fabric()?;
-        let mut holder = Command::new("sleep");
-        holder.arg("infinity").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-        // SAFETY: unshare is a single syscall in the forked child.
-        unsafe {
-            holder.pre_exec(|| if libc::unshare(libc::CLONE_NEWNET) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
-        }
-        let holder = holder.spawn().context("starting the node's namespace holder (sleep, from coreutils)")?;
+        let holder = crate::netns::holder("the node")?;
         let netns = PathBuf::from(format!("/proc/{}/ns/net", holder.id()));
         let (link, ip) = (format!("kvnode{index}"), node_ip(index));
         let machine = Machine { index, ip, netns, link, holder };

@@ -94,6 +94,19 @@ pub fn require() -> anyhow::Result<()> {
     }
 }
 
+/// A new network namespace, held open by a child process (`sleep infinity` unshared into it, the
+/// part a pause container plays) until that is killed; it is `/proc/<pid>/ns/net`.
+pub fn holder(what: &str) -> anyhow::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let mut holder = std::process::Command::new("sleep");
+    holder.arg("infinity").stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    // SAFETY: unshare is a single syscall in the forked child.
+    unsafe {
+        holder.pre_exec(|| if libc::unshare(libc::CLONE_NEWNET) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
+    }
+    holder.spawn().map_err(|e| anyhow::anyhow!("starting the process that holds {what}'s network namespace (sleep, from coreutils): {e}"))
+}
+
 /// The host's namespace, when this process left it.
 pub fn host() -> Option<RawFd> {
     Some(HOST.load(Ordering::SeqCst)).filter(|fd| *fd >= 0)

@@ -11,11 +11,12 @@ use crate::process::Proc;
 pub struct Resources {
     pub cpu: String,
     pub memory: String,
+    pub ephemeral_storage: String,
 }
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { cpu: "16".into(), memory: "64Gi".into() }
+        Resources { cpu: "16".into(), memory: "64Gi".into(), ephemeral_storage: "100Gi".into() }
     }
 }
 

@@ -162,6 +162,10 @@ fn a_world_running_and_a_killed_world_leave_the_hosts_network_as_it_was() {
     );
     assert!(exited.is_none(), "the dev cluster exited ({exited:?}) before it was up:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
 
+    // Its two nodes, Ready, as `kubectl get nodes` shows them through the relay.
+    let nodes =
+        kubectl(&kubeconfig, &["get", "nodes", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status} {end}"], "");
+    assert_eq!(nodes.trim(), "node-1=True node-2=True");
     // The host reaches the API server and a Service's pod through 127.0.0.1 only.
     kubectl(&kubeconfig, &["apply", "-f", "-"], POD);
     eventually(

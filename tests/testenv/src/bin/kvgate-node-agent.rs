@@ -18,11 +18,11 @@ async fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH --kubelet-cert PATH --kubelet-key PATH --node-ip IP --pod-cidr CIDR\n\
-             \x20      [--cpu N] [--memory QUANTITY] [--heartbeat-seconds N] [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=oci:LAYOUT:TAG | NAME=PATH]...\n\n\
+             \x20      [--cpu N] [--memory QUANTITY] [--ephemeral-storage QUANTITY] [--heartbeat-seconds N] [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=oci:LAYOUT:TAG | NAME=PATH]...\n\n\
              Runs the pods kube-scheduler binds to this node (it binds none itself). Run it in the node's own network namespace\n\
              (kvgate_testenv::fabric): --node-ip is the node's address there (its InternalIP), --pod-cidr the range its pods get\n\
-             addresses from (behind a bridge holding the range's first address). --cpu and --memory are the node's allocatable\n\
-             resources (default 16 and 64Gi); --heartbeat-seconds how often its Lease is renewed (default 10, as a kubelet's).\n\
+             addresses from (behind a bridge holding the range's first address). --cpu, --memory and --ephemeral-storage are the\n\
+             node's allocatable resources (default 16, 64Gi and 100Gi); --heartbeat-seconds how often its Lease is renewed (default 10, as a kubelet's).\n\
              --server is the API server as pods reach it; --cni-bin holds the CNI plugins bridge, host-local and loopback (default target/cni/bin, from `make tools`).\n\
              --image maps an image name (matched with or without its tag) to an OCI image layout and tag (`make images`, scripts/images.sh), run as\n\
              OCI containers by runc (unpacked under DIR/images, state under DIR/runc), or to a host binary run as a process in the pod's namespaces.\n\
@@ -54,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
         pod_cidr: need("--pod-cidr")?,
         cpu: arg(&args, "--cpu").unwrap_or_else(|| "16".into()),
         memory: arg(&args, "--memory").unwrap_or_else(|| "64Gi".into()),
+        ephemeral_storage: arg(&args, "--ephemeral-storage").unwrap_or_else(|| "100Gi".into()),
         heartbeat: std::time::Duration::from_secs(arg(&args, "--heartbeat-seconds").map(|s| s.parse()).transpose()?.unwrap_or(10)),
     };
     println!("kvgate-node-agent: node {} ready", cfg.node_name);

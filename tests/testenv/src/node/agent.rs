@@ -43,9 +43,11 @@ pub struct AgentConfig {
     /// the CIDR its pods get addresses from.
     pub node_ip: Ipv4Addr,
     pub pod_cidr: String,
-    /// What the scheduler may place here (`allocatable`), e.g. "8" and "16Gi".
+    /// What the scheduler may place here (`allocatable`), e.g. "8", "16Gi" and "100Gi": a
+    /// resource a node does not report is one it has none of.
     pub cpu: String,
     pub memory: String,
+    pub ephemeral_storage: String,
     /// How often the Lease is renewed and the Ready condition posted (a kubelet's is 10 s).
     pub heartbeat: Duration,
 }
@@ -276,7 +278,7 @@ impl Drop for NodeAgent {
 async fn heartbeat(client: &kube::Client, cfg: &AgentConfig, kubelet_port: u16) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let now = Timestamp::now();
-    let resources = json!({ "cpu": cfg.cpu, "memory": cfg.memory, "pods": "110" });
+    let resources = json!({ "cpu": cfg.cpu, "memory": cfg.memory, "ephemeral-storage": cfg.ephemeral_storage, "pods": "110" });
     let status = json!({ "status": {
         "capacity": resources,
         "allocatable": resources,

@@ -10,7 +10,6 @@
 
 use std::io::Write;
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -69,13 +68,7 @@ impl PodNetwork {
 
     /// A new namespace for pod `id`, wired to the bridge.
     pub fn add(&self, id: &str) -> anyhow::Result<Sandbox> {
-        let mut holder = Command::new("sleep");
-        holder.arg("infinity").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-        // SAFETY: unshare is a single syscall in the forked child.
-        unsafe {
-            holder.pre_exec(|| if libc::unshare(libc::CLONE_NEWNET) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
-        }
-        let holder = holder.spawn().context("starting the pod's sandbox process (sleep, from coreutils)")?;
+        let holder = crate::netns::holder("the pod")?;
         let netns = PathBuf::from(format!("/proc/{}/ns/net", holder.id()));
         let mut sandbox = Sandbox { ip: Ipv4Addr::UNSPECIFIED, host_ip: self.node_ip, host_link: String::new(), netns, id: id.to_string(), holder };
         let wired = self.call("ADD", &self.loopback, &sandbox, "lo").and_then(|_| self.call("ADD", &self.bridge, &sandbox, "eth0"));
