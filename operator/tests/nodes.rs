@@ -158,6 +158,19 @@ fn both_nodes_are_ready_and_prefill_and_decode_land_on_different_machines() {
     let answers: Vec<(u16, String)> = (0..6).map(|_| complete(&router, "Hello", 6).expect("the router answers")).collect();
     let reference = completion_text(&answers[0].1).unwrap_or_else(|| panic!("{:?}", answers[0]));
     assert_eq!(never_wrong(&answers, &reference), (6, 0));
+
+    // Decode pinned to a node that does not exist: the scheduler's own reason, in status.
+    let nowhere = deployment("nowhere", 1, "")
+        .replace("  decode:\n    replicas: 1\n", "  decode:\n    replicas: 1\n    nodeSelector: { kubernetes.io/hostname: node-9 }\n");
+    apply_yaml(cp, &ns, &nowhere);
+    let mut message = String::new();
+    eventually(cp, &ns, "Progressing names the unschedulable decode pod", LONG, || {
+        let d = infd(cp, &ns, "nowhere");
+        let c = condition(&d, "Progressing").cloned().unwrap_or_default();
+        message = c["message"].as_str().unwrap_or_default().to_string();
+        c["reason"] == "PodsCannotStart"
+    });
+    assert!(message.contains("nowhere-decode-") && message.contains("Unschedulable: 0/2 nodes are available"), "{message}");
     cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
 }
 
