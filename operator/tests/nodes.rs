@@ -9,8 +9,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use kvgate_testenv::ControlPlane;
@@ -75,10 +74,7 @@ fn pods_of(cp: &ControlPlane, ns: &str, name: &str, component: &str) -> Vec<Valu
 
 /// Sum of a metric family over the pod's /metrics (dialled on its address from the world).
 fn pod_metric(pod: &Value, family: &str) -> Option<f64> {
-    let ip = pod["status"]["podIP"].as_str()?;
-    let ports = pod["spec"]["containers"][0]["ports"].as_array()?;
-    let port = ports.iter().find(|p| p["name"] == "http")?["containerPort"].as_u64()?;
-    let text = get(&format!("http://{ip}:{port}/metrics"))?;
+    let text = get(&format!("http://{}/metrics", pod_http(pod)?))?;
     Some(kvgate_testenv::metrics::family_sum(&text, family))
 }
 
@@ -106,15 +102,31 @@ fn ready_replicas(cp: &ControlPlane, ns: &str, name: &str, role: &str) -> i64 {
     infd(cp, ns, name)["status"][role]["readyReplicas"].as_i64().unwrap_or(0)
 }
 
-/// A tiny deployment with `replicas` prefill and decode workers each, and `placement` (YAML
-/// lines under `spec:`) appended.
-fn deployment(name: &str, replicas: u32, placement: &str) -> String {
-    format!("{}{placement}", tiny(name, 2048, 4096, 4096, "").replace("replicas: 1", &format!("replicas: {replicas}")))
+/// A tiny deployment with `replicas` prefill and decode workers each.
+fn deployment(name: &str, replicas: u32) -> String {
+    tiny(name, 2048, 4096, 4096, "").replace("replicas: 1", &format!("replicas: {replicas}"))
 }
 
-/// A spec line that pins `role`'s pods to `node`.
-fn pinned(role: &str, node: &str) -> String {
-    format!("  {role}: {{ nodeSelector: {{ kubernetes.io/hostname: {node} }} }}\n")
+/// `yaml` (as `tiny` writes it) with `role`'s pods pinned to `node`.
+fn pinned(yaml: &str, role: &str, node: &str) -> String {
+    let selector = format!("nodeSelector: {{ kubernetes.io/hostname: {node} }}");
+    match role {
+        "router" => format!("{yaml}  router: {{ {selector} }}\n"),
+        worker => {
+            let block = format!("  {worker}:\n");
+            assert!(yaml.contains(&block), "no {worker} block in {yaml}");
+            yaml.replacen(&block, &format!("{block}    {selector}\n"), 1)
+        }
+    }
+}
+
+/// How many failed answers carried each error code.
+fn codes(answers: &[(u16, String)]) -> std::collections::BTreeMap<String, usize> {
+    let mut codes = std::collections::BTreeMap::new();
+    for (_, body) in answers.iter().filter(|(s, _)| *s != 200) {
+        *codes.entry(error_code(body).unwrap_or_else(|| "(none)".into())).or_default() += 1;
+    }
+    codes
 }
 
 #[test]
@@ -133,13 +145,13 @@ fn both_nodes_are_ready_and_prefill_and_decode_land_on_different_machines() {
         })
         .collect();
     seen.sort();
-    let (cidr_1, cidr_2) = (fabric::pod_cidr(1).0, fabric::pod_cidr(2).0);
+    let (cidr_1, cidr_2) = (fabric::pod_cidr(1), fabric::pod_cidr(2));
     assert_eq!(seen, vec![("node-1".into(), "16".into(), "64Gi".into(), cidr_1.clone()), ("node-2".into(), "8".into(), "32Gi".into(), cidr_2.clone())]);
 
     // The default spread, each role across nodes: one prefill and one decode per node; the
     // router pinned by the spec.
     let ns = cp.restricted_namespace("spread");
-    apply_yaml(cp, &ns, &deployment("spread", 2, &pinned("router", "node-2")));
+    apply_yaml(cp, &ns, &pinned(&deployment("spread", 2), "router", "node-2"));
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "spread")["status"]["phase"] == "Available");
     let want: Vec<(String, String)> = [("decode", "node-1"), ("decode", "node-2"), ("prefill", "node-1"), ("prefill", "node-2"), ("router", "node-2")]
         .map(|(c, n)| (c.into(), n.into()))
@@ -160,9 +172,7 @@ fn both_nodes_are_ready_and_prefill_and_decode_land_on_different_machines() {
     assert_eq!(never_wrong(&answers, &reference), (6, 0));
 
     // Decode pinned to a node that does not exist: the scheduler's own reason, in status.
-    let nowhere = deployment("nowhere", 1, "")
-        .replace("  decode:\n    replicas: 1\n", "  decode:\n    replicas: 1\n    nodeSelector: { kubernetes.io/hostname: node-9 }\n");
-    apply_yaml(cp, &ns, &nowhere);
+    apply_yaml(cp, &ns, &pinned(&deployment("nowhere", 1), "decode", "node-9"));
     let mut message = String::new();
     eventually(cp, &ns, "Progressing names the unschedulable decode pod", LONG, || {
         let d = infd(cp, &ns, "nowhere");
@@ -174,47 +184,11 @@ fn both_nodes_are_ready_and_prefill_and_decode_land_on_different_machines() {
     cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
 }
 
-/// Requests through one router until stopped: `(ms since start, status, body)`, status 0 for a
-/// router that could not be reached at all.
-struct Client {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<(u128, u16, String)>>,
-}
-
-impl Client {
-    fn start(router: String, prompt: &'static str, start: Instant) -> Client {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = std::thread::spawn({
-            let stop = stop.clone();
-            move || {
-                let mut answers = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    let (status, body) = complete(&router, prompt, 6).unwrap_or((0, String::new()));
-                    answers.push((start.elapsed().as_millis(), status, body));
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                answers
-            }
-        });
-        Client { stop, thread }
-    }
-
-    fn stop(self) -> Vec<(u128, u16, String)> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.join().unwrap()
-    }
-}
-
-/// The error code of a failed request's JSON body.
-fn code(body: &str) -> String {
-    serde_json::from_str::<Value>(body).ok().and_then(|v| v["error"]["code"].as_str().map(String::from)).unwrap_or_else(|| "(none)".into())
-}
-
 #[test]
 fn a_node_lost_with_a_client_running_fails_requests_only_with_codes_and_serving_recovers_on_the_other() {
     let (cp, _op, mut world) = world();
     let ns = cp.restricted_namespace("nodeloss");
-    apply_yaml(cp, &ns, &deployment("loss", 2, &pinned("router", "node-1")));
+    apply_yaml(cp, &ns, &pinned(&deployment("loss", 2), "router", "node-1"));
     let spread: Vec<(String, String)> = [("decode", "node-1"), ("decode", "node-2"), ("prefill", "node-1"), ("prefill", "node-2"), ("router", "node-1")]
         .map(|(c, n)| (c.into(), n.into()))
         .into();
@@ -222,18 +196,17 @@ fn a_node_lost_with_a_client_running_fails_requests_only_with_codes_and_serving_
         infd(cp, &ns, "loss")["status"]["phase"] == "Available" && placement(cp, &ns, "loss") == spread
     });
     let router = router_endpoints(cp, &ns, "loss").pop().unwrap();
-    let (status, body) = complete(&router, "Hello", 6).unwrap();
+    let (status, body) = complete(&router, "Hello", 8).unwrap();
     assert_eq!(status, 200, "{body}");
     let reference = completion_text(&body).unwrap();
 
-    let start = Instant::now();
-    let client = Client::start(router, "Hello", start);
+    let traffic = Traffic::start(&ns, "loss", "Hello", 1);
     std::thread::sleep(Duration::from_secs(2));
-    let killed = start.elapsed();
+    let killed = Instant::now();
     world.node_2.take().unwrap().power_off();
 
     let mut marks = Vec::new();
-    let mut mark = |what: &str| marks.push((what.to_string(), start.elapsed() - killed));
+    let mut mark = |what: &str| marks.push((what.to_string(), killed.elapsed()));
     eventually(cp, &ns, "node-2 NotReady", Duration::from_secs(NODE_MONITOR_GRACE_SECS + 30), || cp.node_ready("node-2") == Some(false));
     mark("node-2 NotReady");
     eventually(cp, &ns, "node-2's pods evicted", Duration::from_secs(90), || {
@@ -250,20 +223,20 @@ fn a_node_lost_with_a_client_running_fails_requests_only_with_codes_and_serving_
     mark("replacements verified and serving");
     // Serving holds once recovered.
     std::thread::sleep(Duration::from_secs(5));
-    let answers = client.stop();
-    let recovered = marks.last().unwrap().1;
+    let attempts = traffic.stop_timed();
+    let recovered = killed + marks.last().unwrap().1;
 
-    let unreachable = answers.iter().filter(|(_, s, _)| *s == 0).count();
+    let unreachable = attempts.iter().filter(|(_, a)| a.is_none()).count();
     assert_eq!(unreachable, 0, "the router (on node-1) stopped answering");
-    let plain: Vec<(u16, String)> = answers.iter().map(|(_, s, b)| (*s, b.clone())).collect();
-    let (served, failed) = never_wrong(&plain, &reference);
-    let mut codes = std::collections::BTreeMap::<String, usize>::new();
-    for (_, _, body) in answers.iter().filter(|(_, s, _)| *s != 200) {
-        *codes.entry(code(body)).or_default() += 1;
-    }
-    let after_kill = |t: u128| t.saturating_sub(killed.as_millis());
-    let failures: Vec<u128> = answers.iter().filter(|(_, s, _)| *s != 200).map(|(t, _, _)| after_kill(*t)).collect();
-    let tail: Vec<u16> = answers.iter().filter(|(t, _, _)| *t > (killed + recovered).as_millis()).map(|(_, s, _)| *s).collect();
+    let answers: Vec<(u16, String)> = attempts.iter().filter_map(|(_, a)| a.clone()).collect();
+    let (served, failed) = never_wrong(&answers, &reference);
+    let codes = codes(&answers);
+    let failures: Vec<u128> = attempts
+        .iter()
+        .filter(|(_, a)| a.as_ref().is_some_and(|(s, _)| *s != 200))
+        .map(|(sent, _)| sent.saturating_duration_since(killed).as_millis())
+        .collect();
+    let tail: Vec<u16> = attempts.iter().filter(|(sent, _)| *sent > recovered).filter_map(|(_, a)| a.as_ref().map(|(s, _)| *s)).collect();
     assert!(!tail.is_empty() && tail.iter().all(|s| *s == 200), "not serving after recovery: {tail:?}");
     eprintln!(
         "node loss (heartbeat {NODE_HEARTBEAT_SECS} s, grace {NODE_MONITOR_GRACE_SECS} s, eviction after 30 s): {} requests, {served} served with the reference text, {failed} failed {codes:?} (first {:?} ms, last {:?} ms after the kill); {}",
@@ -291,11 +264,8 @@ fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_reques
     let ns = cp.restricted_namespace("partition");
     // Prefill on node-1, decode on node-2: every handoff crosses the link between them.
     let yaml = format!(
-        "{}{}  handoff: {{ timeoutMs: 3000 }}\n",
-        deployment("split", 1, "")
-            .replace("  prefill:\n    replicas: 1\n", "  prefill:\n    replicas: 1\n    nodeSelector: { kubernetes.io/hostname: node-1 }\n")
-            .replace("  decode:\n    replicas: 1\n", "  decode:\n    replicas: 1\n    nodeSelector: { kubernetes.io/hostname: node-2 }\n"),
-        pinned("router", "node-1"),
+        "{}  handoff: {{ timeoutMs: 3000 }}\n",
+        pinned(&pinned(&pinned(&deployment("split", 1), "prefill", "node-1"), "decode", "node-2"), "router", "node-1")
     );
     apply_yaml(cp, &ns, &yaml);
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "split")["status"]["phase"] == "Available");
@@ -334,7 +304,7 @@ fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_reques
     node_2.machine.unshape().unwrap();
     let (status, body) = request.join().unwrap().expect("an answer from the router");
     assert_ne!(status, 200, "{body}");
-    assert!(code(&body).starts_with("kv_handoff"), "the client is not told what failed: {status} {body}");
+    assert!(error_code(&body).is_some_and(|c| c.starts_with("kv_handoff")), "the client is not told what failed: {status} {body}");
     eventually(cp, &ns, "decode to count the cut handoff", Duration::from_secs(15), || counted() >= 1.0);
     no_pages_held(cp, &ns, "split", "both machines");
 
@@ -350,7 +320,11 @@ fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_reques
     no_pages_held(cp, &ns, "split", "both machines");
     let after: Vec<(u16, String)> = (0..3).map(|_| complete(&router, "Hello", 2).expect("the router answers")).collect();
     assert_eq!(never_wrong(&after, &short_ref), (3, 0), "{after:?}");
-    eprintln!("partition: failed with {:?}; link cut mid-handoff: {}", during.iter().map(|(s, b)| format!("{s} {}", code(b))).collect::<Vec<_>>(), code(&body));
+    eprintln!(
+        "partition: failed with {:?}; link cut mid-handoff: {}",
+        during.iter().map(|(s, b)| format!("{s} {}", error_code(b).unwrap_or_default())).collect::<Vec<_>>(),
+        error_code(&body).unwrap_or_default()
+    );
     cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
 }
 
@@ -380,7 +354,8 @@ fn a_soak_through_rollouts_a_rollback_and_a_node_loss_never_answers_wrong() {
     let ns = cp.restricted_namespace("soak");
     // Two pools, alternated by each round's rollout (a new revision each time).
     let spec = |tokens: u64, rollout: &str| {
-        format!("{}{}  rollout: {{ {rollout} }}\n", tiny("soak", 256, 1024, tokens, "").replace("replicas: 1", "replicas: 2"), pinned("router", "node-1"))
+        let two = tiny("soak", 256, 1024, tokens, "").replace("replicas: 1", "replicas: 2");
+        format!("{}  rollout: {{ {rollout} }}\n", pinned(&two, "router", "node-1"))
     };
     apply_yaml(cp, &ns, &spec(1024, "bakeSeconds: 3"));
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "soak")["status"]["phase"] == "Available");
@@ -423,10 +398,7 @@ fn a_soak_through_rollouts_a_rollback_and_a_node_loss_never_answers_wrong() {
     std::thread::sleep(Duration::from_secs(2));
     let answers = traffic.stop();
     let (served, failed) = never_wrong(&answers, &reference);
-    let mut codes = std::collections::BTreeMap::<String, usize>::new();
-    for (_, body) in answers.iter().filter(|(s, _)| *s != 200) {
-        *codes.entry(code(body)).or_default() += 1;
-    }
+    let codes = codes(&answers);
     no_pages_held(cp, &ns, "soak", "the end of the soak");
     let (operator_end, workers_end) = (operator_rss(), workers_rss(cp, &ns, &world));
     eprintln!(

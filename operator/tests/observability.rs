@@ -348,9 +348,7 @@ scrape_configs:
         .unwrap()
         .iter()
         .filter_map(|p| {
-            let ip = p["status"]["podIP"].as_str()?;
-            let port = p["spec"]["containers"][0]["ports"].as_array()?.iter().find(|x| x["name"] == "http")?["containerPort"].as_i64()?;
-            Some(serde_json::json!({ "targets": [format!("{ip}:{port}")], "labels": {
+            Some(serde_json::json!({ "targets": [pod_http(p)?], "labels": {
                 "namespace": ns, "pod": p["metadata"]["name"], "deployment": p["metadata"]["labels"]["app.kubernetes.io/instance"] } }))
         })
         .collect();
@@ -434,9 +432,7 @@ scrape_configs:
     let mut live = vec![op.metrics.clone()];
     live.extend([prefill_port, decode_port, router_port].map(|p| format!("http://127.0.0.1:{p}/metrics")));
     for p in get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=good"])["items"].as_array().unwrap() {
-        let ip = p["status"]["podIP"].as_str().unwrap();
-        let port = p["spec"]["containers"][0]["ports"][0]["containerPort"].as_i64().unwrap();
-        live.push(format!("http://{ip}:{port}/metrics"));
+        live.push(format!("http://{}/metrics", pod_http(p).unwrap()));
     }
     for url in &live {
         let text = get(url).unwrap_or_else(|| panic!("{url} did not answer"));

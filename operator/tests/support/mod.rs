@@ -248,8 +248,11 @@ pub fn events(cp: &ControlPlane, ns: &str, reason: &str) -> i64 {
 /// whose router goes away (routers follow the serving revision) moves to a ready one.
 pub struct Traffic {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    clients: Vec<std::thread::JoinHandle<Vec<(u16, String)>>>,
+    clients: Vec<std::thread::JoinHandle<Vec<Attempt>>>,
 }
+
+/// When a request was sent and what came back (`None`: no router could be reached).
+pub type Attempt = (Instant, Option<(u16, String)>);
 
 impl Traffic {
     pub fn start(ns: &str, name: &str, prompt: &str, clients: usize) -> Traffic {
@@ -260,26 +263,45 @@ impl Traffic {
                 std::thread::spawn(move || {
                     let cp = cluster();
                     let mut router = router_endpoints(cp, &ns, &name).pop();
-                    let mut answers = Vec::new();
+                    let mut attempts = Vec::new();
                     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                        match router.as_deref().and_then(|r| complete(r, &prompt, 8)) {
-                            Some(answer) => answers.push(answer),
-                            None => router = router_endpoints(cp, &ns, &name).pop().or(router),
+                        let sent = Instant::now();
+                        let answer = router.as_deref().and_then(|r| complete(r, &prompt, 8));
+                        if answer.is_none() {
+                            router = router_endpoints(cp, &ns, &name).pop().or(router);
                         }
+                        attempts.push((sent, answer));
                         std::thread::sleep(Duration::from_millis(20));
                     }
-                    answers
+                    attempts
                 })
             })
             .collect();
         Traffic { stop, clients }
     }
 
-    /// Stops every client; what each request got.
+    /// Stops every client; what each request that reached a router got.
     pub fn stop(self) -> Vec<(u16, String)> {
+        self.stop_timed().into_iter().filter_map(|(_, answer)| answer).collect()
+    }
+
+    /// Stops every client; every attempt, in the order each client made them.
+    pub fn stop_timed(self) -> Vec<Attempt> {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.clients.into_iter().flat_map(|c| c.join().unwrap()).collect()
     }
+}
+
+/// The `error.code` of a failed request's JSON body.
+pub fn error_code(body: &str) -> Option<String> {
+    serde_json::from_str::<Value>(body).ok()?["error"]["code"].as_str().map(String::from)
+}
+
+/// `ip:port` of a pod's container port named `http`.
+pub fn pod_http(pod: &Value) -> Option<String> {
+    let ip = pod["status"]["podIP"].as_str()?;
+    let port = pod["spec"]["containers"][0]["ports"].as_array()?.iter().find(|p| p["name"] == "http")?["containerPort"].as_i64()?;
+    Some(format!("{ip}:{port}"))
 }
 
 /// Every answer is a 200 with `reference`, or a failure whose JSON names its code; (served,
@@ -291,8 +313,7 @@ pub fn never_wrong(answers: &[(u16, String)], reference: &str) -> (usize, usize)
             assert_eq!(completion_text(body).as_deref(), Some(reference), "request {i}: a 200 with other text: {body}");
             ok += 1;
         } else {
-            let code = serde_json::from_str::<Value>(body).ok().and_then(|v| v["error"]["code"].as_str().map(String::from));
-            assert!(code.is_some(), "request {i}: a failure that does not say what failed: {status} {body}");
+            assert!(error_code(body).is_some(), "request {i}: a failure that does not say what failed: {status} {body}");
             failed += 1;
         }
     }

@@ -340,7 +340,7 @@ impl ControlPlane {
             *machines.entry(node.to_string()).or_insert(next)
         };
         let machine = Machine::start(index)?;
-        let (pod_cidr, _) = fabric::pod_cidr(index);
+        let pod_cidr = fabric::pod_cidr(index);
         // The admin's kubeconfig names 127.0.0.1, which inside the machine is its own loopback.
         let kubeconfig = self.dir.join(format!("{node}.kubeconfig"));
         std::fs::write(&kubeconfig, std::fs::read_to_string(&self.kubeconfig)?.replace(&self.server, &self.pod_server()))?;

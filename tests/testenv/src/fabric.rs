@@ -32,9 +32,9 @@ pub fn node_ip(index: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 19, 0, 10 + index)
 }
 
-/// Node `index`'s pod CIDR and the gateway its pod bridge holds.
-pub fn pod_cidr(index: u8) -> (String, Ipv4Addr) {
-    (format!("198.18.{index}.0/24"), Ipv4Addr::new(198, 18, index, 1))
+/// Node `index`'s pod CIDR (its bridge holds the first address).
+pub fn pod_cidr(index: u8) -> String {
+    format!("198.18.{index}.0/24")
 }
 
 /// Every node address a kubelet serving certificate is issued for.
@@ -84,15 +84,13 @@ impl Machine {
         ip(ns, &["link", "set", "eth0", "up"])?;
         ip(ns, &["route", "add", "default", "via", &WORLD.to_string()])?;
         sysctl(ns, "net/ipv4/ip_forward", "1")?;
-        let (cidr, _) = pod_cidr(self.index);
-        ip(None, &["route", "replace", &cidr, "via", &self.ip.to_string(), "dev", FABRIC_BRIDGE])
+        ip(None, &["route", "replace", &pod_cidr(self.index), "via", &self.ip.to_string(), "dev", FABRIC_BRIDGE])
     }
 
     /// Traffic into this machine at most `kbit` kbit/s with a `burst_kb` bucket (queued, not
     /// dropped): a slow link between it and the rest.
     pub fn shape(&self, kbit: u32, burst_kb: u32) -> anyhow::Result<()> {
-        let (rate, burst) = (format!("{kbit}kbit"), format!("{burst_kb}kb"));
-        ip_tool("tc", None, &["qdisc", "replace", "dev", &self.link, "root", "tbf", "rate", &rate, "burst", &burst, "latency", "60s"])
+        limit_rate(None, &self.link, kbit, burst_kb)
     }
 
     /// The link at full speed again.
@@ -113,11 +111,18 @@ impl Drop for Machine {
     }
 }
 
+/// What leaves `dev` (in `ns`, the world's namespace when `None`) at most `kbit` kbit/s with a
+/// `burst_kb` token bucket (`tc tbf`: queued, not dropped).
+pub fn limit_rate(ns: Option<&Path>, dev: &str, kbit: u32, burst_kb: u32) -> anyhow::Result<()> {
+    let (rate, burst) = (format!("{kbit}kbit"), format!("{burst_kb}kb"));
+    ip_tool("tc", ns, &["qdisc", "replace", "dev", dev, "root", "tbf", "rate", &rate, "burst", &burst, "latency", "60s"])
+}
+
 /// Pods of `a` and pods of `b` can no longer reach each other (packets silently dropped, both
 /// ways, as a broken link between two racks would); both machines still reach the world.
 pub fn partition(a: &Machine, b: &Machine) -> anyhow::Result<()> {
     for (from, to) in [(a, b), (b, a)] {
-        let (src, dst) = (pod_cidr(from.index).0, pod_cidr(to.index).0);
+        let (src, dst) = (pod_cidr(from.index), pod_cidr(to.index));
         ip(None, &["rule", "add", "from", &src, "to", &dst, "blackhole", "priority", &rule_priority(from, to)])?;
     }
     Ok(())

@@ -27,7 +27,7 @@ impl<'n> PodLink<'n> {
 
     /// Traffic into the pod at most `kbit` kbit/s (queued, not dropped).
     pub fn limit_rate(&self, kbit: u32) -> anyhow::Result<()> {
-        self.machine.run("tc", &["qdisc", "replace", "dev", &self.name, "root", "tbf", "rate", &format!("{kbit}kbit"), "burst", "16kb", "latency", "60s"])
+        crate::fabric::limit_rate(Some(&self.machine.netns), &self.name, kbit, 16)
     }
 
     /// The link goes down: packets to and from the pod are dropped, connections stall.

@@ -11,7 +11,6 @@
 //! holding the secret sent counted in `kvgate_kv_port_rejected_total`, apart from integrity
 //! mismatches.
 
-use kvgate_telemetry::trace_context::mark_failed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use kvgate_proto::handoff::{
     AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, KIND_PAGE, Mac, PAGE_FIELDS_LEN, PAGE_TRAILER_LEN, PageFields, PageView, parse_header,
 };
 use kvgate_proto::refusal::{PortRefusal, Refusal};
+use kvgate_telemetry::trace_context::mark_failed;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;

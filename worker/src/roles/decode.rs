@@ -1,7 +1,6 @@
 //! The decode role: reserves pages, receives KV on its KV port, and generates only from a
 //! handoff whose every check passed, within what the reservation allows.
 
-use kvgate_telemetry::trace_context::mark_failed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +13,7 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use kvgate_proto::handoff::HandoffId;
 use kvgate_proto::roles::{CancelRequest, GenerateRequest, Reservation, ReserveRequest, StreamLine};
+use kvgate_telemetry::trace_context::mark_failed;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument;
 use tracing::field::Empty;

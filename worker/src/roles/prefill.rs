@@ -1,7 +1,6 @@
 //! The prefill role: computes a prompt's KV and streams it into decode's reservation. A prompt
 //! that can never fit is rejected before anything is computed or sent.
 
-use kvgate_telemetry::trace_context::mark_failed;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -13,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use kvgate_proto::roles::{PrefillRequest, PrefillResponse, Sampling};
+use kvgate_telemetry::trace_context::mark_failed;
 use tracing::Instrument;
 use tracing::field::Empty;
 

@@ -41,6 +41,7 @@ async fn main() -> anyhow::Result<()> {
     let dir = PathBuf::from(arg(&args, "--dir").unwrap_or_else(|| std::env::temp_dir().join(format!("kvgate-node-{node_name}")).display().to_string()));
     std::fs::create_dir_all(&dir)?;
     let cni_bin = arg(&args, "--cni-bin").map(PathBuf::from).unwrap_or_else(kvgate_testenv::node::network::default_bin_dir);
+    let default = kvgate_testenv::nodes::Resources::default();
     let cfg = AgentConfig {
         node_name,
         images: ImageTable::parse(&images)?,
@@ -52,9 +53,9 @@ async fn main() -> anyhow::Result<()> {
         kubelet_key: PathBuf::from(need("--kubelet-key")?),
         node_ip: need("--node-ip")?.parse().map_err(|e| anyhow::anyhow!("--node-ip: {e}"))?,
         pod_cidr: need("--pod-cidr")?,
-        cpu: arg(&args, "--cpu").unwrap_or_else(|| "16".into()),
-        memory: arg(&args, "--memory").unwrap_or_else(|| "64Gi".into()),
-        ephemeral_storage: arg(&args, "--ephemeral-storage").unwrap_or_else(|| "100Gi".into()),
+        cpu: arg(&args, "--cpu").unwrap_or(default.cpu),
+        memory: arg(&args, "--memory").unwrap_or(default.memory),
+        ephemeral_storage: arg(&args, "--ephemeral-storage").unwrap_or(default.ephemeral_storage),
         heartbeat: std::time::Duration::from_secs(arg(&args, "--heartbeat-seconds").map(|s| s.parse()).transpose()?.unwrap_or(10)),
     };
     println!("kvgate-node-agent: node {} ready", cfg.node_name);
