@@ -40,7 +40,7 @@ fn main() {
     let lease = pool.lease(prompt.len()).unwrap();
     let t = best_of(Duration::from_secs(3), || {
         let step = SeqStep { tokens: &prompt, start: 0, lease: &lease, every_row: false };
-        black_box(model.llama.forward(&[step], &mut pool.access(), &mut scratch).unwrap());
+        black_box(model.llama.forward(&[step], &pool, &mut scratch).unwrap());
     });
     row("tiny prefill, 1024-token prompt", format!("{:.0} tokens/s", 1024.0 / t.as_secs_f64()), "one sequence, CPU, f32 KV");
     drop(lease);
@@ -51,7 +51,7 @@ fn main() {
     let t = best_of(Duration::from_secs(5), || {
         for start in (0..long.len()).step_by(2048) {
             let step = SeqStep { tokens: &long[start..start + 2048], start, lease: &lease, every_row: false };
-            black_box(model.llama.forward(&[step], &mut pool.access(), &mut scratch).unwrap());
+            black_box(model.llama.forward(&[step], &pool, &mut scratch).unwrap());
         }
     });
     row(
@@ -67,12 +67,12 @@ fn main() {
         let leases: Vec<_> = (0..batch).map(|_| pool.lease(600).unwrap()).collect();
         for l in &leases {
             let step = SeqStep { tokens: &ctx, start: 0, lease: l, every_row: false };
-            model.llama.forward(&[step], &mut pool.access(), &mut scratch).unwrap();
+            model.llama.forward(&[step], &pool, &mut scratch).unwrap();
         }
         let next = [65u32];
         let t = best_of(Duration::from_secs(2), || {
             let steps: Vec<SeqStep> = leases.iter().map(|l| SeqStep { tokens: &next, start: 512, lease: l, every_row: false }).collect();
-            black_box(model.llama.forward(&steps, &mut pool.access(), &mut scratch).unwrap());
+            black_box(model.llama.forward(&steps, &pool, &mut scratch).unwrap());
         });
         row(&format!("tiny decode, batch {batch}, context 512"), format!("{:.0} tokens/s", batch as f64 / t.as_secs_f64()), "one batched forward per step");
     }

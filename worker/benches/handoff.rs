@@ -3,16 +3,15 @@
 //! each layout and prompt, memcpy of the same bytes, the best single loopback TCP stream (large
 //! writes and reads, big socket buffers), and the KV handoff with integrity checks on and off.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate_proto::roles::Reservation;
-use kvgate_worker::handoff::reservations::{Limits, TableConfig};
-use kvgate_worker::handoff::sender::{SendOutcome, Transfer};
-use kvgate_worker::handoff::{HandoffMetrics, Reservations, Secret, receiver};
 use kvgate_worker::kv::{KvDtype, KvLayout, KvPool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+#[path = "common/rig.rs"]
+mod rig;
+use rig::Rig;
 
 /// Runs per measurement (the median is reported); fewer for the largest transfers.
 fn runs(bytes: usize) -> usize {
@@ -96,75 +95,12 @@ async fn best_tcp_median(bytes: usize) -> Duration {
 }
 
 async fn handoff(l: KvLayout, tokens: usize, checks: bool) -> Duration {
-    let pages = l.pages_for(tokens);
-    let prefill_pool = KvPool::host(l, pages).unwrap();
     // Room for the one token a reservation must leave to generate.
-    let decode_pool = KvPool::host(l, pages + 1).unwrap();
-    let registry = prometheus::Registry::new();
-    let metrics = HandoffMetrics::new(&registry, "bench");
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let kv_addr = listener.local_addr().unwrap().to_string();
-    let secret = Secret::random();
-    let config = TableConfig {
-        timeout: Duration::from_secs(60),
-        limits: Limits { window: tokens + 1, vocab: 256, max_open: 4 },
-        kv_addr: kv_addr.clone(),
-        model_fingerprint: "1".into(),
-        layout_fingerprint: "2".into(),
-    };
-    let table = Reservations::new(decode_pool, secret.clone(), config, metrics.clone());
-    let table = Arc::new(if checks { table } else { table.without_integrity_checks() });
-    let port = receiver::PortLimits {
-        max_connections: 4,
-        max_unauthenticated: 4,
-        max_unauthenticated_per_client: 4,
-        auth_timeout: Duration::from_secs(10),
-        frame_timeout: Duration::from_secs(10),
-    };
-    let refusals = kvgate_worker::server::listener::Refusals::new(&registry, "bench");
-    tokio::spawn(receiver::serve(listener, table.clone(), port, refusals));
-    let lease = prefill_pool.lease(tokens).unwrap();
-    {
-        let mut g = prefill_pool.access();
-        let page: Vec<u8> = (0..l.page_bytes()).map(|i| (i * 31 % 251) as u8).collect();
-        for i in 0..pages {
-            g.write_page(&lease, i, &page).unwrap();
-        }
-    }
+    let decode_pool = KvPool::host(l, l.pages_for(tokens) + 1).unwrap();
+    let rig = Rig::new(decode_pool, tokens, tokens + 1, checks).await;
     let mut times = Vec::new();
-    for _ in 0..runs(pages * l.page_bytes()) {
-        let issued = table.reserve(tokens as u32, 1).unwrap();
-        let reservation = Reservation {
-            handoff_id: issued.id.to_string(),
-            pages: issued.pages.clone(),
-            reserved_tokens: issued.reserved_tokens,
-            max_tokens: issued.max_tokens,
-            expires_ms: issued.expires_ms,
-            tag: issued.tag.to_hex(),
-            kv_addr: kv_addr.clone(),
-            model_fingerprint: "1".into(),
-            layout_fingerprint: "2".into(),
-        };
-        let transfer = Transfer {
-            pool: &prefill_pool,
-            lease: &lease,
-            reservation: &reservation,
-            secret: &secret,
-            first_token: 0,
-            first_logprobs: None,
-            model_fingerprint: "1",
-            layout_fingerprint: "2",
-            fault: None,
-            metrics: &metrics,
-            integrity: checks,
-        };
-        let t = Instant::now();
-        match transfer.run().await.unwrap() {
-            SendOutcome::Acked(a) => assert!(a.ok, "{}", a.message),
-            SendOutcome::Died => unreachable!(),
-        }
-        times.push(t.elapsed());
-        drop(table.take_committed(issued.id, None).await.unwrap());
+    for _ in 0..runs(l.pages_for(tokens) * l.page_bytes()) {
+        times.push(rig.send_one().await);
     }
     median(times)
 }

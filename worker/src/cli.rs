@@ -180,6 +180,28 @@ pub struct SchedulerArgs {
     /// How long a request waits for free KV pages before it is answered 503.
     #[arg(long, default_value_t = 30_000)]
     pub admission_timeout_ms: u64,
+    /// While sequences are decoding, a step that also carries a prompt chunk may take at most
+    /// this many decode-only steps: chunks are sized from measured step costs, so one long
+    /// prompt does not stall every stream. 0 turns this off (a chunk takes --max-batch-tokens).
+    #[arg(long, default_value_t = 2.0, value_parser = stall_limit)]
+    pub decode_stall_limit: f64,
+}
+
+fn stall_limit(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x == 0.0 || (x >= 1.0 && x.is_finite()) => Ok(x),
+        _ => Err(format!("`{s}` is not 0 (off) or a number of decode-only steps of at least 1")),
+    }
+}
+
+impl SchedulerArgs {
+    pub fn config(&self) -> crate::engine::SchedulerConfig {
+        crate::engine::SchedulerConfig {
+            max_batch_tokens: self.max_batch_tokens as usize,
+            admission_timeout: std::time::Duration::from_millis(self.admission_timeout_ms),
+            stall_limit: if self.decode_stall_limit > 0.0 { self.decode_stall_limit } else { f64::INFINITY },
+        }
+    }
 }
 
 #[derive(Debug, Args, Clone)]

@@ -67,7 +67,7 @@ pub fn load(args: &EngineArgs) -> anyhow::Result<Loaded> {
 fn cuda_pool(layout: KvLayout, size: crate::kv::PoolSize, ordinal: usize) -> anyhow::Result<Arc<KvPool>> {
     let store = crate::kv::cuda_store::CudaStore::allocate(&layout, size, ordinal)?;
     let pages = store.num_pages();
-    Ok(KvPool::new(layout, crate::kv::PageStore::Cuda(store), pages, format!("cuda:{ordinal}"), true))
+    Ok(KvPool::new(layout, crate::kv::PageStore::cuda(store), pages, format!("cuda:{ordinal}"), true))
 }
 
 #[cfg(not(feature = "cuda"))]

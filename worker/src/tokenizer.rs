@@ -1,6 +1,7 @@
 //! Text <-> token ids: the tiny model's byte-level tokenizer, or a checkpoint's `tokenizer.json`.
 
 use std::path::Path;
+use std::sync::Arc;
 
 /// A tokenizer that could not be loaded, or text or ids it could not convert.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +63,23 @@ impl Tokenizer {
             Tokenizer::Hf(t) => t.decode(ids, true).map_err(|e| TokenizerError(e.to_string())),
         }
     }
+}
+
+/// Whole texts are encoded and decoded on tokio's blocking pool: a long prompt takes
+/// milliseconds, which on an async worker thread would stall every connection it serves. (A
+/// generated token's piece, a few bytes through `StreamDecoder`, stays where it is.)
+pub async fn encode_off_runtime(tokenizer: &Arc<Tokenizer>, text: String, special: bool) -> Result<Vec<u32>, TokenizerError> {
+    let t = Arc::clone(tokenizer);
+    off_runtime(move || t.encode_with(&text, special)).await
+}
+
+pub async fn decode_off_runtime(tokenizer: &Arc<Tokenizer>, ids: Vec<u32>) -> Result<String, TokenizerError> {
+    let t = Arc::clone(tokenizer);
+    off_runtime(move || t.decode(&ids)).await
+}
+
+async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 /// Turns a growing list of generated ids into text pieces that concatenate to the full decode,

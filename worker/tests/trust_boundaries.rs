@@ -511,7 +511,7 @@ async fn one_bad_sequence_fails_alone_and_its_batch_goes_on() {
 
     let model = Arc::new(Model::tiny(&candle_core::Device::Cpu).unwrap());
     let pool = KvPool::host(model.kv_layout(16, KvDtype::F32), 64).unwrap();
-    let config = SchedulerConfig { max_batch_tokens: 4096, admission_timeout: Duration::from_secs(30) };
+    let config = SchedulerConfig { max_batch_tokens: 4096, admission_timeout: Duration::from_secs(30), stall_limit: 2.0 };
     let engine = Engine::start(model.clone(), pool.clone(), 1024, Metrics::new(&prometheus::Registry::new(), "test"), config);
     let greedy = SamplingParams::default();
     let prompts: Vec<Vec<u32>> = victims().iter().map(|v| model.tokenizer.encode(v).unwrap()).collect();

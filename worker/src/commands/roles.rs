@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use axum::extract::DefaultBodyLimit;
 
 use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, LocalArgs, PrefillArgs, RouterArgs, SchedulerArgs, SecretArgs, ServeArgs};
-use crate::engine::{Engine, SchedulerConfig};
+use crate::engine::Engine;
 use crate::handoff::reservations::{Limits, TableConfig};
 use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
 use crate::metrics::{self, Metrics};
@@ -76,7 +76,7 @@ fn start_engine(
     me: Option<Instance>,
 ) -> anyhow::Result<(Engine, kvgate_proto::CapacityReport)> {
     let loaded = setup::load(engine)?;
-    let config = SchedulerConfig { max_batch_tokens: sched.max_batch_tokens as usize, admission_timeout: Duration::from_millis(sched.admission_timeout_ms) };
+    let config = sched.config();
     let window = engine.context_window as usize;
     let e = Engine::start(loaded.model, loaded.pool, window, Metrics::new(registry, role), config);
     let report = kvgate_proto::CapacityReport { instance: me.map(|i| i.to_string()).unwrap_or_default(), ..loaded.report };

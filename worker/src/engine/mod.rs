@@ -1,6 +1,7 @@
 //! The generation engine: admission in the caller's thread, the model on its own thread.
 
 pub mod admission;
+mod pacing;
 pub mod request;
 pub mod scheduler;
 mod sequence;

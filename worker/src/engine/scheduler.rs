@@ -8,6 +8,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::admission::Rejection;
+use super::pacing::Pacer;
 use super::request::{Event, Failure, FinishReason, GenerateRequest, Mode};
 use super::sequence::Sequence;
 use crate::kv::{AllocError, KvPool, Scratch};
@@ -25,6 +26,9 @@ pub struct SchedulerConfig {
     pub max_batch_tokens: usize,
     /// How long a request may wait for free pages before it gets 503.
     pub admission_timeout: Duration,
+    /// While sequences decode, a step with a prompt chunk takes at most this many decode-only
+    /// steps (`f64::INFINITY`: chunks take the whole batch budget). See `pacing`.
+    pub stall_limit: f64,
 }
 
 pub struct Scheduler {
@@ -35,11 +39,13 @@ pub struct Scheduler {
     waiting: VecDeque<GenerateRequest>,
     running: Vec<Sequence>,
     scratch: Scratch,
+    pacer: Pacer,
 }
 
 impl Scheduler {
     pub fn new(model: Arc<Model>, pool: Arc<KvPool>, metrics: Metrics, config: SchedulerConfig) -> Self {
-        Scheduler { model, pool, metrics, config, waiting: VecDeque::new(), running: Vec::new(), scratch: Scratch::default() }
+        let pacer = Pacer::new(config.stall_limit);
+        Scheduler { model, pool, metrics, config, waiting: VecDeque::new(), running: Vec::new(), scratch: Scratch::default(), pacer }
     }
 
     /// Runs until every sender of `inbox` is gone and all work is done.
@@ -147,18 +153,29 @@ impl Scheduler {
         // (index into running, tokens this step)
         let mut plan: Vec<(usize, usize)> = Vec::new();
         let mut failed: Vec<(usize, String)> = Vec::new();
-        // Decodes first: a running sequence must never stall behind a long prompt.
+        // Decodes first: a running sequence must never stall behind a long prompt. Prompt
+        // chunks beside them are sized so the step stays within the stall limit.
         let (decoding, prefilling): (Vec<usize>, Vec<usize>) = (0..self.running.len()).partition(|&i| self.running[i].pending() == 1);
+        let decodes = decoding.len().min(budget);
+        let mut prompt_budget = self.pacer.prompt_tokens(decodes, budget - decodes);
+        let (mut prompt_tokens, mut decode_tokens) = (0, 0);
         for i in decoding.into_iter().chain(prefilling) {
-            if budget == 0 {
+            let decode = self.running[i].pending() == 1;
+            if budget == 0 || (!decode && prompt_budget == 0) {
                 break;
             }
             // A prompt whose log-probabilities are wanted keeps every row: smaller chunks.
             let cap = if self.running[i].wants_every_row() { EVERY_ROW_CHUNK } else { usize::MAX };
-            let n = self.running[i].pending().min(budget).min(cap);
+            let n = if decode { 1 } else { self.running[i].pending().min(budget).min(prompt_budget).min(cap) };
             match self.running[i].check_step(n, self.model.vocab_size()) {
                 Ok(()) => {
                     budget -= n;
+                    if decode {
+                        decode_tokens += 1;
+                    } else {
+                        prompt_budget -= n;
+                        prompt_tokens += n;
+                    }
                     plan.push((i, n));
                 }
                 Err(why) => failed.push((i, why.to_string())),
@@ -174,7 +191,9 @@ impl Scheduler {
                 tracing::info_span!(parent: &s.req.span, "prefill_chunk", tokens = n as i64, start = s.cached as i64, batch_sequences = plan.len() as i64)
             })
             .collect();
+        let started = Instant::now();
         let rows = if plan.is_empty() { Vec::new() } else { self.forward_isolating(&plan) };
+        self.pacer.record(decode_tokens, prompt_tokens, started.elapsed());
         drop(chunks);
         let mut sampled = Vec::with_capacity(plan.len());
         for (&(i, n), row) in plan.iter().zip(rows) {
@@ -217,10 +236,7 @@ impl Scheduler {
             })
             .collect();
         let counts: Vec<usize> = steps.iter().map(|s| if s.every_row { s.tokens.len() } else { 1 }).collect();
-        let logits = {
-            let mut guard = self.pool.access();
-            self.model.llama.forward(&steps, &mut guard, &mut self.scratch).map_err(|e| e.to_string())?
-        };
+        let logits = self.model.llama.forward(&steps, &self.pool, &mut self.scratch).map_err(|e| e.to_string())?;
         let mut rows = (0..).map(|r| logits.get(r).and_then(|r| r.to_vec1::<f32>()).map_err(|e| format!("reading logits: {e}")));
         counts.into_iter().map(|c| rows.by_ref().take(c).collect()).collect()
     }

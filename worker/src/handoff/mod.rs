@@ -3,6 +3,8 @@
 
 pub mod auth;
 pub mod faults;
+#[cfg(feature = "testing")]
+pub mod faulty;
 pub mod metrics;
 pub mod receiver;
 pub mod reservations;

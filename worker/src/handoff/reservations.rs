@@ -73,7 +73,8 @@ pub struct Committed {
 }
 
 struct Open {
-    lease: Lease,
+    /// Shared with page writes in flight, which run outside the table's lock.
+    lease: Arc<Lease>,
     max_tokens: u32,
     deadline: Instant,
     created: Instant,
@@ -306,7 +307,7 @@ impl Reservations {
         let fields = ReservationFields { handoff: id, reserved_tokens: prompt, max_tokens, expires_ms, pages: &pages, kv_addr: &self.kv_addr };
         let tag = self.secret.key().reservation_tag(&fields);
         let now = Instant::now();
-        let open = Open { lease, max_tokens, deadline: now + self.timeout, created: now, transfer: Transfer::new(pages.clone(), prompt) };
+        let open = Open { lease: Arc::new(lease), max_tokens, deadline: now + self.timeout, created: now, transfer: Transfer::new(pages.clone(), prompt) };
         table.entries.insert(id, Entry::Open(open));
         Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag })
     }
@@ -393,18 +394,27 @@ impl Reservations {
 
     /// Checks one page frame and, when it passes every check, writes it into its page.
     /// `authentic`: whether its MAC verified; `payload_xxh3`: its payload's checksum as received.
+    /// The frame is checked and its index claimed under the table's lock; the page is written
+    /// outside it, so handoffs to the same decode fill their pages side by side.
     pub fn accept_page(&self, f: &PageView, authentic: bool, payload_xxh3: u64) -> Result<(), Verdict> {
         let id = f.fields.handoff;
-        let mut table = self.lock();
-        let open = self.open_for(&mut table, id, authentic)?;
-        let check = verify::check_page(&self.rules, &open.transfer, f, payload_xxh3).map_err(Verdict::from).and_then(|()| {
-            let written = self.pool.access().write_page(&open.lease, f.fields.index as usize, f.payload);
-            written.map_err(|e| Verdict::new(Mismatch::Protocol, format!("kv_handoff_protocol: {e}")))
-        });
-        if check.is_ok() {
+        let lease = {
+            let mut table = self.lock();
+            let open = self.open_for(&mut table, id, authentic)?;
+            if let Err(r) = verify::check_page(&self.rules, &open.transfer, f, payload_xxh3) {
+                return Err(self.fail(&mut table, id, r.into(), true));
+            }
             open.transfer.record(f);
+            Arc::clone(&open.lease)
+        };
+        if let Err(e) = self.pool.write_page(&lease, f.fields.index as usize, f.payload) {
+            let v = Verdict::new(Mismatch::Protocol, format!("kv_handoff_protocol: {e}"));
+            let mut table = self.lock();
+            return Err(match table.entries.get(&id) {
+                Some(Entry::Open(_)) => self.fail(&mut table, id, v, true),
+                _ => v,
+            });
         }
-        check.map_err(|v| self.fail(&mut table, id, v, true))?;
         self.metrics.bytes.inc_by(f.payload.len() as u64);
         Ok(())
     }
@@ -418,11 +428,16 @@ impl Reservations {
             return Err(self.fail(&mut table, c.handoff, r.into(), true));
         }
         let Some(Entry::Open(open)) = table.entries.remove(&c.handoff) else { unreachable!("checked by open_for") };
+        let Ok(lease) = Arc::try_unwrap(open.lease) else {
+            // Only frames of another connection could still be writing: never decode over them.
+            let v = Verdict::new(Mismatch::Protocol, "kv_handoff_protocol: a page of this handoff was still being written when its commit arrived".into());
+            return Err(self.fail(&mut table, c.handoff, v, true));
+        };
         self.metrics.duration.observe(open.created.elapsed().as_secs_f64());
         self.metrics.size.observe(open.transfer.received_bytes as f64);
         self.metrics.total.with_label_values(&["committed"]).inc();
         let committed = Committed {
-            lease: open.lease,
+            lease,
             first_token: c.first_token,
             first_logprobs: c.first_logprobs.clone(),
             reserved_tokens: open.transfer.reserved_tokens,
@@ -473,7 +488,8 @@ impl Reservations {
     }
 
     /// Waits until the handoff is committed (and takes it) or has failed. Past `wait`, an
-    /// uncommitted handoff is failed as timed out.
+    /// uncommitted handoff is failed as timed out. A commit, a failure or a cancel wakes the
+    /// waiter at once; otherwise it sleeps until the reservation's own deadline.
     pub async fn take_committed(&self, id: HandoffId, wait: Option<Duration>) -> Result<Committed, Verdict> {
         let give_up = wait.map(|w| Instant::now() + w);
         loop {
@@ -489,7 +505,7 @@ impl Reservations {
                 }
             }
             let notified = self.changed.notified();
-            {
+            let deadline = {
                 let mut table = self.lock();
                 match table.entries.get(&id) {
                     Some(Entry::Committed(_)) => {
@@ -497,7 +513,7 @@ impl Reservations {
                         table.traces.remove(&id);
                         return Ok(c);
                     }
-                    Some(Entry::Open(_)) => {}
+                    Some(Entry::Open(open)) => open.deadline,
                     Some(Entry::Failed(v)) => return Err(v.clone()),
                     Some(Entry::Cancelled { .. }) => return Err(Verdict::new(Refusal::Cancelled, format!("kv_handoff_cancelled: handoff {id} was cancelled"))),
                     Some(Entry::Expired { .. }) => {
@@ -505,10 +521,11 @@ impl Reservations {
                     }
                     None => return Err(Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no reservation {id}"))),
                 }
+            };
+            let wake = give_up.map_or(deadline, |g| g.min(deadline));
+            if tokio::time::timeout_at(wake.into(), notified).await.is_err() && Instant::now() >= deadline {
+                self.expire();
             }
-            // Expiry is swept by `expire`; wake up at least that often.
-            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
-            self.expire();
         }
     }
 

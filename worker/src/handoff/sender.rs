@@ -1,6 +1,7 @@
 //! Prefill's side of the handoff: check that decode minted the reservation, stream the prompt's
 //! pages into it (each MACed with the handoff's frame key, slots past the prompt zeroed), commit,
-//! and report decode's ack. Fault injection bends exactly one rule here.
+//! and report decode's ack. The frames go through a `Sink`: decode's KV port, or (in a test
+//! build) a fault decorator around it.
 
 use kvgate_proto::auth::{FrameKey, Mac};
 use kvgate_proto::handoff::{
@@ -13,7 +14,6 @@ use tokio::net::TcpStream;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::auth::Secret;
-use super::faults::Fault;
 use super::metrics::HandoffMetrics;
 use super::reservations::fingerprint_u64;
 use super::verify::digest;
@@ -24,7 +24,7 @@ use crate::kv::{KvError, KvPool, Lease};
 pub enum SendOutcome {
     /// Decode answered (accepted or refused).
     Acked(AckFrame),
-    /// The die-mid-transfer fault: the connection was dropped half way.
+    /// The connection was dropped half way (the die-mid-transfer fault).
     Died,
 }
 
@@ -48,6 +48,8 @@ pub enum SendError {
 pub struct Transfer<'a> {
     pub pool: &'a KvPool,
     pub lease: &'a Lease,
+    /// The prompt tokens prefill computed (the lease's, for an honest prefill).
+    pub prompt_tokens: usize,
     pub reservation: &'a Reservation,
     pub secret: &'a Secret,
     pub first_token: u32,
@@ -55,8 +57,6 @@ pub struct Transfer<'a> {
     pub first_logprobs: Option<TokenLogprobs>,
     pub model_fingerprint: &'a str,
     pub layout_fingerprint: &'a str,
-    /// Honoured only in a build with the `testing` feature.
-    pub fault: Option<Fault>,
     pub metrics: &'a HandoffMetrics,
     /// False only in the benchmark that measures what the integrity checks (checksums and
     /// MACs) cost; honoured only in a build with the `testing` feature.
@@ -88,166 +88,223 @@ pub fn check_reservation(r: &Reservation, secret: &Secret, prompt_tokens: usize,
     Ok(id)
 }
 
-impl Transfer<'_> {
-    /// The fault to commit: always none in a build without the `testing` feature, where every
-    /// fault branch below is dead code the compiler drops.
-    fn fault(&self) -> Option<Fault> {
-        if cfg!(feature = "testing") { self.fault } else { None }
+/// What the sender does with page `i` of `n` before reading it from the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Send,
+    /// Send no more pages; commit now.
+    Stop,
+    /// Drop the connection where it is.
+    Die,
+}
+
+/// Where sealed frames go: decode's KV port ([`KvConnection`]); under the `testing` feature a
+/// fault decorator (`faults::Faulty`) may wrap it, chosen at start-up, and bend one rule.
+#[allow(async_fn_in_trait)] // used with concrete types only, never as a trait object
+pub trait Sink {
+    /// Before page `i` of `n` is read from the pool.
+    fn flow(&mut self, _i: usize, _n: usize) -> Flow {
+        Flow::Send
+    }
+    /// A sealed page frame, to send.
+    async fn page(&mut self, frame: &mut PageFrame<'_>) -> Result<(), SendError>;
+    /// The commit, to sign with `key` (none with the integrity checks off) and send.
+    async fn commit(&mut self, commit: CommitFrame, key: Option<&FrameKey>) -> Result<(), SendError>;
+    /// Decode's answer.
+    async fn ack(self) -> Result<AckFrame, SendError>;
+    /// Leaves the transfer where it is (what was written is flushed first).
+    async fn abandon(self) -> Result<(), SendError>;
+}
+
+/// One page frame in wire order (header, fields, payload, checksum, MAC) in one buffer.
+pub struct PageFrame<'a> {
+    pub fields: PageFields,
+    buf: &'a mut [u8],
+}
+
+impl PageFrame<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        self.buf
     }
 
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let end = self.buf.len() - PAGE_TRAILER_LEN;
+        &mut self.buf[HEADER_LEN + PAGE_FIELDS_LEN..end]
+    }
+
+    /// The checksum the frame carries.
+    pub fn checksum(&self) -> u64 {
+        let at = self.buf.len() - PAGE_TRAILER_LEN;
+        u64::from_le_bytes(self.buf[at..at + 8].try_into().expect("8 bytes"))
+    }
+
+    /// Writes header and fields, then the payload's checksum and the frame's MAC, in one pass
+    /// over the payload (`None`: zeros, the integrity checks off).
+    pub fn seal(&mut self, key: Option<&FrameKey>) {
+        let (head, rest) = self.buf.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
+        head.copy_from_slice(&self.fields.header());
+        let (payload, trailer) = rest.split_at_mut(rest.len() - PAGE_TRAILER_LEN);
+        let (checksum, mac) = match key {
+            Some(key) => seal(key, head, payload),
+            None => (0, Mac([0; MAC_LEN])),
+        };
+        trailer.copy_from_slice(&page_trailer(checksum, &mac));
+    }
+
+    /// Writes header and fields and a MAC over the frame as it is, keeping `checksum` (a fault
+    /// that alters a page after its checksum was taken).
+    pub fn seal_keeping(&mut self, key: &FrameKey, checksum: u64) {
+        let (head, rest) = self.buf.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
+        head.copy_from_slice(&self.fields.header());
+        let (payload, trailer) = rest.split_at_mut(rest.len() - PAGE_TRAILER_LEN);
+        let mut mac = key.streaming();
+        mac.update(head);
+        mac.update(payload);
+        mac.update(&checksum.to_le_bytes());
+        trailer.copy_from_slice(&page_trailer(checksum, &mac.finish()));
+    }
+}
+
+/// Decode's KV port. Dialled only once the first frame is sealed, which is sent at once:
+/// decode gives a connection a short deadline to prove it holds the secret.
+pub struct KvConnection<'a> {
+    addr: &'a str,
+    out: Option<BufWriter<TcpStream>>,
+    metrics: &'a HandoffMetrics,
+}
+
+impl<'a> KvConnection<'a> {
+    pub fn new(addr: &'a str, metrics: &'a HandoffMetrics) -> Self {
+        KvConnection { addr, out: None, metrics }
+    }
+
+    async fn out(&mut self) -> Result<&mut BufWriter<TcpStream>, SendError> {
+        if self.out.is_none() {
+            let stream = TcpStream::connect(self.addr).await.map_err(|source| SendError::Connect { addr: self.addr.to_string(), source })?;
+            let _ = stream.set_nodelay(true);
+            self.out = Some(BufWriter::with_capacity(1 << 20, stream));
+        }
+        Ok(self.out.as_mut().expect("dialled above"))
+    }
+}
+
+impl Sink for KvConnection<'_> {
+    async fn page(&mut self, frame: &mut PageFrame<'_>) -> Result<(), SendError> {
+        let first = self.out.is_none();
+        let out = self.out().await?;
+        out.write_all(frame.bytes()).await?;
+        if first {
+            out.flush().await?;
+        }
+        self.metrics.bytes.inc_by(frame.bytes().len() as u64);
+        Ok(())
+    }
+
+    async fn commit(&mut self, commit: CommitFrame, key: Option<&FrameKey>) -> Result<(), SendError> {
+        let frame = Frame::Commit(commit);
+        let bytes = key.map_or_else(|| frame.encode(), |k| frame.encode_signed(k));
+        let out = self.out().await?;
+        out.write_all(&bytes).await?;
+        Ok(out.flush().await?)
+    }
+
+    async fn ack(self) -> Result<AckFrame, SendError> {
+        let out = self.out.ok_or_else(|| SendError::Ack("nothing was sent".into()))?;
+        read_ack(out.into_inner()).await
+    }
+
+    async fn abandon(self) -> Result<(), SendError> {
+        if let Some(mut out) = self.out {
+            out.flush().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Transfer<'_> {
     /// Whether checksums and MACs are computed: always, without the `testing` feature.
     fn integrity(&self) -> bool {
         self.integrity || !cfg!(feature = "testing")
     }
 
+    /// Sends the prompt's pages and the commit to decode's KV port, and reads its ack.
     pub async fn run(&self) -> Result<SendOutcome, SendError> {
+        self.run_into(KvConnection::new(&self.reservation.kv_addr, self.metrics)).await
+    }
+
+    /// The same, through `sink`.
+    pub async fn run_into(&self, mut sink: impl Sink) -> Result<SendOutcome, SendError> {
         let r = self.reservation;
         let layout = *self.pool.layout();
-        // The incident's bug hands a one-token placeholder to a whole prompt's reservation.
-        let prompt_tokens = if self.fault() == Some(Fault::IgnoreRejection) { r.reserved_tokens as usize } else { self.lease.tokens() };
-        let id = check_reservation(r, self.secret, prompt_tokens, self.layout_fingerprint, layout.page_size)?;
-        let key = self.secret.key().frame_key(id);
-        // Decode dials in only once the first frame is sealed, and sends that frame at once:
-        // decode gives a connection a short deadline to prove it holds the secret, and reading
-        // a page out of the pool may wait for a model step.
-        let mut out: Option<BufWriter<TcpStream>> = None;
+        let id = check_reservation(r, self.secret, self.prompt_tokens, self.layout_fingerprint, layout.page_size)?;
+        let key = self.integrity().then(|| self.secret.key().frame_key(id));
         let page_size = layout.page_size as u32;
         let page_bytes = layout.page_bytes();
         let n = r.pages.len();
         let mut checksums = Vec::with_capacity(n);
         // One frame buffer for every page: header and fields, the page, checksum and MAC.
-        let mut frame = vec![0u8; HEADER_LEN + PAGE_FIELDS_LEN + page_bytes + PAGE_TRAILER_LEN];
+        let mut buf = vec![0u8; HEADER_LEN + PAGE_FIELDS_LEN + page_bytes + PAGE_TRAILER_LEN];
         // What the handoff's span reports: pages and bytes sent, time spent sealing them.
         let (mut sent_pages, mut sent_bytes, mut sealing) = (0usize, 0usize, std::time::Duration::ZERO);
-        let span = tracing::Span::current();
-        let report = |pages: usize, bytes: usize, sealing: std::time::Duration| {
-            span.record("pages", pages as i64);
-            span.record("bytes", bytes as i64);
-            span.record("integrity_seconds", sealing.as_secs_f64());
-        };
         for (i, &dest) in r.pages.iter().enumerate() {
-            match self.fault() {
-                // The placeholder of a rejected prompt (`ignore-rejection`) has one token of KV.
-                Some(Fault::TruncateTransfer | Fault::IgnoreRejection) if i >= 1 => break,
-                Some(Fault::DieMidTransfer) if i >= n.div_ceil(2).max(1) => {
-                    if let Some(out) = out.as_mut() {
-                        out.flush().await?;
-                    }
+            match sink.flow(i, n) {
+                Flow::Send => {}
+                Flow::Stop => break,
+                Flow::Die => {
+                    sink.abandon().await?;
                     return Ok(SendOutcome::Died);
                 }
-                _ => {}
             }
             let tokens = (r.reserved_tokens - i as u32 * page_size).min(page_size);
-            let mut fields = PageFields { handoff: id, index: i as u32, page: dest, tokens, payload_len: page_bytes as u32 };
-            if self.fault() == Some(Fault::DropPage) && i == n / 2 {
-                fields.page = u32::MAX; // lands outside the reservation; the reserved page stays unwritten
-            }
-            let (head, rest) = frame.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
-            let (payload, trailer) = rest.split_at_mut(page_bytes);
-            head.copy_from_slice(&fields.header());
-            self.pool.access().copy_page(self.lease, i, payload)?;
+            let fields = PageFields { handoff: id, index: i as u32, page: dest, tokens, payload_len: page_bytes as u32 };
+            let mut frame = PageFrame { fields, buf: &mut buf };
+            let payload = frame.payload_mut();
+            self.pool.copy_page(self.lease, i, payload)?;
             // Slots past the prompt were never written by this request: whatever is there
             // (another tenant's KV when scrubbing is off) stays here.
             for range in layout.unwritten_byte_ranges(tokens as usize) {
                 payload[range].fill(0);
             }
-            if self.fault() == Some(Fault::WrongLayout) {
-                payload.rotate_left(page_bytes / 2);
-            }
-            let corrupt = self.fault() == Some(Fault::CorruptPage) && i == n / 2;
             let sealed = std::time::Instant::now();
-            let (checksum, mac) = if self.integrity() { seal(&key, head, payload, corrupt) } else { (0, Mac([0; MAC_LEN])) };
+            frame.seal(key.as_ref());
             sealing += sealed.elapsed();
-            (sent_pages, sent_bytes) = (sent_pages + 1, sent_bytes + HEADER_LEN + PAGE_FIELDS_LEN + page_bytes + PAGE_TRAILER_LEN);
-            checksums.push(checksum);
-            trailer.copy_from_slice(&page_trailer(checksum, &mac));
-            if self.fault() == Some(Fault::WrongAuth) {
-                trailer[PAGE_TRAILER_LEN - 1] ^= 0xff;
-            }
-            let out = match out.as_mut() {
-                Some(out) => out,
-                None => {
-                    let first = out.insert(self.dial().await?);
-                    first.write_all(&frame).await?;
-                    first.flush().await?;
-                    if self.fault() == Some(Fault::DuplicatePage) && i == n / 2 {
-                        first.write_all(&frame).await?;
-                    }
-                    self.metrics.bytes.inc_by(frame.len() as u64);
-                    continue;
-                }
-            };
-            out.write_all(&frame).await?;
-            if self.fault() == Some(Fault::DuplicatePage) && i == n / 2 {
-                out.write_all(&frame).await?;
-            }
-            self.metrics.bytes.inc_by(frame.len() as u64);
-        }
-        let mut model_fp = fingerprint_u64(self.model_fingerprint);
-        if self.fault() == Some(Fault::WrongFingerprint) {
-            model_fp ^= 1;
+            sink.page(&mut frame).await?;
+            checksums.push(frame.checksum());
+            (sent_pages, sent_bytes) = (sent_pages + 1, sent_bytes + frame.bytes().len());
         }
         let commit = CommitFrame {
             handoff: id,
-            // The truncating sender claims a complete transfer, as in the incident.
             total_tokens: r.reserved_tokens,
             page_count: n as u32,
             digest: digest(checksums.iter().copied()),
             first_token: self.first_token,
             first_logprobs: self.first_logprobs.clone(),
-            model_fingerprint: model_fp,
+            model_fingerprint: fingerprint_u64(self.model_fingerprint),
             layout_fingerprint: fingerprint_u64(self.layout_fingerprint),
             mac: Mac([0; MAC_LEN]),
         };
-        let mut out = match out {
-            Some(out) => out,
-            None => self.dial().await?, // a reservation of no pages cannot be made; kept total
-        };
-        out.write_all(&self.sign(Frame::Commit(commit), &key)).await?;
-        out.flush().await?;
-        report(sent_pages, sent_bytes, sealing);
-        let ack = read_ack(out.into_inner()).await?;
+        sink.commit(commit, key.as_ref()).await?;
+        let span = tracing::Span::current();
+        span.record("pages", sent_pages as i64);
+        span.record("bytes", sent_bytes as i64);
+        span.record("integrity_seconds", sealing.as_secs_f64());
+        let ack = sink.ack().await?;
         if ack.ok {
             self.metrics.size.observe((sent_pages * page_bytes) as f64);
         }
         Ok(SendOutcome::Acked(ack))
     }
-
-    async fn dial(&self) -> Result<BufWriter<TcpStream>, SendError> {
-        let addr = &self.reservation.kv_addr;
-        let stream = TcpStream::connect(addr).await.map_err(|source| SendError::Connect { addr: addr.clone(), source })?;
-        let _ = stream.set_nodelay(true);
-        Ok(BufWriter::with_capacity(1 << 20, stream))
-    }
-
-    /// The frame's bytes with its MAC; the wrong-auth fault spoils the MAC.
-    fn sign(&self, frame: Frame, key: &kvgate_proto::auth::FrameKey) -> Vec<u8> {
-        if !self.integrity() {
-            return frame.encode();
-        }
-        let mut bytes = frame.encode_signed(key);
-        if self.fault() == Some(Fault::WrongAuth) {
-            let last = bytes.len() - 1;
-            bytes[last] ^= 0xff;
-        }
-        bytes
-    }
 }
 
 /// A page's checksum and MAC in one pass over it, a cache-sized chunk at a time (the MAC covers
-/// header, fields, payload and checksum, in wire order). `corrupt` (the corrupt-page fault)
-/// flips a payload bit after the checksum saw it and before the MAC does: a sender whose
-/// memory went bad, caught by the checksum, not by authentication.
-fn seal(key: &FrameKey, head: &[u8], payload: &mut [u8], corrupt: bool) -> (u64, Mac) {
+/// header, fields, payload and checksum, in wire order).
+fn seal(key: &FrameKey, head: &[u8], payload: &[u8]) -> (u64, Mac) {
     const CHUNK: usize = 256 << 10;
     let mut mac = key.streaming();
     let mut sum = Xxh3::new();
     mac.update(head);
-    for (c, chunk) in payload.chunks_mut(CHUNK).enumerate() {
+    for chunk in payload.chunks(CHUNK) {
         sum.update(chunk);
-        if corrupt && c == 0 {
-            chunk[0] ^= 0x01;
-        }
         mac.update(chunk);
     }
     let checksum = sum.digest();

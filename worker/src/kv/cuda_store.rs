@@ -45,11 +45,15 @@ impl CudaStore {
         self.num_pages
     }
 
-    pub fn read_page(&self, id: u32, out: &mut Vec<u8>) -> Result<(), StoreError> {
+    pub fn page_bytes(&self) -> usize {
+        self.page_bytes
+    }
+
+    /// Copies page `id` into `out` (exactly a page long).
+    pub fn read_page(&self, id: u32, out: &mut [u8]) -> Result<(), StoreError> {
         let start = id as usize * self.page_bytes;
-        out.resize(self.page_bytes, 0);
         let view = self.buf.slice(start..start + self.page_bytes);
-        self.stream.memcpy_dtoh(&view, out.as_mut_slice()).map_err(cuda_err("reading a page"))?;
+        self.stream.memcpy_dtoh(&view, out).map_err(cuda_err("reading a page"))?;
         self.stream.synchronize().map_err(cuda_err("reading a page"))
     }
 

@@ -1,62 +1,61 @@
-//! Page storage in host memory, committed up front.
+//! Page storage in host memory, committed up front, one lock per page.
+//!
+//! Each page is its own allocation behind its own lock, so a model step writing one sequence's
+//! pages, a handoff receiver filling another's and a sender reading a third never wait for one
+//! another: only two users of the *same* page do (which the leases already rule out).
 
-use super::{KvDtype, KvLayout, StoreError};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// The pool's bytes in host memory. Backed by a `Vec` of the element type so every page is
-/// aligned for typed access.
+use super::{KvLayout, StoreError};
+
+/// A page's bytes, kept as `u32` words so every page is aligned for f32, f16 and bf16 reads.
+pub type PageWords = Box<[u32]>;
+
 pub struct HostStore {
-    data: HostData,
+    pages: Box<[RwLock<PageWords>]>,
     page_bytes: usize,
-}
-
-enum HostData {
-    F32(Vec<f32>),
-    Half(Vec<u16>),
 }
 
 impl HostStore {
     /// Allocates and *commits* `num_pages` pages: every byte is written once, so the kernel has
     /// really backed the memory and the reported capacity is true, not an overcommit promise.
     pub fn allocate(layout: &KvLayout, num_pages: usize) -> Result<Self, StoreError> {
-        let elems = num_pages.checked_mul(layout.page_elems()).ok_or(StoreError::TooLarge { pages: num_pages })?;
-        let bytes = elems * layout.dtype.size();
-        let data = match layout.dtype {
-            KvDtype::F32 => HostData::F32(committed_vec(elems, bytes)?),
-            KvDtype::F16 | KvDtype::BF16 => HostData::Half(committed_vec(elems, bytes)?),
-        };
-        Ok(HostStore { data, page_bytes: layout.page_bytes() })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match &self.data {
-            HostData::F32(v) => bytemuck::cast_slice(v),
-            HostData::Half(v) => bytemuck::cast_slice(v),
+        let page_bytes = layout.page_bytes();
+        num_pages.checked_mul(page_bytes).ok_or(StoreError::TooLarge { pages: num_pages })?;
+        let words = page_bytes.div_ceil(4);
+        let mut pages = Vec::new();
+        pages.try_reserve_exact(num_pages).map_err(|_| StoreError::OutOfMemory { bytes: (num_pages * page_bytes) as u64 })?;
+        for _ in 0..num_pages {
+            let mut page: Vec<u32> = Vec::new();
+            page.try_reserve_exact(words).map_err(|_| StoreError::OutOfMemory { bytes: (num_pages * page_bytes) as u64 })?;
+            // `resize` writes every word, faulting in the memory now rather than at first use.
+            page.resize(words, 0);
+            pages.push(RwLock::new(page.into_boxed_slice()));
         }
+        Ok(HostStore { pages: pages.into_boxed_slice(), page_bytes })
     }
 
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        match &mut self.data {
-            HostData::F32(v) => bytemuck::cast_slice_mut(v),
-            HostData::Half(v) => bytemuck::cast_slice_mut(v),
-        }
+    pub fn page_bytes(&self) -> usize {
+        self.page_bytes
     }
 
-    pub fn page(&self, id: u32) -> &[u8] {
-        let start = id as usize * self.page_bytes;
-        &self.bytes()[start..start + self.page_bytes]
+    /// Page `id`, shared with other readers.
+    pub fn read(&self, id: u32) -> RwLockReadGuard<'_, PageWords> {
+        // A panic while holding a page lock leaves bytes, never bookkeeping: still usable.
+        self.pages[id as usize].read().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn page_mut(&mut self, id: u32) -> &mut [u8] {
-        let start = id as usize * self.page_bytes;
-        let page_bytes = self.page_bytes;
-        &mut self.bytes_mut()[start..start + page_bytes]
+    /// Page `id`, exclusively.
+    pub fn write(&self, id: u32) -> RwLockWriteGuard<'_, PageWords> {
+        self.pages[id as usize].write().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-fn committed_vec<T: Copy + Default>(elems: usize, bytes: usize) -> Result<Vec<T>, StoreError> {
-    let mut v: Vec<T> = Vec::new();
-    v.try_reserve_exact(elems).map_err(|_| StoreError::OutOfMemory { bytes: bytes as u64 })?;
-    // `resize` writes every element, faulting in each page of memory now rather than at first use.
-    v.resize(elems, T::default());
-    Ok(v)
+/// The first `len` bytes of a page's words.
+pub fn bytes(words: &[u32], len: usize) -> &[u8] {
+    &bytemuck::cast_slice(words)[..len]
+}
+
+pub fn bytes_mut(words: &mut [u32], len: usize) -> &mut [u8] {
+    &mut bytemuck::cast_slice_mut(words)[..len]
 }

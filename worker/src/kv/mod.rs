@@ -14,6 +14,6 @@ pub mod store;
 pub use allocator::{AllocError, OwnerId, PageRef};
 pub use attention::{AttnShape, Scratch};
 pub use layout::{Half, KvDtype, KvLayout};
-pub use pool::{KvError, KvPool, Lease, PoolGuard};
+pub use pool::{KvError, KvPool, Lease};
 pub use sizing::PoolSize;
-pub use store::{PageStore, StoreError};
+pub use store::{PageRead, PageStore, StoreError};

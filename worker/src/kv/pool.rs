@@ -1,5 +1,11 @@
-//! The paged KV pool: storage plus bookkeeping behind one lock, and leases that give pages back
-//! (scrubbed) when dropped.
+//! The paged KV pool: bookkeeping behind a short lock, page bytes behind one lock each, and
+//! leases that give pages back (scrubbed) when dropped.
+//!
+//! Nothing here is locked for longer than one page copy or one bookkeeping update: a model step
+//! over the running sequences, a handoff filling a reservation's pages and a sender reading a
+//! finished prefill's pages run side by side. Which pages a caller may touch is settled by its
+//! lease (pages are released only when their lease is dropped), checked against the allocator's
+//! owner and generation once per step or per handoff page.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +19,7 @@ use thiserror::Error;
 use super::allocator::{AccessError, AllocError, OwnerId, PageAllocator, PageRef};
 use super::attention::{self, AttnShape, Scratch};
 use super::element::{self, KvElem};
-use super::store::{PageStore, StoreError};
+use super::store::{PageRead, PageStore, StoreError};
 use super::{Half, KvDtype, KvLayout};
 
 #[derive(Debug, Error)]
@@ -24,6 +30,8 @@ pub enum KvError {
     Store(#[from] StoreError),
     #[error("position {pos} is past the {capacity} tokens leased")]
     PastLease { pos: usize, capacity: usize },
+    #[error("the lease is from another KV pool")]
+    ForeignLease,
 }
 
 /// The gauges a pool keeps equal to its usage (pages, tokens, and the fraction of pages in use
@@ -41,16 +49,12 @@ pub struct KvPool {
     num_pages: usize,
     scrub_on_free: bool,
     next_owner: AtomicU64,
-    inner: Mutex<PoolInner>,
+    alloc: Mutex<PageAllocator>,
+    store: PageStore,
     /// Pages-in-use and used-tokens gauges, kept true at every lease and release.
     usage: OnceLock<UsageGauges>,
     /// Woken whenever pages are released, for callers waiting for room.
     freed: tokio::sync::Notify,
-}
-
-struct PoolInner {
-    alloc: PageAllocator,
-    store: PageStore,
 }
 
 impl std::fmt::Debug for KvPool {
@@ -67,7 +71,8 @@ impl KvPool {
             num_pages,
             scrub_on_free,
             next_owner: AtomicU64::new(1),
-            inner: Mutex::new(PoolInner { alloc: PageAllocator::new(num_pages), store }),
+            alloc: Mutex::new(PageAllocator::new(num_pages)),
+            store,
             usage: OnceLock::new(),
             freed: tokio::sync::Notify::new(),
         })
@@ -105,17 +110,17 @@ impl KvPool {
     }
 
     pub fn used_pages(&self) -> usize {
-        self.lock().alloc.used_pages()
+        self.alloc().used_pages()
     }
 
     pub fn free_pages(&self) -> usize {
-        self.lock().alloc.free_pages()
+        self.alloc().free_pages()
     }
 
     /// From now on, keeps the gauges equal to the pool's usage.
     pub fn report_usage_to(&self, gauges: UsageGauges) {
         let _ = self.usage.set(gauges);
-        self.publish(self.lock().alloc.used_pages());
+        self.publish(self.alloc().used_pages());
     }
 
     fn publish(&self, used_pages: usize) {
@@ -129,9 +134,9 @@ impl KvPool {
     /// Leases pages for `tokens` tokens to a new owner, all or nothing.
     pub fn lease(self: &Arc<Self>, tokens: usize) -> Result<Lease, AllocError> {
         let owner = OwnerId(self.next_owner.fetch_add(1, Ordering::Relaxed));
-        let mut inner = self.lock();
-        let pages = inner.alloc.allocate(owner, self.layout.pages_for(tokens))?;
-        self.publish(inner.alloc.used_pages());
+        let mut alloc = self.alloc();
+        let pages = alloc.allocate(owner, self.layout.pages_for(tokens))?;
+        self.publish(alloc.used_pages());
         Ok(Lease { pool: Arc::clone(self), owner, pages, tokens })
     }
 
@@ -141,35 +146,176 @@ impl KvPool {
         self.freed.notified()
     }
 
-    /// Locks the pool for a batch of reads and writes. Leases must not be dropped while the
-    /// guard is held (dropping one takes the lock).
-    pub fn access(&self) -> PoolGuard<'_> {
-        PoolGuard { layout: self.layout, inner: self.lock(), scratch: Vec::new() }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, PoolInner> {
+    fn alloc(&self) -> MutexGuard<'_, PageAllocator> {
         // A panic while holding the lock leaves bookkeeping consistent (every update is a
         // single assignment), so a poisoned lock is still usable.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.alloc.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn release(&self, owner: OwnerId, pages: &[PageRef]) {
-        let mut inner = self.lock();
         if self.scrub_on_free {
-            for p in pages {
-                // Scrub only what this owner really holds; the release below reports the rest.
-                if inner.alloc.check(owner, *p).is_ok()
-                    && let Err(e) = inner.store.scrub(p.id)
-                {
+            // Scrub only what this owner really holds (the release below reports the rest). No
+            // one else can take these pages before the release, so the bookkeeping lock is not
+            // held while a whole sequence's pages are zeroed.
+            let held: Vec<PageRef> = {
+                let alloc = self.alloc();
+                pages.iter().copied().filter(|p| alloc.check(owner, *p).is_ok()).collect()
+            };
+            for p in held {
+                if let Err(e) = self.store.scrub(p.id) {
                     tracing::error!(page = p.id, error = %e, "failed to scrub KV page");
                 }
             }
         }
-        if let Err(e) = inner.alloc.release(owner, pages) {
+        let mut alloc = self.alloc();
+        if let Err(e) = alloc.release(owner, pages) {
             tracing::error!(error = %e, "KV page release refused");
         }
-        self.publish(inner.alloc.used_pages());
+        self.publish(alloc.used_pages());
+        drop(alloc);
         self.freed.notify_waiters();
+    }
+
+    /// Checks that every page of `lease` is still its own at the generation it was given (and
+    /// from this pool): once per model step, before its reads and writes go by page id.
+    pub fn verify(&self, lease: &Lease) -> Result<(), KvError> {
+        self.own(lease)?;
+        let alloc = self.alloc();
+        Ok(lease.pages.iter().try_for_each(|p| alloc.check(lease.owner, *p))?)
+    }
+
+    fn own(&self, lease: &Lease) -> Result<(), KvError> {
+        if std::ptr::eq(Arc::as_ptr(&lease.pool), self) { Ok(()) } else { Err(KvError::ForeignLease) }
+    }
+
+    /// Stores one token's K and V for `layer` at sequence position `pos`.
+    pub fn write_token(&self, lease: &Lease, pos: usize, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+        let page = lease.page_at(pos)?;
+        let slot = pos % self.layout.page_size;
+        let n = self.layout.token_elems();
+        let len = n * self.layout.dtype.size();
+        for (half, values) in [(Half::K, k), (Half::V, v)] {
+            let offset = self.layout.slot_offset(layer, half, slot) * self.layout.dtype.size();
+            self.store.write_with(page.id, offset, len, |out| element::encode(self.layout.dtype, &values[..n], out))?;
+        }
+        Ok(())
+    }
+
+    /// Attention of one query token (`q`: `[heads][head_dim]`) over positions `0..ctx_len` of
+    /// `lease` in `layer`, read page by page through the lease's page table.
+    // The hot loop's inputs, passed flat on purpose (no per-call struct to build).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        lease: &Lease,
+        layer: usize,
+        ctx: Range<usize>,
+        shape: AttnShape,
+        q: &[f32],
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), KvError> {
+        if ctx.end > lease.capacity() {
+            return Err(KvError::PastLease { pos: ctx.end, capacity: lease.capacity() });
+        }
+        debug_assert!(!ctx.is_empty(), "attention over no positions");
+        match self.layout.dtype {
+            KvDtype::F32 => self.attend_typed::<f32>(lease, layer, ctx, shape, q, out, scratch),
+            KvDtype::F16 => self.attend_typed::<f16>(lease, layer, ctx, shape, q, out, scratch),
+            KvDtype::BF16 => self.attend_typed::<bf16>(lease, layer, ctx, shape, q, out, scratch),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attend_typed<E: KvElem>(
+        &self,
+        lease: &Lease,
+        layer: usize,
+        ctx: Range<usize>,
+        shape: AttnShape,
+        q: &[f32],
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), KvError> {
+        let l = self.layout;
+        let row = l.token_elems();
+        let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
+        // The pages in `ctx`, each held for reading until the kernel is done (device pages are
+        // copied to host first).
+        let pages = ctx.start / l.page_size..l.pages_for(ctx.end);
+        let held: Vec<PageRead> = pages.clone().map(|i| self.store.read(lease.pages[i].id)).collect::<Result<_, _>>()?;
+        let blocks = held.iter().zip(pages).map(|(page, i)| {
+            let page: &[E] = bytemuck::cast_slice(page);
+            // The slots of page `i` inside `ctx`: a sliding window starts mid-page.
+            let first = ctx.start.saturating_sub(i * l.page_size).min(l.page_size);
+            let end = (ctx.end - i * l.page_size).min(l.page_size);
+            let (a, b) = (first * row, end * row);
+            (&page[k_off + a..k_off + b], &page[v_off + a..v_off + b], end - first)
+        });
+        attention::attend(shape, q, blocks, out, scratch);
+        Ok(())
+    }
+
+    /// K and V of `layer` at positions `ctx` of `lease`, read through its page table as f32
+    /// rows `[position][kv_head][head_dim]`: what a multi-token step multiplies its queries with.
+    pub fn gather(&self, lease: &Lease, layer: usize, ctx: Range<usize>) -> Result<(Vec<f32>, Vec<f32>), KvError> {
+        if ctx.end > lease.capacity() {
+            return Err(KvError::PastLease { pos: ctx.end, capacity: lease.capacity() });
+        }
+        match self.layout.dtype {
+            KvDtype::F32 => self.gather_typed::<f32>(lease, layer, ctx),
+            KvDtype::F16 => self.gather_typed::<f16>(lease, layer, ctx),
+            KvDtype::BF16 => self.gather_typed::<bf16>(lease, layer, ctx),
+        }
+    }
+
+    fn gather_typed<E: KvElem>(&self, lease: &Lease, layer: usize, ctx: Range<usize>) -> Result<(Vec<f32>, Vec<f32>), KvError> {
+        let l = self.layout;
+        let row = l.token_elems();
+        let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
+        let (mut k, mut v) = (Vec::with_capacity(ctx.len() * row), Vec::with_capacity(ctx.len() * row));
+        for i in ctx.start / l.page_size..l.pages_for(ctx.end) {
+            let first = ctx.start.saturating_sub(i * l.page_size).min(l.page_size) * row;
+            let end = (ctx.end - i * l.page_size).min(l.page_size) * row;
+            let read = self.store.read(lease.pages[i].id)?;
+            let page: &[E] = bytemuck::cast_slice(&read);
+            k.extend(page[k_off + first..k_off + end].iter().map(|x| x.to_f32()));
+            v.extend(page[v_off + first..v_off + end].iter().map(|x| x.to_f32()));
+        }
+        Ok((k, v))
+    }
+
+    /// The raw bytes of the lease's `index`-th page (the tests read pages this way).
+    #[cfg(test)]
+    pub fn page_bytes(&self, lease: &Lease, index: usize) -> Result<Vec<u8>, KvError> {
+        let mut out = vec![0u8; self.layout.page_bytes()];
+        self.copy_page(lease, index, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the lease's `index`-th page into `out` (exactly a page long): the handoff's
+    /// sender fills its frame buffer this way, with no allocation per page.
+    pub fn copy_page(&self, lease: &Lease, index: usize, out: &mut [u8]) -> Result<(), KvError> {
+        let page = self.owned_page(lease, index * self.layout.page_size)?;
+        out.copy_from_slice(&self.store.read(page.id)?);
+        Ok(())
+    }
+
+    /// Overwrites the lease's `index`-th page with `bytes` (a whole page, as a handoff frame
+    /// carries it).
+    pub fn write_page(&self, lease: &Lease, index: usize, bytes: &[u8]) -> Result<(), KvError> {
+        let page = self.owned_page(lease, index * self.layout.page_size)?;
+        self.store.write(page.id, 0, bytes)?;
+        Ok(())
+    }
+
+    /// The page holding `pos`, checked against the allocator (a handoff touches pages one by
+    /// one, outside any model step's check).
+    fn owned_page(&self, lease: &Lease, pos: usize) -> Result<PageRef, KvError> {
+        self.own(lease)?;
+        let page = lease.page_at(pos)?;
+        self.alloc().check(lease.owner, page)?;
+        Ok(page)
     }
 }
 
@@ -201,177 +347,15 @@ impl Lease {
     pub fn capacity(&self) -> usize {
         self.pages.len() * self.pool.layout.page_size
     }
+
+    fn page_at(&self, pos: usize) -> Result<PageRef, KvError> {
+        self.pages.get(pos / self.pool.layout.page_size).copied().ok_or(KvError::PastLease { pos, capacity: self.capacity() })
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         self.pool.release(self.owner, &self.pages);
-    }
-}
-
-/// Exclusive access to the pool's bytes for the length of one model step.
-pub struct PoolGuard<'a> {
-    layout: KvLayout,
-    inner: MutexGuard<'a, PoolInner>,
-    scratch: Vec<u8>,
-}
-
-impl PoolGuard<'_> {
-    /// Checks that every page of `lease` is still its own at the generation it was given.
-    pub fn verify(&self, lease: &Lease) -> Result<(), AccessError> {
-        lease.pages.iter().try_for_each(|p| self.inner.alloc.check(lease.owner, *p))
-    }
-
-    /// Stores one token's K and V for `layer` at sequence position `pos`.
-    pub fn write_token(&mut self, lease: &Lease, pos: usize, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
-        let page = self.page_at(lease, pos)?;
-        let slot = pos % self.layout.page_size;
-        let size = self.layout.dtype.size();
-        let n = self.layout.token_elems();
-        let mut bytes = std::mem::take(&mut self.scratch);
-        bytes.resize(n * size, 0);
-        for (half, values) in [(Half::K, k), (Half::V, v)] {
-            element::encode(self.layout.dtype, &values[..n], &mut bytes);
-            let offset = self.layout.slot_offset(layer, half, slot) * size;
-            self.inner.store.write(page.id, offset, &bytes)?;
-        }
-        self.scratch = bytes;
-        Ok(())
-    }
-
-    /// Attention of one query token (`q`: `[heads][head_dim]`) over positions `0..ctx_len` of
-    /// `lease` in `layer`, read page by page through the lease's page table.
-    // The hot loop's inputs, passed flat on purpose (no per-call struct to build).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend(
-        &mut self,
-        lease: &Lease,
-        layer: usize,
-        ctx: Range<usize>,
-        shape: AttnShape,
-        q: &[f32],
-        out: &mut [f32],
-        scratch: &mut Scratch,
-    ) -> Result<(), KvError> {
-        if ctx.end > lease.capacity() {
-            return Err(KvError::PastLease { pos: ctx.end, capacity: lease.capacity() });
-        }
-        debug_assert!(!ctx.is_empty(), "attention over no positions");
-        match self.layout.dtype {
-            KvDtype::F32 => self.attend_typed::<f32>(lease, layer, ctx, shape, q, out, scratch),
-            KvDtype::F16 => self.attend_typed::<f16>(lease, layer, ctx, shape, q, out, scratch),
-            KvDtype::BF16 => self.attend_typed::<bf16>(lease, layer, ctx, shape, q, out, scratch),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn attend_typed<E: KvElem>(
-        &mut self,
-        lease: &Lease,
-        layer: usize,
-        ctx: Range<usize>,
-        shape: AttnShape,
-        q: &[f32],
-        out: &mut [f32],
-        scratch: &mut Scratch,
-    ) -> Result<(), KvError> {
-        let l = self.layout;
-        let row = l.token_elems();
-        #[cfg(feature = "cuda")]
-        let block_elems = l.page_size * row;
-        let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
-        // The slots of page `i` inside `ctx`: a sliding window starts mid-page.
-        let span = |i: usize| {
-            let first = ctx.start.saturating_sub(i * l.page_size).min(l.page_size);
-            let end = (ctx.end - i * l.page_size).min(l.page_size);
-            (first * row, end * row, end - first)
-        };
-        let pages = ctx.start / l.page_size..l.pages_for(ctx.end);
-        match &self.inner.store {
-            PageStore::Host(host) => {
-                let blocks = pages.map(|i| {
-                    let page: &[E] = bytemuck::cast_slice(host.page(lease.pages[i].id));
-                    let (a, b, n) = span(i);
-                    (&page[k_off + a..k_off + b], &page[v_off + a..v_off + b], n)
-                });
-                attention::attend(shape, q, blocks, out, scratch);
-            }
-            #[cfg(feature = "cuda")]
-            PageStore::Cuda(_) => {
-                // Device pages are copied to host first: gather the sequence's blocks once.
-                let mut gathered: Vec<E> = Vec::with_capacity(pages.len() * 2 * block_elems);
-                for i in pages.clone() {
-                    let page: &[E] = bytemuck::cast_slice(self.inner.store.page(lease.pages[i].id, &mut self.scratch)?);
-                    gathered.extend_from_slice(&page[k_off..k_off + block_elems]);
-                    gathered.extend_from_slice(&page[v_off..v_off + block_elems]);
-                }
-                let blocks = gathered.chunks(2 * block_elems).zip(pages).map(|(kv, i)| {
-                    let (a, b, n) = span(i);
-                    (&kv[a..b], &kv[block_elems + a..block_elems + b], n)
-                });
-                attention::attend(shape, q, blocks, out, scratch);
-            }
-        }
-        Ok(())
-    }
-
-    /// K and V of `layer` at positions `ctx` of `lease`, read through its page table as f32
-    /// rows `[position][kv_head][head_dim]`: what a multi-token step multiplies its queries with.
-    pub fn gather(&mut self, lease: &Lease, layer: usize, ctx: Range<usize>) -> Result<(Vec<f32>, Vec<f32>), KvError> {
-        if ctx.end > lease.capacity() {
-            return Err(KvError::PastLease { pos: ctx.end, capacity: lease.capacity() });
-        }
-        match self.layout.dtype {
-            KvDtype::F32 => self.gather_typed::<f32>(lease, layer, ctx),
-            KvDtype::F16 => self.gather_typed::<f16>(lease, layer, ctx),
-            KvDtype::BF16 => self.gather_typed::<bf16>(lease, layer, ctx),
-        }
-    }
-
-    fn gather_typed<E: KvElem>(&mut self, lease: &Lease, layer: usize, ctx: Range<usize>) -> Result<(Vec<f32>, Vec<f32>), KvError> {
-        let l = self.layout;
-        let row = l.token_elems();
-        let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
-        let (mut k, mut v) = (Vec::with_capacity(ctx.len() * row), Vec::with_capacity(ctx.len() * row));
-        for i in ctx.start / l.page_size..l.pages_for(ctx.end) {
-            let first = ctx.start.saturating_sub(i * l.page_size).min(l.page_size) * row;
-            let end = (ctx.end - i * l.page_size).min(l.page_size) * row;
-            let page: &[E] = bytemuck::cast_slice(self.inner.store.page(lease.pages[i].id, &mut self.scratch)?);
-            k.extend(page[k_off + first..k_off + end].iter().map(|x| x.to_f32()));
-            v.extend(page[v_off + first..v_off + end].iter().map(|x| x.to_f32()));
-        }
-        Ok((k, v))
-    }
-
-    /// The raw bytes of the lease's `index`-th page (the tests read pages this way).
-    #[cfg(test)]
-    pub fn page_bytes(&mut self, lease: &Lease, index: usize) -> Result<Vec<u8>, KvError> {
-        let mut out = vec![0u8; self.layout.page_bytes()];
-        self.copy_page(lease, index, &mut out)?;
-        Ok(out)
-    }
-
-    /// Copies the lease's `index`-th page into `out` (exactly a page long): the handoff's
-    /// sender fills its frame buffer this way, with no allocation per page.
-    pub fn copy_page(&mut self, lease: &Lease, index: usize, out: &mut [u8]) -> Result<(), KvError> {
-        let page = *lease.pages.get(index).ok_or(KvError::PastLease { pos: index * self.layout.page_size, capacity: lease.capacity() })?;
-        self.inner.alloc.check(lease.owner, page)?;
-        out.copy_from_slice(self.inner.store.page(page.id, &mut self.scratch)?);
-        Ok(())
-    }
-
-    /// Overwrites the lease's `index`-th page with `bytes` (a whole page, as a handoff frame
-    /// carries it).
-    pub fn write_page(&mut self, lease: &Lease, index: usize, bytes: &[u8]) -> Result<(), KvError> {
-        let page = self.page_at(lease, index * self.layout.page_size)?;
-        self.inner.store.write(page.id, 0, bytes)?;
-        Ok(())
-    }
-
-    fn page_at(&self, lease: &Lease, pos: usize) -> Result<PageRef, KvError> {
-        let page = *lease.pages.get(pos / self.layout.page_size).ok_or(KvError::PastLease { pos, capacity: lease.capacity() })?;
-        self.inner.alloc.check(lease.owner, page)?;
-        Ok(page)
     }
 }
 
@@ -389,19 +373,15 @@ mod tests {
         let pool = pool(2);
         let lease = pool.lease(4).unwrap();
         assert_eq!(pool.used_pages(), 2);
-        {
-            let mut g = pool.access();
-            for pos in 0..4 {
-                g.write_token(&lease, pos, 1, &[7.0; 4], &[9.0; 4]).unwrap();
-            }
-            assert!(g.page_bytes(&lease, 0).unwrap().iter().any(|b| *b != 0));
+        for pos in 0..4 {
+            pool.write_token(&lease, pos, 1, &[7.0; 4], &[9.0; 4]).unwrap();
         }
+        assert!(pool.page_bytes(&lease, 0).unwrap().iter().any(|b| *b != 0));
         drop(lease);
         assert_eq!(pool.used_pages(), 0);
         let next = pool.lease(4).unwrap();
-        let mut g = pool.access();
         for i in 0..2 {
-            assert!(g.page_bytes(&next, i).unwrap().iter().all(|b| *b == 0), "page {i} was not scrubbed");
+            assert!(pool.page_bytes(&next, i).unwrap().iter().all(|b| *b == 0), "page {i} was not scrubbed");
         }
     }
 
@@ -410,9 +390,8 @@ mod tests {
         let pool = pool(4);
         let lease = pool.lease(3).unwrap();
         assert_eq!(lease.capacity(), 4);
-        let mut g = pool.access();
-        assert!(g.write_token(&lease, 3, 0, &[1.0; 4], &[1.0; 4]).is_ok());
-        assert!(matches!(g.write_token(&lease, 4, 0, &[1.0; 4], &[1.0; 4]), Err(KvError::PastLease { pos: 4, capacity: 4 })));
+        assert!(pool.write_token(&lease, 3, 0, &[1.0; 4], &[1.0; 4]).is_ok());
+        assert!(matches!(pool.write_token(&lease, 4, 0, &[1.0; 4], &[1.0; 4]), Err(KvError::PastLease { pos: 4, capacity: 4 })));
     }
 
     #[test]
@@ -422,20 +401,42 @@ mod tests {
         let a = pool.lease(2).unwrap();
         let b = pool.lease(2).unwrap();
         let shape = AttnShape { num_heads: 1, num_kv_heads: 1, head_dim: 4 };
-        let mut g = pool.access();
         for pos in 0..2 {
-            g.write_token(&a, pos, 0, &[1.0; 4], &[1.0; 4]).unwrap();
-            g.write_token(&b, pos, 0, &[1.0; 4], &[5.0; 4]).unwrap();
+            pool.write_token(&a, pos, 0, &[1.0; 4], &[1.0; 4]).unwrap();
+            pool.write_token(&b, pos, 0, &[1.0; 4], &[5.0; 4]).unwrap();
         }
         let mut out = [0.0; 4];
-        g.attend(&a, 0, 0..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        pool.attend(&a, 0, 0..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out, [1.0; 4]);
-        g.attend(&b, 0, 0..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        pool.attend(&b, 0, 0..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out, [5.0; 4]);
-        assert!(g.verify(&a).is_ok() && g.verify(&b).is_ok());
+        assert!(pool.verify(&a).is_ok() && pool.verify(&b).is_ok());
         // A window that starts past position 0 reads only its positions.
-        g.write_token(&a, 1, 0, &[1.0; 4], &[3.0; 4]).unwrap();
-        g.attend(&a, 0, 1..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        pool.write_token(&a, 1, 0, &[1.0; 4], &[3.0; 4]).unwrap();
+        pool.attend(&a, 0, 1..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out, [3.0; 4]);
+    }
+
+    #[test]
+    fn one_lease_is_written_while_another_is_being_read() {
+        // A model step holding a sequence's pages for attention must not stop a handoff
+        // filling another lease's pages (the pool has no lock across a step).
+        let pool = pool(4);
+        let (running, arriving) = (pool.lease(2).unwrap(), pool.lease(2).unwrap());
+        let held = pool.store.read(running.pages()[0].id).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| pool.write_page(&arriving, 0, &vec![3u8; pool.layout().page_bytes()]).unwrap()).join().unwrap();
+        });
+        drop(held);
+        assert!(pool.page_bytes(&arriving, 0).unwrap().iter().all(|b| *b == 3));
+    }
+
+    #[test]
+    fn a_lease_from_another_pool_is_refused() {
+        let (a, b) = (pool(2), pool(2));
+        let foreign = b.lease(2).unwrap();
+        let _own = a.lease(2).unwrap();
+        assert!(a.verify(&foreign).is_err());
+        assert!(matches!(a.write_page(&foreign, 0, &vec![0u8; a.layout().page_bytes()]), Err(KvError::ForeignLease)));
     }
 }

@@ -1,9 +1,13 @@
-//! Where page bytes live: host memory, or CUDA device memory with the `cuda` feature.
+//! Where page bytes live: host memory, or CUDA device memory with the `cuda` feature. Every call
+//! takes `&self`: a page is locked for the length of one read or write, never the whole store.
+
+use std::ops::Deref;
+use std::sync::RwLockReadGuard;
 
 use thiserror::Error;
 
 use super::KvLayout;
-use super::host_store::HostStore;
+use super::host_store::{self, HostStore, PageWords};
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -17,8 +21,27 @@ pub enum StoreError {
 
 pub enum PageStore {
     Host(HostStore),
+    /// Device copies go through one stream, so one at a time.
     #[cfg(feature = "cuda")]
-    Cuda(super::cuda_store::CudaStore),
+    Cuda(std::sync::Mutex<super::cuda_store::CudaStore>),
+}
+
+/// One page's bytes as read: in place under the page's read lock, or copied from the device.
+pub enum PageRead<'a> {
+    Host(RwLockReadGuard<'a, PageWords>, usize),
+    #[cfg(feature = "cuda")]
+    Copied(Vec<u32>, usize),
+}
+
+impl Deref for PageRead<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            PageRead::Host(words, len) => host_store::bytes(words, *len),
+            #[cfg(feature = "cuda")]
+            PageRead::Copied(words, len) => host_store::bytes(words, *len),
+        }
+    }
 }
 
 impl PageStore {
@@ -26,43 +49,56 @@ impl PageStore {
         Ok(PageStore::Host(HostStore::allocate(layout, num_pages)?))
     }
 
-    /// The bytes of page `id`. Host pages are borrowed in place; device pages are copied into
-    /// `scratch` first.
-    pub fn page<'a>(&'a self, id: u32, scratch: &'a mut Vec<u8>) -> Result<&'a [u8], StoreError> {
+    #[cfg(feature = "cuda")]
+    pub fn cuda(store: super::cuda_store::CudaStore) -> Self {
+        PageStore::Cuda(std::sync::Mutex::new(store))
+    }
+
+    /// The bytes of page `id`, held until the returned value is dropped.
+    pub fn read(&self, id: u32) -> Result<PageRead<'_>, StoreError> {
+        match self {
+            PageStore::Host(h) => Ok(PageRead::Host(h.read(id), h.page_bytes())),
+            #[cfg(feature = "cuda")]
+            PageStore::Cuda(c) => {
+                let c = c.lock().unwrap_or_else(|p| p.into_inner());
+                let mut words = vec![0u32; c.page_bytes().div_ceil(4)];
+                c.read_page(id, &mut bytemuck::cast_slice_mut(&mut words)[..c.page_bytes()])?;
+                Ok(PageRead::Copied(words, c.page_bytes()))
+            }
+        }
+    }
+
+    /// Fills `len` bytes of page `id` from byte `offset` with `fill` (in place in host memory).
+    pub fn write_with(&self, id: u32, offset: usize, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), StoreError> {
         match self {
             PageStore::Host(h) => {
-                let _ = scratch;
-                Ok(h.page(id))
+                let mut page = h.write(id);
+                fill(&mut host_store::bytes_mut(&mut page, h.page_bytes())[offset..offset + len]);
+                Ok(())
             }
             #[cfg(feature = "cuda")]
             PageStore::Cuda(c) => {
-                c.read_page(id, scratch)?;
-                Ok(scratch.as_slice())
+                let mut bytes = vec![0u8; len];
+                fill(&mut bytes);
+                c.lock().unwrap_or_else(|p| p.into_inner()).write(id, offset, &bytes)
             }
         }
     }
 
     /// Overwrites `bytes.len()` bytes of page `id` from byte `offset`.
-    pub fn write(&mut self, id: u32, offset: usize, bytes: &[u8]) -> Result<(), StoreError> {
-        match self {
-            PageStore::Host(h) => {
-                h.page_mut(id)[offset..offset + bytes.len()].copy_from_slice(bytes);
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            PageStore::Cuda(c) => c.write(id, offset, bytes),
-        }
+    pub fn write(&self, id: u32, offset: usize, bytes: &[u8]) -> Result<(), StoreError> {
+        self.write_with(id, offset, bytes.len(), |out| out.copy_from_slice(bytes))
     }
 
     /// Zeroes page `id`.
-    pub fn scrub(&mut self, id: u32) -> Result<(), StoreError> {
+    pub fn scrub(&self, id: u32) -> Result<(), StoreError> {
         match self {
             PageStore::Host(h) => {
-                h.page_mut(id).fill(0);
+                h.write(id).fill(0);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            PageStore::Cuda(c) => c.scrub(id),
+            PageStore::Cuda(c) => c.lock().unwrap_or_else(|p| p.into_inner()).scrub(id),
         }
     }
 }

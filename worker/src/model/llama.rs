@@ -7,7 +7,7 @@ use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
 use super::chunk_attention::attend_chunk;
 use super::config::ModelConfig;
 use super::rope::Rope;
-use crate::kv::{AttnShape, Lease, PoolGuard, Scratch};
+use crate::kv::{AttnShape, KvPool, Lease, Scratch};
 
 /// One sequence's share of a batched step: `tokens` at positions `start..start + tokens.len()`.
 #[derive(Debug)]
@@ -113,10 +113,10 @@ impl Llama {
     /// K/V are written into each sequence's own pages, and attention reads back through each
     /// sequence's page table. Returns logits `[rows, vocab]`: one row per sequence (its last
     /// token), or one per token for a step with `every_row`, in step order.
-    pub fn forward(&self, steps: &[SeqStep], kv: &mut PoolGuard, scratch: &mut Scratch) -> Result<Tensor> {
+    pub fn forward(&self, steps: &[SeqStep], kv: &KvPool, scratch: &mut Scratch) -> Result<Tensor> {
         let err = |e: crate::kv::KvError| candle_core::Error::Msg(format!("KV pool: {e}"));
         for s in steps {
-            kv.verify(s.lease).map_err(|e| err(e.into()))?;
+            kv.verify(s.lease).map_err(err)?;
         }
         let ids: Vec<u32> = steps.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         let positions: Vec<u32> = steps.iter().flat_map(|s| (s.start..s.start + s.tokens.len()).map(|p| p as u32)).collect();

@@ -180,18 +180,19 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
     let transfer = Transfer {
         pool: &role.engine.pool,
         lease: &prefilled.lease,
+        // The incident's bug takes its one-token placeholder for the whole prompt.
+        prompt_tokens: if fault == Some(Fault::IgnoreRejection) { req.reservation.reserved_tokens as usize } else { prefilled.lease.tokens() },
         reservation: &req.reservation,
         secret: &role.secret,
         first_token: prefilled.first_token,
         first_logprobs: prefilled.first_logprobs.clone(),
         model_fingerprint: &role.engine.model.fingerprint,
         layout_fingerprint: &role.engine.pool.layout().fingerprint(),
-        fault,
         metrics: &role.metrics,
         integrity: true,
     };
     let span = tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
-    let outcome = transfer.run().instrument(span.clone()).await;
+    let outcome = send(&transfer, fault, &role.secret).instrument(span.clone()).await;
     match &outcome {
         Ok(SendOutcome::Acked(ack)) if !ack.ok => mark_failed(&span, &ack.reason),
         Err(e) => mark_failed(&span, &e.to_string()),
@@ -210,6 +211,22 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
             }
             role.metrics.total.with_label_values(&["failed"]).inc();
             Err(Failed::Died)
+        }
+    }
+}
+
+/// The transfer, through the fault decorator when this handoff gets a fault (faults exist only in
+/// a `testing` build; any other build refuses `--inject-fault` at start-up).
+async fn send(transfer: &Transfer<'_>, fault: Option<Fault>, secret: &Secret) -> Result<SendOutcome, SendError> {
+    match fault {
+        #[cfg(feature = "testing")]
+        Some(fault) => {
+            let port = crate::handoff::sender::KvConnection::new(&transfer.reservation.kv_addr, transfer.metrics);
+            transfer.run_into(crate::handoff::faulty::Faulty::new(fault, port, secret, transfer.reservation)).await
+        }
+        _ => {
+            let _ = secret;
+            transfer.run().await
         }
     }
 }

@@ -22,7 +22,7 @@ use super::limits;
 use super::{AppState, RequestContext};
 use crate::engine::{Event, FinishReason};
 use crate::model::SamplingParams;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{self, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -53,10 +53,13 @@ type Pending = (Event, UnboundedReceiver<Event>);
 pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     let tokenizer = &state.tokenizer;
     let (tokens, prompt_text) = match &job.prompt {
-        PromptInput::Text(text) => (tokenizer.encode(text).map_err(|e| ApiError::invalid("prompt", e.to_string()))?, text.clone()),
+        PromptInput::Text(text) => {
+            let ids = tokenizer::encode_off_runtime(tokenizer, text.clone(), true).await.map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+            (ids, text.clone())
+        }
         PromptInput::Tokens(ids) => {
             state.check_vocab("prompt", ids)?;
-            (ids.clone(), if job.echo { tokenizer.decode(ids).map_err(internal)? } else { String::new() })
+            (ids.clone(), if job.echo { tokenizer::decode_off_runtime(tokenizer, ids.clone()).await.map_err(internal)? } else { String::new() })
         }
     };
     let prompt_tokens = tokens.len();

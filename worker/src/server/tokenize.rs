@@ -12,7 +12,7 @@ use serde_json::json;
 use super::AppState;
 use super::api;
 use super::error::ApiError;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{self, Tokenizer};
 
 /// The model's begin- and end-of-sequence tokens as text, where the tokenizer names them.
 #[derive(Debug, Clone, Default)]
@@ -44,22 +44,24 @@ struct DetokenizeRequest {
 }
 
 pub async fn tokenize(State(state): State<AppState>, body: Bytes) -> Response {
-    let result = (|| {
+    let result = async {
         let req: TokenizeRequest = api::parse(&body)?;
-        let tokens = state.tokenizer.encode_with(&req.prompt, req.add_special_tokens).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        let tokens = tokenizer::encode_off_runtime(&state.tokenizer, req.prompt, req.add_special_tokens)
+            .await
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
         Ok::<_, ApiError>(Json(json!({ "count": tokens.len(), "max_model_len": state.window, "tokens": tokens })))
-    })();
-    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+    };
+    result.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
 pub async fn detokenize(State(state): State<AppState>, body: Bytes) -> Response {
-    let result = (|| {
+    let result = async {
         let req: DetokenizeRequest = api::parse(&body)?;
         state.check_vocab("tokens", &req.tokens)?;
-        let prompt = state.tokenizer.decode(&req.tokens).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+        let prompt = tokenizer::decode_off_runtime(&state.tokenizer, req.tokens).await.map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
         Ok::<_, ApiError>(Json(json!({ "prompt": prompt })))
-    })();
-    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+    };
+    result.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
 pub async fn tokenizer_info(State(state): State<AppState>) -> Json<serde_json::Value> {

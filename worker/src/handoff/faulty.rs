@@ -1,0 +1,91 @@
+//! The fault decorator (`testing` builds only): a `Sink` around decode's KV port that bends
+//! exactly the one rule its fault names, on the frames passing through it, and leaves every
+//! other frame as the honest sender sealed it. Chosen per handoff from `--inject-fault`; the
+//! sender itself has no fault branches.
+
+use kvgate_proto::auth::FrameKey;
+use kvgate_proto::handoff::{AckFrame, CommitFrame, HandoffId};
+use kvgate_proto::roles::Reservation;
+
+use super::Secret;
+use super::faults::Fault;
+use super::sender::{Flow, PageFrame, SendError, Sink};
+
+pub struct Faulty<S> {
+    fault: Fault,
+    inner: S,
+    /// The handoff's frame key, to re-seal a page the fault changed.
+    key: FrameKey,
+    /// A key that is not the handoff's (the wrong-auth fault signs with it).
+    wrong_key: FrameKey,
+    /// Pages in the transfer: the page-level faults hit the middle one.
+    pages: usize,
+}
+
+impl<S: Sink> Faulty<S> {
+    pub fn new(fault: Fault, inner: S, secret: &Secret, reservation: &Reservation) -> Self {
+        // An unparsable id is refused by the sender before any frame is sealed.
+        let id: HandoffId = reservation.handoff_id.parse().unwrap_or(HandoffId(0));
+        let key = secret.key().frame_key(id);
+        let wrong_key = secret.key().frame_key(HandoffId(id.0 ^ 1));
+        Faulty { fault, inner, key, wrong_key, pages: reservation.pages.len() }
+    }
+}
+
+impl<S: Sink> Sink for Faulty<S> {
+    fn flow(&mut self, i: usize, n: usize) -> Flow {
+        match self.fault {
+            // One page, then a commit claiming the whole prompt (the incident). The
+            // ignore-rejection placeholder holds one token of KV for a whole prompt's pages.
+            Fault::TruncateTransfer | Fault::IgnoreRejection if i >= 1 => Flow::Stop,
+            Fault::DieMidTransfer if i >= n.div_ceil(2).max(1) => Flow::Die,
+            _ => self.inner.flow(i, n),
+        }
+    }
+
+    async fn page(&mut self, frame: &mut PageFrame<'_>) -> Result<(), SendError> {
+        let middle = frame.fields.index as usize == self.pages / 2;
+        match self.fault {
+            Fault::DropPage if middle => {
+                // Lands outside the reservation; the reserved page stays unwritten.
+                frame.fields.page = u32::MAX;
+                frame.seal(Some(&self.key));
+            }
+            Fault::CorruptPage if middle => {
+                // A sender whose memory went bad after the checksum was taken: caught by the
+                // checksum, not by authentication.
+                let checksum = frame.checksum();
+                frame.payload_mut()[0] ^= 0x01;
+                frame.seal_keeping(&self.key, checksum);
+            }
+            Fault::WrongLayout => {
+                // K and V swapped: every checksum, MAC and fingerprint holds, the KV is wrong.
+                let payload = frame.payload_mut();
+                let half = payload.len() / 2;
+                payload.rotate_left(half);
+                frame.seal(Some(&self.key));
+            }
+            Fault::WrongAuth => frame.seal(Some(&self.wrong_key)),
+            Fault::DuplicatePage if middle => self.inner.page(frame).await?,
+            _ => {}
+        }
+        self.inner.page(frame).await
+    }
+
+    async fn commit(&mut self, mut commit: CommitFrame, key: Option<&FrameKey>) -> Result<(), SendError> {
+        match self.fault {
+            Fault::WrongFingerprint => commit.model_fingerprint ^= 1,
+            Fault::WrongAuth => return self.inner.commit(commit, Some(&self.wrong_key)).await,
+            _ => {}
+        }
+        self.inner.commit(commit, key).await
+    }
+
+    async fn ack(self) -> Result<AckFrame, SendError> {
+        self.inner.ack().await
+    }
+
+    async fn abandon(self) -> Result<(), SendError> {
+        self.inner.abandon().await
+    }
+}
