@@ -51,6 +51,7 @@ generate:
 bench:
 	$(CARGO) bench -p kvgate-worker --bench engine
 	$(CARGO) bench -p kvgate-worker --bench handoff
+	$(CARGO) bench -p kvgate-worker --bench contention
 	# Traces on vs off: a real Jaeger (`make tools`).
 	$(CARGO) bench -p kvgate-worker --bench tracing
 	bench/venv.sh bench/plot.py
