@@ -380,4 +380,19 @@ mod tests {
         let err = Cli::try_parse_from(["kvgate-worker", "local", "--page-size", "12"]).unwrap_err();
         assert!(err.to_string().contains("power of two"), "{err}");
     }
+
+    #[test]
+    fn the_decode_stall_limit_is_off_or_at_least_one_step() {
+        let config = |extra: &[&str]| {
+            let cli = Cli::try_parse_from(["kvgate-worker", "local"].iter().chain(extra)).map_err(|e| e.to_string())?;
+            let Command::Local(a) = cli.command else { panic!() };
+            Ok::<_, String>(a.scheduler.config().stall_limit)
+        };
+        assert_eq!(config(&[]), Ok(2.0));
+        assert_eq!(config(&["--decode-stall-limit", "0"]), Ok(f64::INFINITY));
+        for bad in ["0.5", "-1", "NaN", "inf"] {
+            let err = config(&[&format!("--decode-stall-limit={bad}")]).unwrap_err();
+            assert!(err.contains("--decode-stall-limit") && err.contains("at least 1"), "{err}");
+        }
+    }
 }

@@ -97,3 +97,6 @@ impl Engine {
         rx
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,53 @@
+//! The engine end to end on the tiny model: pacing of long prompts beside running decodes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::Device;
+
+use super::{Engine, Event, SchedulerConfig};
+use crate::kv::{KvDtype, KvPool};
+use crate::metrics::Metrics;
+use crate::model::{Model, SamplingParams};
+
+fn engine(stall_limit: f64) -> Engine {
+    let model = Arc::new(Model::tiny(&Device::Cpu).unwrap());
+    let layout = model.kv_layout(16, KvDtype::F32);
+    let pool = KvPool::host(layout, 1024).unwrap();
+    let config = SchedulerConfig { max_batch_tokens: 2048, admission_timeout: Duration::from_secs(30), stall_limit };
+    Engine::start(model, pool, 8192, Metrics::new(&prometheus::Registry::new(), "test"), config)
+}
+
+/// Tokens one decoding stream receives while a 4096-token prompt is prefilled beside it (the
+/// stream starts again should it end).
+async fn tokens_during_a_long_prefill(e: &Engine) -> usize {
+    let start = || e.submit(vec![7; 16], 4000, SamplingParams::default()).unwrap();
+    let mut stream = start();
+    assert!(matches!(stream.recv().await, Some(Event::Token(..))), "the stream decodes before the long prompt arrives");
+    let mut long = e.submit((0..4096).map(|i| i % 256).collect(), 1, SamplingParams::default()).unwrap();
+    let mut during = 0;
+    loop {
+        tokio::select! {
+            biased;
+            ev = long.recv() => if matches!(ev, Some(Event::Token(..))) { break },
+            ev = stream.recv() => match ev {
+                Some(Event::Token(..)) => during += 1,
+                Some(Event::Done { .. }) => stream = start(),
+                other => panic!("the stream failed during the prefill: {other:?}"),
+            },
+        }
+    }
+    during
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompt_is_interleaved_with_running_decodes() {
+    // 2048-token chunks: the stream advances once per chunk, two chunks in all (and a step or
+    // two more should it end and start again).
+    let unpaced = tokens_during_a_long_prefill(&engine(f64::INFINITY)).await;
+    assert!(unpaced <= 8, "without pacing the stream waits for each 2048-token chunk: {unpaced} tokens");
+    // Paced: chunks sized to keep a step within twice a decode step (at least 16 tokens, so at
+    // most 256 chunks): the stream keeps decoding while the prompt fills.
+    let paced = tokens_during_a_long_prefill(&engine(2.0)).await;
+    assert!(paced >= 32, "with pacing the stream should keep decoding during the prefill: {paced} tokens");
+}
