@@ -10,14 +10,13 @@ read as token ids), with no BOS added and EOS ignored, as transformers runs it h
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import numpy as np
+
+import serve
 
 
 def gguf_from_checkpoint(model_dir, out):
@@ -76,52 +75,30 @@ def gguf_from_checkpoint(model_dir, out):
     w.close()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url, body, stream=False):
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    return urllib.request.urlopen(req, timeout=600) if stream else json.load(urllib.request.urlopen(req, timeout=600))
-
-
 class LlamaCpp:
     """llama.cpp's server in a child process: `slots` parallel sequences over one unified KV
     cache of `ctx` tokens, `threads` CPU threads (prompt batches and generation alike)."""
 
     def __init__(self, gguf_path, ctx, slots, threads):
-        import xllamacpp  # noqa: F401  (fails here, with its name, when the wheel is missing)
+        import xllamacpp  # fails here, with its name, when the wheel is missing
 
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://127.0.0.1:{(port := serve.free_port())}"
         launcher = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "images", "llamacpp", "llama-server")
-        self.proc = subprocess.Popen([sys.executable, launcher, "-m", gguf_path, "-c", str(ctx), "-np", str(slots), "--kv-unified",
-                                      "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=2)
-                self.version = __import__("xllamacpp").__version__
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    sys.exit("llama.cpp's server exited: " + self.proc.stderr.read().decode()[-2000:])
-                time.sleep(0.2)
-        sys.exit("llama.cpp's server did not answer within 120 s")
+        cmd = [sys.executable, launcher, "-m", gguf_path, "-c", str(ctx), "-np", str(slots), "--kv-unified",
+               "--host", "127.0.0.1", "--port", str(port), "-t", str(threads)]
+        self.proc = serve.Process("llama.cpp's server", cmd, self.url + "/health")
+        self.version = xllamacpp.__version__
 
     def _body(self, prompt, n, stream):
         return {"prompt": prompt, "n_predict": n, "temperature": 0, "top_k": 1, "ignore_eos": True, "cache_prompt": False,
                 "return_tokens": True, "stream": stream}
 
     def complete(self, prompt, n):
-        return post(self.url + "/completion", self._body(prompt, n, False))["tokens"]
+        return serve.post(self.url + "/completion", self._body(prompt, n, False))["tokens"]
 
     def stream(self, prompt, n, out, i):
         """Streams one completion; records (time of the first token, time of the end, ids)."""
-        r = post(self.url + "/completion", self._body(prompt, n, True), stream=True)
+        r = serve.post(self.url + "/completion", self._body(prompt, n, True), stream=True)
         first, ids = None, []
         for line in r:
             line = line.decode().strip()
@@ -136,8 +113,7 @@ class LlamaCpp:
         out[i] = (first, time.perf_counter(), ids)
 
     def close(self):
-        self.proc.terminate()
-        self.proc.wait()
+        self.proc.close()
 
 
 def concurrent(server, prompts, n):

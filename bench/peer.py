@@ -18,16 +18,15 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import llamacpp
+import serve
 
 VOCAB = 4096
 PREFILL = (512, 2048, 8192)
@@ -64,33 +63,23 @@ def ids_of(text):
 
 class Kvgate:
     def __init__(self, worker, model_dir):
-        port = llamacpp.free_port()
+        port = serve.free_port()
         self.url = f"http://127.0.0.1:{port}"
         window = max(PREFILL) + DECODE_TOKENS + 1
-        self.proc = subprocess.Popen([worker, "local", "--colocated", "--model", model_dir, "--listen", f"127.0.0.1:{port}",
-                                      "--context-window", str(window), "--kv-pool-tokens", str(8 * window),
-                                      # One client drives every stream here (the default fair share is 16).
-                                      "--max-requests-per-client", "64"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                models = json.load(urllib.request.urlopen(self.url + "/v1/models", timeout=2))
-                self.model = models["data"][0]["id"]
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    sys.exit("kvgate-worker exited: " + self.proc.stderr.read().decode()[-2000:])
-                time.sleep(0.2)
-        sys.exit("kvgate-worker did not answer within 120 s")
+        cmd = [worker, "local", "--colocated", "--model", model_dir, "--listen", f"127.0.0.1:{port}",
+               "--context-window", str(window), "--kv-pool-tokens", str(8 * window),
+               # One client drives every stream here (the default fair share is 16).
+               "--max-requests-per-client", "64"]
+        self.proc = serve.Process("kvgate-worker", cmd, self.url + "/v1/models")
+        self.model = json.loads(self.proc.ready)["data"][0]["id"]
 
     def complete(self, prompt, max_tokens):
-        r = llamacpp.post(self.url + "/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        r = serve.post(self.url + "/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
         return ids_of(r["choices"][0]["text"])
 
     def stream(self, prompt, max_tokens, out, i):
         """Streams one completion; records (time of the first token, time of the end, ids)."""
-        r = llamacpp.post(self.url + "/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}, stream=True)
+        r = serve.post(self.url + "/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}, stream=True)
         first, text = None, ""
         for line in r:
             line = line.decode().strip()
@@ -103,8 +92,7 @@ class Kvgate:
         out[i] = (first, time.perf_counter(), ids_of(text))
 
     def close(self):
-        self.proc.terminate()
-        self.proc.wait()
+        self.proc.close()
 
 
 def median_time(f):
