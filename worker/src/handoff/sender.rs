@@ -99,7 +99,7 @@ pub enum Flow {
 }
 
 /// Where sealed frames go: decode's KV port ([`KvConnection`]); under the `testing` feature a
-/// fault decorator (`faults::Faulty`) may wrap it, chosen at start-up, and bend one rule.
+/// fault decorator (`faulty::Faulty`) may wrap it, chosen at start-up, and bend one rule.
 #[allow(async_fn_in_trait)] // used with concrete types only, never as a trait object
 pub trait Sink {
     /// Before page `i` of `n` is read from the pool.
@@ -141,9 +141,7 @@ impl PageFrame<'_> {
     /// Writes header and fields, then the payload's checksum and the frame's MAC, in one pass
     /// over the payload (`None`: zeros, the integrity checks off).
     pub fn seal(&mut self, key: Option<&FrameKey>) {
-        let (head, rest) = self.buf.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
-        head.copy_from_slice(&self.fields.header());
-        let (payload, trailer) = rest.split_at_mut(rest.len() - PAGE_TRAILER_LEN);
+        let (head, payload, trailer) = self.parts();
         let (checksum, mac) = match key {
             Some(key) => seal(key, head, payload),
             None => (0, Mac([0; MAC_LEN])),
@@ -154,14 +152,20 @@ impl PageFrame<'_> {
     /// Writes header and fields and a MAC over the frame as it is, keeping `checksum` (a fault
     /// that alters a page after its checksum was taken).
     pub fn seal_keeping(&mut self, key: &FrameKey, checksum: u64) {
-        let (head, rest) = self.buf.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
-        head.copy_from_slice(&self.fields.header());
-        let (payload, trailer) = rest.split_at_mut(rest.len() - PAGE_TRAILER_LEN);
+        let (head, payload, trailer) = self.parts();
         let mut mac = key.streaming();
         mac.update(head);
         mac.update(payload);
         mac.update(&checksum.to_le_bytes());
         trailer.copy_from_slice(&page_trailer(checksum, &mac.finish()));
+    }
+
+    /// Header and fields (written from `fields`), payload and trailer.
+    fn parts(&mut self) -> (&[u8], &[u8], &mut [u8]) {
+        let (head, rest) = self.buf.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
+        head.copy_from_slice(&self.fields.header());
+        let (payload, trailer) = rest.split_at_mut(rest.len() - PAGE_TRAILER_LEN);
+        (head, payload, trailer)
     }
 }
 

@@ -192,7 +192,7 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
         integrity: true,
     };
     let span = tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
-    let outcome = send(&transfer, fault, &role.secret).instrument(span.clone()).await;
+    let outcome = send(&transfer, fault).instrument(span.clone()).await;
     match &outcome {
         Ok(SendOutcome::Acked(ack)) if !ack.ok => mark_failed(&span, &ack.reason),
         Err(e) => mark_failed(&span, &e.to_string()),
@@ -217,17 +217,14 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
 
 /// The transfer, through the fault decorator when this handoff gets a fault (faults exist only in
 /// a `testing` build; any other build refuses `--inject-fault` at start-up).
-async fn send(transfer: &Transfer<'_>, fault: Option<Fault>, secret: &Secret) -> Result<SendOutcome, SendError> {
+async fn send(transfer: &Transfer<'_>, fault: Option<Fault>) -> Result<SendOutcome, SendError> {
     match fault {
         #[cfg(feature = "testing")]
         Some(fault) => {
             let port = crate::handoff::sender::KvConnection::new(&transfer.reservation.kv_addr, transfer.metrics);
-            transfer.run_into(crate::handoff::faulty::Faulty::new(fault, port, secret, transfer.reservation)).await
+            transfer.run_into(crate::handoff::faulty::Faulty::new(fault, port, transfer.secret, transfer.reservation)).await
         }
-        _ => {
-            let _ = secret;
-            transfer.run().await
-        }
+        _ => transfer.run().await,
     }
 }
 
