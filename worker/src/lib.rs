@@ -2,6 +2,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod cpu;
 pub mod engine;
 pub mod handoff;
 pub mod kv;

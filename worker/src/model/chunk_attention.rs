@@ -5,6 +5,7 @@
 //! window. The work is split across the machine's cores. A one-token step keeps the paged kernel
 //! (`kv::attention`), which reads pages in place.
 
+use crate::cpu::softmax;
 use crate::kv::AttnShape;
 
 /// Queries per block and keys per tile: a block's scores (`QUERIES x KEYS` f32) stay in cache.
@@ -124,16 +125,11 @@ impl Tile {
                     row.fill(0.0); // nothing visible to this query in this tile
                     continue;
                 }
-                let tile_max = row[start..end].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let new_max = self.max[i].max(tile_max);
-                let correction = exp(self.max[i] - new_max);
+                let new_max = self.max[i].max(softmax::row_max(&row[start..end]));
+                let correction = softmax::exp(self.max[i] - new_max);
                 row[..start].fill(0.0);
                 row[end..].fill(0.0);
-                let mut total = 0.0;
-                for s in &mut row[start..end] {
-                    *s = exp(*s - new_max);
-                    total += *s;
-                }
+                let total = softmax::exp_sum(&mut row[start..end], new_max);
                 self.sum[i] = self.sum[i] * correction + total;
                 self.max[i] = new_max;
                 self.acc[i * d..(i + 1) * d].iter_mut().for_each(|a| *a *= correction);
@@ -173,19 +169,6 @@ impl Tile {
     }
 }
 
-/// `e^x` for the softmax's `x <= 0` (and -inf), in plain arithmetic the compiler vectorizes:
-/// `x = n ln 2 + r`, `e^r` by its degree-6 Taylor polynomial on `|r| <= ln 2 / 2` (relative error
-/// below 2e-7), scaled by `2^n` through the exponent bits.
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding and subtracting it rounds to an integer
-    let x = x.max(-87.0);
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
-    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6; // ln 2 split in two for precision
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,16 +177,6 @@ mod tests {
 
     fn pseudo(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
-    }
-
-    #[test]
-    fn the_softmax_exponential_is_within_a_few_ulps() {
-        for i in 0..=8700 {
-            let x = -(i as f32) / 100.0;
-            let (got, want) = (exp(x), (x as f64).exp());
-            assert!(((got as f64 - want) / want).abs() < 5e-7, "exp({x}) = {got}, want {want}");
-        }
-        assert!(exp(f32::NEG_INFINITY) < 1e-37, "a masked score weighs nothing");
     }
 
     /// Each query row equals the paged kernel over the keys that query may see, across block

@@ -6,6 +6,7 @@ use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
 
 use super::chunk_attention::attend_chunk;
 use super::config::ModelConfig;
+use super::projection::project;
 use super::rope::Rope;
 use crate::kv::{AttnShape, KvPool, Lease, Scratch};
 
@@ -75,8 +76,8 @@ impl Block {
     }
 
     pub(crate) fn mlp(&self, x: &Tensor) -> Result<Tensor> {
-        let gated = (self.gate.forward(x)?.silu()? * self.up.forward(x)?)?;
-        self.down.forward(&gated)
+        let gated = (project(&self.gate, x)?.silu()? * project(&self.up, x)?)?;
+        project(&self.down, &gated)
     }
 }
 
@@ -130,9 +131,9 @@ impl Llama {
         for (layer, block) in self.blocks.iter().enumerate() {
             let window = self.cfg.window(layer);
             let h = block.input_norm.forward(&x)?;
-            let q = self.rotate(&block.attn.q.forward(&h)?, shape.num_heads, &cos, &sin)?;
-            let k = self.rotate(&block.attn.k.forward(&h)?, shape.num_kv_heads, &cos, &sin)?;
-            let v = block.attn.v.forward(&h)?;
+            let q = self.rotate(&project(&block.attn.q, &h)?, shape.num_heads, &cos, &sin)?;
+            let k = self.rotate(&project(&block.attn.k, &h)?, shape.num_kv_heads, &cos, &sin)?;
+            let v = project(&block.attn.v, &h)?;
             let (q, k, v) = (to_vec(&q)?, to_vec(&k)?, to_vec(&v)?);
 
             let mut row = 0;
@@ -158,7 +159,7 @@ impl Llama {
                 row += s.tokens.len();
             }
             let attn = Tensor::from_slice(&out, (n, q_width), &self.device)?;
-            x = (x + block.attn.o.forward(&attn)?)?;
+            x = (x + project(&block.attn.o, &attn)?)?;
             x = (&x + block.mlp(&block.post_norm.forward(&x)?)?)?;
         }
         let last: Vec<u32> = steps
@@ -171,7 +172,7 @@ impl Llama {
             .flatten()
             .collect();
         let last = x.index_select(&Tensor::new(last.as_slice(), &self.device)?, 0)?;
-        self.lm_head.forward(&self.norm.forward(&last)?)?.to_dtype(DType::F32)
+        project(&self.lm_head, &self.norm.forward(&last)?)?.to_dtype(DType::F32)
     }
 }
 

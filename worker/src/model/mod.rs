@@ -8,6 +8,7 @@ pub mod config;
 mod config_reader;
 pub mod llama;
 pub mod logprobs;
+mod projection;
 mod reference;
 pub mod rope;
 pub mod sampling;

@@ -1,0 +1,111 @@
+//! Products of a few rows against a weight matrix, `y = x W^T (+ b)` with `x` `[m][k]` and `W`
+//! `[n][k]` as checkpoints store it: what a decode step is. General matrix-multiply kernels pack
+//! `W` into tiles on every call, which costs as much as the product when `x` has one row; here
+//! each row of `W` is streamed once from memory and dotted with every row of `x` while it sits in
+//! L1. The rows of `W` are split across the compute threads.
+
+use rayon::prelude::*;
+
+use super::level::multiversion;
+
+const LANES: usize = 16;
+
+/// Up to this many rows of `x` go through here; more are a matrix product for `gemm`.
+pub const MAX_ROWS: usize = 8;
+
+/// `x` `[m][k]`, `w` `[n][k]`, `bias` `[n]`: returns `[m][n]`.
+pub fn skinny(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize) -> Vec<f32> {
+    let (m, n) = (x.len() / k, w.len() / k);
+    assert!(x.len() == m * k && w.len() == n * k && bias.is_none_or(|b| b.len() == n), "shapes: x {} w {} k {k}", x.len(), w.len());
+    // Tasks of whole rows of W, a few per thread so uneven threads even out.
+    let per_task = n.div_ceil(rayon::current_num_threads() * 4).max(16);
+    let mut transposed = vec![0.0f32; n * m]; // [n][m]: each task's output is one run
+    transposed.par_chunks_mut(per_task * m).enumerate().for_each(|(t, out)| {
+        let rows = t * per_task..t * per_task + out.len() / m;
+        rows_of(x, &w[rows.start * k..rows.end * k], k, out);
+    });
+    let mut y = vec![0.0f32; m * n];
+    for (j, col) in transposed.chunks_exact(m).enumerate() {
+        let b = bias.map_or(0.0, |b| b[j]);
+        for (i, v) in col.iter().enumerate() {
+            y[i * n + j] = v + b;
+        }
+    }
+    y
+}
+
+multiversion! {
+    /// `out[j][i] = w_j . x_i` for the rows `w_j` of `w`.
+    fn rows_of / rows_of_at(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) => rows_of_body
+}
+
+#[inline(always)]
+fn rows_of_body(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    let m = x.len() / k;
+    for (wj, out) in w.chunks_exact(k).zip(out.chunks_exact_mut(m)) {
+        for (xi, o) in x.chunks_exact(k).zip(out) {
+            *o = dot(wj, xi);
+        }
+    }
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    lanes[0] + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::Level;
+
+    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
+    }
+
+    #[test]
+    fn equals_the_product_in_f64_with_and_without_bias() {
+        for (m, n, k) in [(1usize, 1usize, 1usize), (1, 300, 512), (3, 77, 37), (8, 1000, 64)] {
+            let (x, w, b) = (pseudo(m * k, 1), pseudo(n * k, 2), pseudo(n, 3));
+            for bias in [None, Some(&b[..])] {
+                let y = skinny(&x, &w, bias, k);
+                for i in 0..m {
+                    for j in 0..n {
+                        let want = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum::<f64>() + bias.map_or(0.0, |b| b[j] as f64);
+                        assert!((y[i * n + j] as f64 - want).abs() < 1e-4, "({m},{n},{k}) [{i}][{j}]: {} vs {want}", y[i * n + j]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_the_cpu_offers_gives_the_same_bits() {
+        let (m, n, k) = (5, 40, 200);
+        let (x, w) = (pseudo(m * k, 4), pseudo(n * k, 5));
+        let run = |level| {
+            let mut out = vec![0.0f32; n * m];
+            rows_of_at(level, &x, &w, k, &mut out);
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let want = run(Level::Portable);
+        for level in Level::available() {
+            assert_eq!(run(level), want, "{level:?} differs from portable");
+        }
+    }
+}
