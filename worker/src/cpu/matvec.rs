@@ -18,7 +18,7 @@ pub fn skinny(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize) -> Vec<f32> 
     let (m, n) = (x.len() / k, w.len() / k);
     assert!(x.len() == m * k && w.len() == n * k && bias.is_none_or(|b| b.len() == n), "shapes: x {} w {} k {k}", x.len(), w.len());
     // Tasks of whole rows of W, a few per thread so uneven threads even out.
-    let per_task = n.div_ceil(rayon::current_num_threads() * 4).max(16);
+    let per_task = n.div_ceil(rayon::current_num_threads() * 4).next_multiple_of(4).max(16);
     let mut transposed = vec![0.0f32; n * m]; // [n][m]: each task's output is one run
     transposed.par_chunks_mut(per_task * m).enumerate().for_each(|(t, out)| {
         let rows = t * per_task..t * per_task + out.len() / m;
@@ -42,13 +42,30 @@ multiversion! {
 #[inline(always)]
 fn rows_of_body(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
     let m = x.len() / k;
-    for (wj, out) in w.chunks_exact(k).zip(out.chunks_exact_mut(m)) {
-        for (xi, o) in x.chunks_exact(k).zip(out) {
+    let quads = m / 4 * 4;
+    // Four rows of w at a time: each loaded chunk of one operand feeds four products.
+    let mut w_quads = w.chunks_exact(4 * k);
+    let mut o_quads = out.chunks_exact_mut(4 * m);
+    for (wq, o) in (&mut w_quads).zip(&mut o_quads) {
+        for (j, wj) in wq.chunks_exact(k).enumerate() {
+            for (xq, o) in x[..quads * k].chunks_exact(4 * k).zip(o[j * m..j * m + quads].chunks_exact_mut(4)) {
+                o.copy_from_slice(&dot4(wj, xq));
+            }
+        }
+        for i in quads..m {
+            for (j, v) in dot4(&x[i * k..(i + 1) * k], wq).into_iter().enumerate() {
+                o[j * m + i] = v;
+            }
+        }
+    }
+    for (wj, o) in w_quads.remainder().chunks_exact(k).zip(o_quads.into_remainder().chunks_exact_mut(m)) {
+        for (xi, o) in x.chunks_exact(k).zip(o) {
             *o = dot(wj, xi);
         }
     }
 }
 
+/// `a . b` over sixteen lanes.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; LANES];
@@ -59,6 +76,35 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             lanes[l] += x[l] * y[l];
         }
     }
+    reduce(lanes) + tail
+}
+
+/// `a` dotted with each of the four rows of `b` (`[4][a.len()]`), every product summed exactly
+/// as `dot` sums it (products commute), so a result does not depend on which operand shared
+/// the pass.
+#[inline(always)]
+fn dot4(a: &[f32], b: &[f32]) -> [f32; 4] {
+    let k = a.len();
+    let (b0, b1, b2, b3) = (&b[..k], &b[k..2 * k], &b[2 * k..3 * k], &b[3 * k..4 * k]);
+    let mut lanes = [[0.0f32; LANES]; 4];
+    let chunks = a.chunks_exact(LANES).zip(b0.chunks_exact(LANES)).zip(b1.chunks_exact(LANES)).zip(b2.chunks_exact(LANES)).zip(b3.chunks_exact(LANES));
+    for ((((x, y0), y1), y2), y3) in chunks {
+        for l in 0..LANES {
+            lanes[0][l] += x[l] * y0[l];
+            lanes[1][l] += x[l] * y1[l];
+            lanes[2][l] += x[l] * y2[l];
+            lanes[3][l] += x[l] * y3[l];
+        }
+    }
+    let whole = k / LANES * LANES;
+    let tail = |y: &[f32]| -> f32 { a[whole..].iter().zip(&y[whole..]).map(|(x, y)| x * y).sum() };
+    let [l0, l1, l2, l3] = lanes;
+    [reduce(l0) + tail(b0), reduce(l1) + tail(b1), reduce(l2) + tail(b2), reduce(l3) + tail(b3)]
+}
+
+/// The lanes summed pairwise, so the order does not depend on how they were split into vectors.
+#[inline(always)]
+fn reduce(mut lanes: [f32; LANES]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -66,7 +112,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             lanes[l] += lanes[l + width];
         }
     }
-    lanes[0] + tail
+    lanes[0]
 }
 
 #[cfg(test)]
@@ -90,6 +136,20 @@ mod tests {
                         assert!((y[i * n + j] as f64 - want).abs() < 1e-4, "({m},{n},{k}) [{i}][{j}]: {} vs {want}", y[i * n + j]);
                     }
                 }
+            }
+        }
+    }
+
+    /// A sequence's outputs do not depend on what else is in the step.
+    #[test]
+    fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
+        let (n, k) = (90, 70);
+        let (x, w) = (pseudo(8 * k, 6), pseudo(n * k, 7));
+        for m in 1..=8 {
+            let batch = skinny(&x[..m * k], &w, None, k);
+            for i in 0..m {
+                let alone = skinny(&x[i * k..(i + 1) * k], &w, None, k);
+                assert!(alone.iter().zip(&batch[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()), "row {i} of {m}");
             }
         }
     }
