@@ -4,6 +4,7 @@ use kvgate_worker::commands::{self, roles};
 
 fn main() -> std::process::ExitCode {
     kvgate_worker::cpu::threads::fix_from_machine();
+    kvgate_worker::cpu::heap::keep_step_buffers();
     let cli = Cli::parse();
     let _traces = kvgate_telemetry::init(cli.log_format, "info", cli.command.service_name());
     if cli.check_config {

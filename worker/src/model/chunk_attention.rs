@@ -2,15 +2,18 @@
 //! softmax: per head, a block of queries against tiles of the sequence's keys (gathered from its
 //! pages), scores and weighted values by `gemm`, never the whole score matrix in memory. Tiles
 //! past a query block's last position are skipped (causal), as are tiles before a sliding
-//! window. The work is split across the machine's cores. A one-token step keeps the paged kernel
+//! window. The work is split across the compute threads. A one-token step keeps the paged kernel
 //! (`kv::attention`), which reads pages in place.
+
+use rayon::prelude::*;
 
 use crate::cpu::softmax;
 use crate::kv::AttnShape;
 
-/// Queries per block and keys per tile: a block's scores (`QUERIES x KEYS` f32) stay in cache.
+/// Queries per block and keys per tile: a block's scores (`QUERIES x KEYS` f32, 128 KiB) stay in
+/// the core's L2.
 const QUERIES: usize = 64;
-const KEYS: usize = 256;
+const KEYS: usize = 512;
 
 /// Where one head's rows are in the flat inputs.
 #[derive(Clone, Copy)]
@@ -31,23 +34,13 @@ pub fn attend_chunk(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], first_que
     let (h, d) = (shape.num_heads, shape.head_dim);
     let n = q.len() / (h * d);
     let ops = Operands { q, k, v, shape, first_query, first_key, window };
-    // Units of work: (head, query block), dealt round-robin to the cores.
+    // Units of work: (head, query block), spread over the compute threads (rayon's pool, which
+    // the matrix products use too, so nothing is spawned per call).
     let units: Vec<(usize, usize)> = (0..h).flat_map(|head| (0..n).step_by(QUERIES).map(move |b| (head, b))).collect();
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(units.len()).max(1);
-    let results: Vec<Vec<(usize, usize, Vec<f32>)>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let units = &units;
-                scope.spawn(move || {
-                    let mut tile = Tile::default();
-                    units.iter().skip(t).step_by(threads).map(|&(head, b)| (head, b, tile.block(&ops, head, b, QUERIES.min(n - b)))).collect()
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().expect("attention worker panicked")).collect()
-    });
+    let results: Vec<(usize, usize, Vec<f32>)> =
+        units.par_iter().map_init(Tile::default, |tile, &(head, b)| (head, b, tile.block(&ops, head, b, QUERIES.min(n - b)))).collect();
     let mut out = vec![0.0f32; n * h * d];
-    for (head, b, rows) in results.into_iter().flatten() {
+    for (head, b, rows) in results {
         for (i, row) in rows.chunks(d).enumerate() {
             out[((b + i) * h + head) * d..][..d].copy_from_slice(row);
         }
