@@ -6,9 +6,8 @@
 
 use rayon::prelude::*;
 
+use super::lanes::{LANES, dot, reduce};
 use super::level::multiversion;
-
-const LANES: usize = 16;
 
 /// Up to this many rows of `x` go through here; more are a matrix product for `gemm` (measured
 /// on the bench model: at 16 rows this is still 1.2x faster with weights streamed from memory).
@@ -66,20 +65,6 @@ fn rows_of_body(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
     }
 }
 
-/// `a . b` over sixteen lanes.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..LANES {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    reduce(lanes) + tail
-}
-
 /// `a` dotted with each of the four rows of `b` (`[4][a.len()]`), every product summed exactly
 /// as `dot` sums it (products commute), so a result does not depend on which operand shared
 /// the pass.
@@ -101,19 +86,6 @@ fn dot4(a: &[f32], b: &[f32]) -> [f32; 4] {
     let tail = |y: &[f32]| -> f32 { a[whole..].iter().zip(&y[whole..]).map(|(x, y)| x * y).sum() };
     let [l0, l1, l2, l3] = lanes;
     [reduce(l0) + tail(b0), reduce(l1) + tail(b1), reduce(l2) + tail(b2), reduce(l3) + tail(b3)]
-}
-
-/// The lanes summed pairwise, so the order does not depend on how they were split into vectors.
-#[inline(always)]
-fn reduce(mut lanes: [f32; LANES]) -> f32 {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            lanes[l] += lanes[l + width];
-        }
-    }
-    lanes[0]
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! machine's CPU). See `level` for the choice and `KVGATE_CPU_KERNELS` for forcing it down.
 
 pub mod heap;
+pub mod lanes;
 pub mod level;
 pub mod matvec;
 pub mod softmax;

@@ -2,9 +2,8 @@
 //! with the row's sum. Sixteen independent lanes (one AVX-512 vector, two AVX2 ones) so the
 //! reductions vectorize; the sum's order is the lanes', the same at every level.
 
+use super::lanes::{LANES, reduce};
 use super::level::multiversion;
-
-const LANES: usize = 16;
 
 multiversion! {
     /// The largest score of `x` (`-inf` for an empty row).
@@ -16,8 +15,9 @@ multiversion! {
     pub fn exp_sum / exp_sum_at(x: &mut [f32], shift: f32) -> f32 => exp_sum_body
 }
 
+/// `row_max` for a caller already compiled for a level (a kernel inlines it).
 #[inline(always)]
-fn row_max_body(x: &[f32]) -> f32 {
+pub(crate) fn row_max_body(x: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = x.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -29,8 +29,9 @@ fn row_max_body(x: &[f32]) -> f32 {
     tail.iter().chain(&lanes).copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
+/// `exp_sum` for a caller already compiled for a level.
 #[inline(always)]
-fn exp_sum_body(x: &mut [f32], shift: f32) -> f32 {
+pub(crate) fn exp_sum_body(x: &mut [f32], shift: f32) -> f32 {
     let mut lanes = [0.0f32; LANES];
     let mut chunks = x.chunks_exact_mut(LANES);
     for c in &mut chunks {
@@ -44,15 +45,7 @@ fn exp_sum_body(x: &mut [f32], shift: f32) -> f32 {
         *s = exp(*s - shift);
         tail += *s;
     }
-    // Pairwise, so the order does not depend on how the lanes were split into vectors.
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            lanes[l] += lanes[l + width];
-        }
-    }
-    lanes[0] + tail
+    reduce(lanes) + tail
 }
 
 /// `e^x` for the softmax's `x <= 0` (and -inf), in plain arithmetic that vectorizes:

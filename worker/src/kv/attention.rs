@@ -5,6 +5,8 @@
 //! means the kernel never needs the sequence's KV gathered into one buffer.
 
 use super::element::KvElem;
+use crate::cpu::lanes::dot;
+use crate::cpu::softmax;
 
 /// Head geometry of one attention call.
 #[derive(Debug, Clone, Copy)]
@@ -31,8 +33,37 @@ pub struct Scratch {
 /// `out[h] = softmax(q[h] . K^T / sqrt(d)) V` over all blocks, for every head `h`.
 ///
 /// `q` and `out` are `[num_heads][head_dim]`. Query heads share K/V heads in groups
-/// (grouped-query attention).
+/// (grouped-query attention). Compiled for each CPU level (`crate::cpu`) and run at the chosen one.
 pub fn attend<'a, E: KvElem + 'a>(
+    shape: AttnShape,
+    q: &[f32],
+    blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::cpu::Level;
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        fn avx512<'a, E: KvElem + 'a>(shape: AttnShape, q: &[f32], blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>, out: &mut [f32], scratch: &mut Scratch) {
+            attend_body(shape, q, blocks, out, scratch)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2<'a, E: KvElem + 'a>(shape: AttnShape, q: &[f32], blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>, out: &mut [f32], scratch: &mut Scratch) {
+            attend_body(shape, q, blocks, out, scratch)
+        }
+        match crate::cpu::level() {
+            // SAFETY: `level()` names only a level whose features the CPU reported.
+            Level::Avx512 => return unsafe { avx512(shape, q, blocks, out, scratch) },
+            Level::Avx2 => return unsafe { avx2(shape, q, blocks, out, scratch) },
+            Level::Portable => {}
+        }
+    }
+    attend_body(shape, q, blocks, out, scratch)
+}
+
+#[inline(always)]
+fn attend_body<'a, E: KvElem + 'a>(
     shape: AttnShape,
     q: &[f32],
     blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
@@ -56,23 +87,19 @@ pub fn attend<'a, E: KvElem + 'a>(
             let g = h / group;
             let qh = &q[h * d..(h + 1) * d];
             let scores = &mut scratch.scores[..n];
-            let mut block_max = f32::NEG_INFINITY;
             for (t, s) in scores.iter_mut().enumerate() {
-                let kt = &k[(t * kv_n + g) * d..(t * kv_n + g + 1) * d];
-                *s = dot(qh, kt) * scale;
-                block_max = block_max.max(*s);
+                *s = dot(qh, &k[(t * kv_n + g) * d..(t * kv_n + g + 1) * d]) * scale;
             }
             let old_max = scratch.max[h];
-            let new_max = old_max.max(block_max);
+            let new_max = old_max.max(softmax::row_max_body(scores));
             let acc = &mut out[h * d..(h + 1) * d];
             if old_max != f32::NEG_INFINITY && old_max != new_max {
-                let correction = (old_max - new_max).exp();
+                let correction = softmax::exp(old_max - new_max);
                 scratch.sum[h] *= correction;
                 acc.iter_mut().for_each(|a| *a *= correction);
             }
-            for (t, s) in scores.iter().enumerate() {
-                let p = (s - new_max).exp();
-                scratch.sum[h] += p;
+            scratch.sum[h] += softmax::exp_sum_body(scores, new_max);
+            for (t, &p) in scores.iter().enumerate() {
                 let vt = &v[(t * kv_n + g) * d..(t * kv_n + g + 1) * d];
                 for (a, x) in acc.iter_mut().zip(vt) {
                     *a += p * x.to_f32();
@@ -85,23 +112,6 @@ pub fn attend<'a, E: KvElem + 'a>(
         let inv = 1.0 / scratch.sum[h];
         out[h * d..(h + 1) * d].iter_mut().for_each(|a| *a *= inv);
     }
-}
-
-#[inline(always)]
-fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
-    // Four accumulators let the compiler keep several lanes busy.
-    let mut acc = [0.0f32; 4];
-    let chunks = q.len() / 4;
-    for i in 0..chunks {
-        for j in 0..4 {
-            acc[j] += q[i * 4 + j] * k[i * 4 + j].to_f32();
-        }
-    }
-    let mut total = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for i in chunks * 4..q.len() {
-        total += q[i] * k[i].to_f32();
-    }
-    total
 }
 
 #[cfg(test)]
