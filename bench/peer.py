@@ -8,7 +8,9 @@ attention, KV cache on) beside it; then the same weights as an f32 GGUF under ll
 server (bench/llamacpp.py). Prints two Markdown tables: against transformers, prefill tokens/s for
 512, 2k and 8k prompts and decode tokens/s at batch 1 and 8 (exits non-zero when the two produce
 different tokens); against llama.cpp, prefill at 2k and 8k and decode at 1, 8 and 32 concurrent
-streams, with the share of greedy tokens that agree (f32 kernels may flip near-ties). Run it
+streams, with the share of greedy tokens that agree (f32 kernels may flip near-ties); then kvgate
+alone with its CPU kernels at the widest level this CPU offers, forced to AVX-512, to AVX2 and to
+the portable baseline (KVGATE_CPU_KERNELS; a level the CPU lacks is reported, not run). Run it
 through `bench/venv.sh`, which makes the venv (`make bench` does:
 `bench/venv.sh bench/peer.py --worker target/release/kvgate-worker`).
 """
@@ -62,7 +64,7 @@ def ids_of(text):
 
 
 class Kvgate:
-    def __init__(self, worker, model_dir):
+    def __init__(self, worker, model_dir, kernels=None):
         port = serve.free_port()
         self.url = f"http://127.0.0.1:{port}"
         window = max(PREFILL) + DECODE_TOKENS + 1
@@ -70,7 +72,8 @@ class Kvgate:
                "--context-window", str(window), "--kv-pool-tokens", str(8 * window),
                # One client drives every stream here (the default fair share is 16).
                "--max-requests-per-client", "64"]
-        self.proc = serve.Process("kvgate-worker", cmd, self.url + "/v1/models")
+        env = dict(os.environ, KVGATE_CPU_KERNELS=kernels) if kernels else None
+        self.proc = serve.Process("kvgate-worker", cmd, self.url + "/v1/models", env)
         self.model = json.loads(self.proc.ready)["data"][0]["id"]
 
     def complete(self, prompt, max_tokens):
@@ -159,6 +162,28 @@ def against_llamacpp(k, model_dir, g, threads):
     return rows, server.version
 
 
+def by_kernel_level(worker, model_dir, g):
+    """kvgate alone at each CPU kernel level (KVGATE_CPU_KERNELS): the widest this CPU offers,
+    forced down to AVX2, and the portable baseline; a level the CPU lacks is reported as such."""
+    prompt = torch.randint(0, VOCAB, (PREFILL[1],), generator=g).tolist()
+    prompts = [torch.randint(0, VOCAB, (DECODE_PROMPT,), generator=g).tolist() for _ in range(8)]
+    rows = []
+    for level in ("widest", "avx512", "avx2", "portable"):
+        try:
+            k = Kvgate(worker, model_dir, level)
+        except SystemExit as e:
+            rows.append((level, None, None, None, str(e).strip().splitlines()[-1].split("kvgate-worker: ")[-1]))
+            continue
+        try:
+            t, _ = median_time(lambda: k.complete(prompt, 1))
+            d1, _ = served_decode(k, prompts[:1])
+            d8, _ = served_decode(k, prompts)
+            rows.append((level, PREFILL[1] / t, d1, d8, ""))
+        finally:
+            k.close()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", required=True, help="path of the release kvgate-worker binary")
@@ -190,6 +215,7 @@ def main():
             lrows, version = against_llamacpp(k, tmp, g, args.threads)
         finally:
             k.close()
+        level_rows = by_kernel_level(args.worker, tmp, g)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     import transformers
@@ -207,6 +233,15 @@ def main():
         print(f"| {what} | {k_rate:.0f} | {l_rate:.0f} | {k_rate / l_rate:.2f}x | {agree:.0%} |")
     print()
     print(f"(aims: at least 0.8x at one stream, ahead at 8 and 32; agreement counts tokens up to each stream's first difference)")
+    print()
+    widest = level_rows[0]
+    print(f"| kvgate's CPU kernels (KVGATE_CPU_KERNELS) | prefill, {PREFILL[1]}-token prompt (tokens/s) | decode, batch 1 (tokens/s) | decode, batch 8 (tokens/s) | prefill / decode 1 / decode 8 against widest |")
+    print("| --- | --- | --- | --- | --- |")
+    for level, p, d1, d8, why in level_rows:
+        if p is None:
+            print(f"| {level} | - | - | - | not run: {why} |")
+        else:
+            print(f"| {level} | {p:.0f} | {d1:.0f} | {d8:.0f} | {p / widest[1]:.2f}x / {d1 / widest[2]:.2f}x / {d8 / widest[3]:.2f}x |")
     if not same:
         sys.exit("kvgate and transformers produced different greedy tokens")
 

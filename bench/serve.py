@@ -24,10 +24,10 @@ def post(url, body, stream=False):
 class Process:
     """`cmd` started with its output in a temporary file, and waited for until `ready_url` answers."""
 
-    def __init__(self, name, cmd, ready_url):
+    def __init__(self, name, cmd, ready_url, env=None):
         self.name = name
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 120
         while time.time() < deadline:
             try:
