@@ -45,11 +45,23 @@ pub fn attend<'a, E: KvElem + 'a>(
     {
         use crate::cpu::Level;
         #[target_feature(enable = "avx512f,avx2,fma")]
-        fn avx512<'a, E: KvElem + 'a>(shape: AttnShape, q: &[f32], blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>, out: &mut [f32], scratch: &mut Scratch) {
+        fn avx512<'a, E: KvElem + 'a>(
+            shape: AttnShape,
+            q: &[f32],
+            blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
+            out: &mut [f32],
+            scratch: &mut Scratch,
+        ) {
             attend_body(shape, q, blocks, out, scratch)
         }
         #[target_feature(enable = "avx2,fma")]
-        fn avx2<'a, E: KvElem + 'a>(shape: AttnShape, q: &[f32], blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>, out: &mut [f32], scratch: &mut Scratch) {
+        fn avx2<'a, E: KvElem + 'a>(
+            shape: AttnShape,
+            q: &[f32],
+            blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
+            out: &mut [f32],
+            scratch: &mut Scratch,
+        ) {
             attend_body(shape, q, blocks, out, scratch)
         }
         match crate::cpu::level() {
