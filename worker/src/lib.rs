@@ -11,4 +11,6 @@ pub mod model;
 pub mod roles;
 pub mod server;
 pub mod setup;
+#[cfg(test)]
+mod test_data;
 pub mod tokenizer;

@@ -1,8 +1,6 @@
 //! The lane layout every kernel sums in: sixteen independent partial sums (one AVX-512 vector,
 //! two AVX2 ones), added pairwise at the end, so a sum's bits are the same at every level.
 
-use crate::kv::element::KvElem;
-
 pub const LANES: usize = 16;
 
 /// The lanes summed pairwise (8 + 8, 4 + 4, ...), whatever width the vectors had.
@@ -18,16 +16,15 @@ pub fn reduce(mut lanes: [f32; LANES]) -> f32 {
     lanes[0]
 }
 
-/// `a . b` (`b` in any KV element type) over the lanes, the tail after the last whole chunk
-/// added last.
+/// `a . b` over the lanes, the tail after the last whole chunk added last.
 #[inline(always)]
-pub fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y.to_f32()).sum();
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
     for (x, y) in ca.zip(cb) {
         for l in 0..LANES {
-            lanes[l] += x[l] * y[l].to_f32();
+            lanes[l] += x[l] * y[l];
         }
     }
     reduce(lanes) + tail

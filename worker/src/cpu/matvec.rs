@@ -92,10 +92,7 @@ fn dot4(a: &[f32], b: &[f32]) -> [f32; 4] {
 mod tests {
     use super::*;
     use crate::cpu::Level;
-
-    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
-    }
+    use crate::test_data::pseudo;
 
     #[test]
     fn equals_the_product_in_f64_with_and_without_bias() {

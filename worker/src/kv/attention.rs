@@ -6,6 +6,7 @@
 
 use super::element::KvElem;
 use crate::cpu::lanes::dot;
+use crate::cpu::level::multiversion;
 use crate::cpu::softmax;
 
 /// Head geometry of one attention call.
@@ -22,9 +23,18 @@ impl AttnShape {
     }
 }
 
-/// Per-call running state, reused across calls to avoid allocating in the hot loop.
+/// Per-call buffers, reused across calls to avoid allocating in the hot loop.
 #[derive(Debug, Default)]
 pub struct Scratch {
+    running: Running,
+    /// A block's K and V as f32 when the pool stores another type.
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// Each head's running softmax maximum and sum, and one block's scores.
+#[derive(Debug, Default)]
+pub(crate) struct Running {
     max: Vec<f32>,
     sum: Vec<f32>,
     scores: Vec<f32>,
@@ -33,7 +43,7 @@ pub struct Scratch {
 /// `out[h] = softmax(q[h] . K^T / sqrt(d)) V` over all blocks, for every head `h`.
 ///
 /// `q` and `out` are `[num_heads][head_dim]`. Query heads share K/V heads in groups
-/// (grouped-query attention). Compiled for each CPU level (`crate::cpu`) and run at the chosen one.
+/// (grouped-query attention). Each block runs through `block`, compiled per CPU level.
 pub fn attend<'a, E: KvElem + 'a>(
     shape: AttnShape,
     q: &[f32],
@@ -41,94 +51,69 @@ pub fn attend<'a, E: KvElem + 'a>(
     out: &mut [f32],
     scratch: &mut Scratch,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::cpu::Level;
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        fn avx512<'a, E: KvElem + 'a>(
-            shape: AttnShape,
-            q: &[f32],
-            blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
-            out: &mut [f32],
-            scratch: &mut Scratch,
-        ) {
-            attend_body(shape, q, blocks, out, scratch)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2<'a, E: KvElem + 'a>(
-            shape: AttnShape,
-            q: &[f32],
-            blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
-            out: &mut [f32],
-            scratch: &mut Scratch,
-        ) {
-            attend_body(shape, q, blocks, out, scratch)
-        }
-        match crate::cpu::level() {
-            // SAFETY: `level()` names only a level whose features the CPU reported.
-            Level::Avx512 => return unsafe { avx512(shape, q, blocks, out, scratch) },
-            Level::Avx2 => return unsafe { avx2(shape, q, blocks, out, scratch) },
-            Level::Portable => {}
-        }
+    let (h_n, d) = (shape.num_heads, shape.head_dim);
+    let Scratch { running, k: k_buf, v: v_buf } = scratch;
+    running.max.clear();
+    running.max.resize(h_n, f32::NEG_INFINITY);
+    running.sum.clear();
+    running.sum.resize(h_n, 0.0);
+    out[..h_n * d].fill(0.0);
+    for (k, v, n) in blocks {
+        let (k, v) = (E::as_f32(k, k_buf), E::as_f32(v, v_buf));
+        debug_assert_eq!(k.len(), n * shape.num_kv_heads * shape.head_dim);
+        block(shape, q, k, v, out, running);
     }
-    attend_body(shape, q, blocks, out, scratch)
+    for h in 0..h_n {
+        let inv = 1.0 / running.sum[h];
+        out[h * d..(h + 1) * d].iter_mut().for_each(|a| *a *= inv);
+    }
+}
+
+multiversion! {
+    /// One block of tokens (`k`, `v`: `[token][kv_head][head_dim]`) folded into every head's
+    /// running softmax and output.
+    fn block / block_at(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], running: &mut Running) => block_body
 }
 
 #[inline(always)]
-fn attend_body<'a, E: KvElem + 'a>(
-    shape: AttnShape,
-    q: &[f32],
-    blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
-    out: &mut [f32],
-    scratch: &mut Scratch,
-) {
+fn block_body(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], running: &mut Running) {
     let (h_n, kv_n, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+    let n = k.len() / (kv_n * d);
     let group = shape.group();
     let scale = 1.0 / (d as f32).sqrt();
-    scratch.max.clear();
-    scratch.max.resize(h_n, f32::NEG_INFINITY);
-    scratch.sum.clear();
-    scratch.sum.resize(h_n, 0.0);
-    out[..h_n * d].fill(0.0);
-
-    for (k, v, n) in blocks {
-        if scratch.scores.len() < n {
-            scratch.scores.resize(n, 0.0);
-        }
-        for h in 0..h_n {
-            let g = h / group;
-            let qh = &q[h * d..(h + 1) * d];
-            let scores = &mut scratch.scores[..n];
-            for (t, s) in scores.iter_mut().enumerate() {
-                *s = dot(qh, &k[(t * kv_n + g) * d..(t * kv_n + g + 1) * d]) * scale;
-            }
-            let old_max = scratch.max[h];
-            let new_max = old_max.max(softmax::row_max_body(scores));
-            let acc = &mut out[h * d..(h + 1) * d];
-            if old_max != f32::NEG_INFINITY && old_max != new_max {
-                let correction = softmax::exp(old_max - new_max);
-                scratch.sum[h] *= correction;
-                acc.iter_mut().for_each(|a| *a *= correction);
-            }
-            scratch.sum[h] += softmax::exp_sum_body(scores, new_max);
-            for (t, &p) in scores.iter().enumerate() {
-                let vt = &v[(t * kv_n + g) * d..(t * kv_n + g + 1) * d];
-                for (a, x) in acc.iter_mut().zip(vt) {
-                    *a += p * x.to_f32();
-                }
-            }
-            scratch.max[h] = new_max;
-        }
+    if running.scores.len() < n {
+        running.scores.resize(n, 0.0);
     }
     for h in 0..h_n {
-        let inv = 1.0 / scratch.sum[h];
-        out[h * d..(h + 1) * d].iter_mut().for_each(|a| *a *= inv);
+        let g = h / group;
+        let qh = &q[h * d..(h + 1) * d];
+        let scores = &mut running.scores[..n];
+        for (t, s) in scores.iter_mut().enumerate() {
+            *s = dot(qh, &k[(t * kv_n + g) * d..(t * kv_n + g + 1) * d]) * scale;
+        }
+        let old_max = running.max[h];
+        let new_max = old_max.max(softmax::row_max_body(scores));
+        let acc = &mut out[h * d..(h + 1) * d];
+        if old_max != f32::NEG_INFINITY && old_max != new_max {
+            let correction = softmax::exp(old_max - new_max);
+            running.sum[h] *= correction;
+            acc.iter_mut().for_each(|a| *a *= correction);
+        }
+        running.sum[h] += softmax::exp_sum_body(scores, new_max);
+        for (t, &p) in scores.iter().enumerate() {
+            let vt = &v[(t * kv_n + g) * d..(t * kv_n + g + 1) * d];
+            for (a, x) in acc.iter_mut().zip(vt) {
+                *a += p * x;
+            }
+        }
+        running.max[h] = new_max;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::pseudo;
 
     /// Textbook attention over a contiguous cache, computed in f64.
     fn reference(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], n: usize) -> Vec<f32> {
@@ -148,10 +133,6 @@ mod tests {
         out
     }
 
-    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
-    }
-
     #[test]
     fn blockwise_equals_textbook_attention() {
         let shape = AttnShape { num_heads: 4, num_kv_heads: 2, head_dim: 8 };
@@ -169,6 +150,23 @@ mod tests {
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "block {block}: {a} vs {b}");
             }
+        }
+    }
+
+    #[test]
+    fn every_level_the_cpu_offers_gives_the_same_bits() {
+        let shape = AttnShape { num_heads: 4, num_kv_heads: 2, head_dim: 40 };
+        let (n, row) = (21, 80);
+        let (q, k, v) = (pseudo(160, 4), pseudo(n * row, 5), pseudo(n * row, 6));
+        let run = |level| {
+            let mut running = Running { max: vec![0.5; 4], sum: vec![1.0; 4], scores: Vec::new() };
+            let mut out = pseudo(160, 7);
+            block_at(level, shape, &q, &k, &v, &mut out, &mut running);
+            out.iter().chain(&running.max).chain(&running.sum).map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let want = run(crate::cpu::Level::Portable);
+        for level in crate::cpu::Level::available() {
+            assert_eq!(run(level), want, "{level:?} differs from portable");
         }
     }
 }

@@ -8,6 +8,13 @@ use super::KvDtype;
 pub trait KvElem: Pod {
     fn to_f32(self) -> f32;
     fn from_f32(x: f32) -> Self;
+
+    /// `values` as f32: themselves for f32, else converted into `buf`.
+    fn as_f32<'a>(values: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32] {
+        buf.clear();
+        buf.extend(values.iter().map(|v| v.to_f32()));
+        buf
+    }
 }
 
 impl KvElem for f32 {
@@ -18,6 +25,9 @@ impl KvElem for f32 {
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         x
+    }
+    fn as_f32<'a>(values: &'a [f32], _: &'a mut Vec<f32>) -> &'a [f32] {
+        values
     }
 }
 

@@ -167,10 +167,7 @@ mod tests {
     use super::*;
     use crate::kv::Scratch;
     use crate::kv::attention::attend;
-
-    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
-    }
+    use crate::test_data::pseudo;
 
     /// Each query row equals the paged kernel over the keys that query may see, across block
     /// and tile boundaries.
