@@ -357,9 +357,13 @@ fn kubectl_logs_shows_follows_and_keeps_the_previous_run_of_a_worker() {
         .spawn()
         .unwrap();
     let mut stdout = std::io::BufReader::new(follow.stdout.take().unwrap());
-    let mut first = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
-    assert!(first.contains(listening), "{first}");
+    // The start-up lines before it (the CPU kernels chosen, ...) come first.
+    let mut seen = String::new();
+    while !seen.lines().any(|l| l.contains(listening)) {
+        let before = seen.len();
+        std::io::BufRead::read_line(&mut stdout, &mut seen).unwrap();
+        assert!(seen.len() > before && seen.lines().count() <= 20, "no `{listening}` line in what `kubectl logs -f` streamed: {seen}");
+    }
     let pid = container_pid(cp, &ns, "w", "worker");
     // SAFETY: signalling the pod's own worker process.
     unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -389,7 +393,7 @@ fn kubectl_logs_shows_follows_and_keeps_the_previous_run_of_a_worker() {
     assert_eq!(last.lines().count(), 1, "{last}");
     assert!(last.contains("shutting down"), "{last}");
     let limited = cp.kubectl_ok(&["-n", &ns, "logs", "w", "--limit-bytes=10"]);
-    assert_eq!(limited, listening[..10], "--limit-bytes");
+    assert_eq!(limited, current[..10], "--limit-bytes: the log's first 10 bytes");
 }
 
 /// A field of `/proc/PID/status` (e.g. `Uid`, `CapEff`).
