@@ -44,6 +44,11 @@ pub enum Command {
 
 impl Command {
     /// The `service.name` of this process's spans (unless `OTEL_SERVICE_NAME` names another).
+    /// Whether the command loads a model and runs its steps (the router only forwards).
+    pub fn runs_a_model(&self) -> bool {
+        !matches!(self, Command::Router(_))
+    }
+
     pub fn service_name(&self) -> &'static str {
         match self {
             Command::Local(_) => "kvgate-local",

@@ -3,9 +3,13 @@ use kvgate_worker::cli::{Cli, Command};
 use kvgate_worker::commands::{self, roles};
 
 fn main() -> std::process::ExitCode {
-    kvgate_worker::cpu::threads::fix_from_machine();
-    kvgate_worker::cpu::heap::keep_step_buffers();
     let cli = Cli::parse();
+    // While the process has one thread: the compute threads, and (where a model runs) the heap
+    // tuned for model steps; a router keeps glibc's defaults, which give memory back sooner.
+    kvgate_worker::cpu::threads::fix_from_machine();
+    if cli.command.runs_a_model() {
+        kvgate_worker::cpu::heap::keep_step_buffers();
+    }
     let _traces = kvgate_telemetry::init(cli.log_format, "info", cli.command.service_name());
     if cli.check_config {
         return match commands::check::run(&cli.command) {

@@ -10,7 +10,8 @@ const MMAP_THRESHOLD: i32 = 32 << 20;
 /// Free memory at the heap's top kept on `free` (the trimming thread gives it back later).
 const TRIM_THRESHOLD: i32 = 1 << 30;
 
-/// Call first thing in `main` (a no-op off glibc).
+/// Call first thing in `main` of a process that runs a model (a no-op off glibc). A router does
+/// not: the thresholds would keep the buffers of a burst of connections past its trim.
 pub fn keep_step_buffers() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets glibc's tuning parameters; called before other threads start.
