@@ -57,6 +57,7 @@ bench:
 	bench/venv.sh bench/plot.py
 	$(CARGO) build --release -p kvgate-worker
 	bench/venv.sh bench/peer.py --worker target/release/kvgate-worker
+	bench/venv.sh bench/load.py --worker target/release/kvgate-worker
 	# The test images run these debug binaries; the worker with its test faults (a bench
 	# revision goes bad after its 20th handoff).
 	$(CARGO) build -p kvgate-worker --features testing -p kvgate-testenv

@@ -19,7 +19,9 @@ import numpy as np
 import serve
 
 
-def gguf_from_checkpoint(model_dir, out):
+def gguf_from_checkpoint(model_dir, out, bpe=None):
+    """`bpe`: (tokens, merges) of a byte-level BPE vocabulary (bench/load.py's) written as
+    llama.cpp's `gpt2` tokenizer; without it, placeholder pieces for token-id prompts."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -47,9 +49,16 @@ def gguf_from_checkpoint(model_dir, out):
     w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     vocab = cfg["vocab_size"]
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"t{i}".encode() for i in range(vocab)])
-    w.add_token_scores([0.0] * vocab)
+    if bpe:
+        tokens, merges = bpe
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list([t.encode() for t in tokens])
+        w.add_token_merges(merges)
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_list([f"t{i}".encode() for i in range(vocab)])
+        w.add_token_scores([0.0] * vocab)
     w.add_token_types([1] * vocab)
     w.add_bos_token_id(0)
     w.add_eos_token_id(0)
