@@ -4,10 +4,11 @@ use kvgate_worker::commands::{self, roles};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    // While the process has one thread: the compute threads, and (where a model runs) the heap
-    // tuned for model steps; a router keeps glibc's defaults, which give memory back sooner.
-    kvgate_worker::cpu::threads::fix_from_machine();
+    // While the process has one thread, where a model runs: the compute threads and the heap
+    // tuned for model steps. A router computes nothing and keeps glibc's defaults, which give
+    // memory back sooner.
     if cli.command.runs_a_model() {
+        kvgate_worker::cpu::threads::fix_from_machine();
         kvgate_worker::cpu::heap::keep_step_buffers();
     }
     let _traces = kvgate_telemetry::init(cli.log_format, "info", cli.command.service_name());

@@ -16,12 +16,17 @@ pub fn project(layer: &Linear, x: &Tensor) -> Result<Tensor> {
     }
     let n = w.dim(0)?;
     let (x, w) = (x.contiguous()?, w.contiguous()?);
-    let bias = layer.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
-    let y = with_slice(&x, |xs| with_slice(&w, |ws| Ok(matvec::skinny(xs, ws, bias.as_deref(), k))))?;
+    let y = with_slice(&x, |xs| {
+        with_slice(&w, |ws| match layer.bias() {
+            Some(b) => with_slice(b, |bs| Ok(matvec::skinny(xs, ws, Some(bs), k))),
+            None => Ok(matvec::skinny(xs, ws, None, k)),
+        })
+    })?;
     Tensor::from_vec(y, (rows, n), &Device::Cpu)
 }
 
-/// Runs `f` over a contiguous CPU f32 tensor's elements in place (no copy of the weights).
+/// Runs `f` over a contiguous CPU f32 tensor's elements in place (no copy of weights or bias on
+/// a decode step).
 fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     match (&*storage, layout.contiguous_offsets()) {
