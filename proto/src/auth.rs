@@ -12,7 +12,9 @@
 //! - **reservation key**: the tag decode mints over a reservation, which prefill checks before it
 //!   dials the KV address the reservation names ([`DeploymentKey::reservation_tag`]);
 //! - **frame key**: the parent of one key per handoff id ([`DeploymentKey::frame_key`]) with which
-//!   every page and commit frame is MACed (keyed BLAKE3 over header and body);
+//!   every page and commit frame is MACed (keyed BLAKE3 over header and body; a page's payload
+//!   enters through its tag, a Carter-Wegman MAC under keys derived from the same frame key,
+//!   [`crate::page_tag`]);
 //! - **report key**: a worker's MAC over its capacity report, the nonce the operator sent and the
 //!   pod's own name ([`DeploymentKey::report_mac`]), so the operator verifies a pod only on a
 //!   report that pod's worker made just now.
@@ -23,6 +25,7 @@
 use std::fmt;
 
 use crate::handoff::HandoffId;
+use crate::page_tag::PageTagKey;
 
 /// Length of every key, tag and MAC here (BLAKE3's output).
 pub const MAC_LEN: usize = 32;
@@ -260,9 +263,12 @@ impl fmt::Debug for DeploymentKey {
     }
 }
 
-/// The key that MACs the frames of one handoff.
+/// The key that MACs the frames of one handoff, with the keys of its page tags derived from it.
 #[derive(Clone)]
-pub struct FrameKey([u8; MAC_LEN]);
+pub struct FrameKey {
+    mac: [u8; MAC_LEN],
+    tags: PageTagKey,
+}
 
 impl fmt::Debug for FrameKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -273,30 +279,16 @@ impl fmt::Debug for FrameKey {
 impl FrameKey {
     /// A MAC over `parts` in order (a frame's header, then its body without the MAC).
     pub fn mac(&self, parts: &[&[u8]]) -> Mac {
-        let mut m = self.streaming();
+        let mut m = blake3::Hasher::new_keyed(&self.mac);
         for p in parts {
             m.update(p);
         }
-        m.finish()
+        Mac(*m.finalize().as_bytes())
     }
 
-    /// The same MAC, fed piece by piece: a receiver hashes each chunk of a page as it lands,
-    /// while it is still in cache, instead of walking the page again.
-    pub fn streaming(&self) -> StreamingMac {
-        StreamingMac(blake3::Hasher::new_keyed(&self.0))
-    }
-}
-
-/// A frame MAC being computed; [`FrameKey::mac`] of the concatenated input.
-pub struct StreamingMac(blake3::Hasher);
-
-impl StreamingMac {
-    pub fn update(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
-    }
-
-    pub fn finish(&self) -> Mac {
-        Mac(*self.0.finalize().as_bytes())
+    /// The keys of this handoff's page tags ([`crate::page_tag`]).
+    pub fn page_tags(&self) -> &PageTagKey {
+        &self.tags
     }
 }
 
@@ -337,7 +329,8 @@ impl DeploymentKey {
 
     /// The key for the frames of handoff `id`; decode and prefill derive it independently.
     pub fn frame_key(&self, id: HandoffId) -> FrameKey {
-        FrameKey(*blake3::keyed_hash(&self.frame, &id.0.to_le_bytes()).as_bytes())
+        let mac = *blake3::keyed_hash(&self.frame, &id.0.to_le_bytes()).as_bytes();
+        FrameKey { mac, tags: PageTagKey::derive(&mac) }
     }
 
     /// The tag decode mints for a reservation. Prefill recomputes it before dialing `kv_addr`,

@@ -1,29 +1,32 @@
-//! The KV handoff wire format, version 4 (see `docs/handoff-protocol.md`).
+//! The KV handoff wire format, version 5 (see `docs/handoff-protocol.md`).
 //!
 //! Every frame is `header | body`. The header is 12 bytes, little-endian:
 //! `magic "KVGF" | version u16 | kind u8 | flags u8 | body_len u32`. `body_len` is checked
 //! against [`MAX_BODY`] *before* anything is allocated, so a hostile length cannot make the
-//! reader allocate. Page and commit bodies end with a MAC (keyed BLAKE3, see [`crate::auth`])
-//! over the header and the rest of the body.
+//! reader allocate. A page body is `fields | tag | MAC | payload`: the tag covers the payload
+//! ([`crate::page_tag`]), the MAC (keyed BLAKE3, see [`crate::auth`]) the header, the fields
+//! and the tag, so decode knows a page frame is authentic before its payload arrives. A commit
+//! body ends with a MAC over the header and the rest of the body.
 
 use std::fmt;
 
 use crate::auth::FrameKey;
 pub use crate::auth::{MAC_LEN, Mac};
 use crate::logprobs::{MAX_TOP_LOGPROBS, TokenLogprobs};
+pub use crate::page_tag::TAG_LEN;
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"KVGF";
 /// Protocol version this build speaks.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest body accepted (a page of a large model fits with room to spare).
 pub const MAX_BODY: u32 = 64 << 20;
 /// A page body's fixed fields before the payload: handoff, index, page, tokens, payload length.
 pub const PAGE_FIELDS_LEN: usize = 32;
-/// A page body's fields after the payload: checksum and MAC.
-pub const PAGE_TRAILER_LEN: usize = 8 + MAC_LEN;
+/// A page body's tag and MAC, between its fields and its payload.
+pub const PAGE_SEAL_LEN: usize = TAG_LEN + MAC_LEN;
 
 /// A handoff id: random, 128 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,11 +58,12 @@ pub struct PageFrame {
     pub page: u32,
     /// Tokens in this page (the last page may be partial).
     pub tokens: u32,
-    /// xxh3-64 of `payload` (catches corruption; the MAC catches forgery).
-    pub checksum: u64,
-    pub payload: Vec<u8>,
-    /// Keyed BLAKE3 with the handoff's frame key over the header and every field above.
+    /// The payload's tag ([`crate::page_tag`]): its checksum, and its MAC under the handoff's
+    /// keys.
+    pub checksum: u128,
+    /// Keyed BLAKE3 with the handoff's frame key over the header, the fields and the tag.
     pub mac: Mac,
+    pub payload: Vec<u8>,
 }
 
 impl PageFrame {
@@ -106,7 +110,7 @@ impl PageFields {
 
     /// The page header a sender writes before the payload: frame header and these fields.
     pub fn header(&self) -> [u8; HEADER_LEN + PAGE_FIELDS_LEN] {
-        let body_len = (PAGE_FIELDS_LEN + self.payload_len as usize + PAGE_TRAILER_LEN) as u32;
+        let body_len = (PAGE_FIELDS_LEN + PAGE_SEAL_LEN + self.payload_len as usize) as u32;
         let mut out = [0u8; HEADER_LEN + PAGE_FIELDS_LEN];
         out[..HEADER_LEN].copy_from_slice(&frame_header(KIND_PAGE, body_len));
         out[HEADER_LEN..].copy_from_slice(&self.encode());
@@ -119,9 +123,9 @@ impl PageFields {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageView<'a> {
     pub fields: PageFields,
-    pub checksum: u64,
-    pub payload: &'a [u8],
+    pub checksum: u128,
     pub mac: Mac,
+    pub payload: &'a [u8],
 }
 
 impl PageView<'_> {
@@ -131,12 +135,26 @@ impl PageView<'_> {
     }
 }
 
-/// The trailer of a page frame: the checksum, then the MAC over everything before it.
-pub fn page_trailer(checksum: u64, mac: &Mac) -> [u8; PAGE_TRAILER_LEN] {
-    let mut out = [0u8; PAGE_TRAILER_LEN];
-    out[..8].copy_from_slice(&checksum.to_le_bytes());
-    out[8..].copy_from_slice(&mac.0);
+/// A page frame's seal: the payload's tag, then the MAC over header, fields and tag.
+pub fn page_seal(checksum: u128, mac: &Mac) -> [u8; PAGE_SEAL_LEN] {
+    let mut out = [0u8; PAGE_SEAL_LEN];
+    out[..TAG_LEN].copy_from_slice(&checksum.to_le_bytes());
+    out[TAG_LEN..].copy_from_slice(&mac.0);
     out
+}
+
+/// A page frame's MAC: over its header and fields as written (`head`), then its tag.
+pub fn page_mac(key: &FrameKey, head: &[u8], checksum: u128) -> Mac {
+    key.mac(&[head, &checksum.to_le_bytes()])
+}
+
+/// The digest a commit carries: the first 8 bytes of BLAKE3 over the page tags in index order.
+pub fn digest(checksums: impl IntoIterator<Item = u128>) -> u64 {
+    let mut h = blake3::Hasher::new();
+    for c in checksums {
+        h.update(&c.to_le_bytes());
+    }
+    u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 fn frame_header(kind: u8, body_len: u32) -> [u8; HEADER_LEN] {
@@ -154,7 +172,7 @@ pub struct CommitFrame {
     pub handoff: HandoffId,
     pub total_tokens: u32,
     pub page_count: u32,
-    /// xxh3-64 over the page checksums in index order.
+    /// [`digest`] of the page tags in index order.
     pub digest: u64,
     /// The first token, sampled by prefill from the last prompt position.
     pub first_token: u32,
@@ -252,8 +270,8 @@ impl Frame {
         match self {
             Frame::Page(p) => {
                 out.extend_from_slice(&p.fields().encode());
+                out.extend_from_slice(&page_seal(p.checksum, &p.mac));
                 out.extend_from_slice(&p.payload);
-                out.extend_from_slice(&page_trailer(p.checksum, &p.mac));
             }
             Frame::Commit(c) => {
                 out.extend_from_slice(&c.handoff.0.to_le_bytes());
@@ -291,16 +309,25 @@ impl Frame {
         out
     }
 
-    /// Encodes a page or commit frame with its MAC computed under `key` (the MAC field of
-    /// `self` is ignored). Acks carry no MAC and are encoded as they are.
+    /// Encodes a page or commit frame with its MAC computed under `key`, and a page with its
+    /// tag too (the MAC and tag fields of `self` are ignored). Acks carry no MAC and are encoded
+    /// as they are.
     pub fn encode_signed(&self, key: &FrameKey) -> Vec<u8> {
-        let mut out = self.encode();
-        if self.is_signed() {
-            let at = out.len() - MAC_LEN;
-            let mac = key.mac(&[&out[..at]]);
-            out[at..].copy_from_slice(&mac.0);
+        match self {
+            Frame::Page(p) => {
+                let checksum = key.page_tags().tag(p.index, &p.payload);
+                let head = p.fields().header();
+                Frame::Page(PageFrame { checksum, mac: page_mac(key, &head, checksum), ..p.clone() }).encode()
+            }
+            Frame::Commit(_) => {
+                let mut out = self.encode();
+                let at = out.len() - MAC_LEN;
+                let mac = key.mac(&[&out[..at]]);
+                out[at..].copy_from_slice(&mac.0);
+                out
+            }
+            Frame::Ack(_) => self.encode(),
         }
-        out
     }
 
     /// Page and commit frames carry a MAC; acks do not.
@@ -327,12 +354,28 @@ impl Frame {
     }
 
     /// Whether `mac()` is the MAC under `key` of this frame as received (`header` and `body`
-    /// exactly as they were read).
+    /// exactly as they were read). A page's payload is not covered here: its tag is (checked
+    /// against the payload by decode's rules).
     pub fn mac_verifies(&self, key: &FrameKey, header: &[u8; HEADER_LEN], body: &[u8]) -> bool {
+        let signed = match self {
+            Frame::Page(_) => PAGE_FIELDS_LEN + TAG_LEN,
+            _ => body.len().saturating_sub(MAC_LEN),
+        };
         match self.mac() {
-            Some(mac) if body.len() >= MAC_LEN => key.mac(&[&header[..], &body[..body.len() - MAC_LEN]]).verify(mac),
+            Some(mac) if body.len() >= signed + MAC_LEN => key.mac(&[&header[..], &body[..signed]]).verify(mac),
             _ => false,
         }
+    }
+
+    /// Everything decode checks of a frame's authenticity: its MAC, and a page's tag over its
+    /// payload (decode checks the two apart: a page altered after its tag was taken is a
+    /// `checksum` refusal, a frame without the key's MAC an `auth` one).
+    pub fn verifies(&self, key: &FrameKey, header: &[u8; HEADER_LEN], body: &[u8]) -> bool {
+        self.mac_verifies(key, header, body)
+            && match self {
+                Frame::Page(p) => key.page_tags().tag(p.index, &p.payload) == p.checksum,
+                _ => true,
+            }
     }
 
     fn kind(&self) -> u8 {
@@ -408,13 +451,13 @@ impl<'a> PageView<'a> {
             body.get(..PAGE_FIELDS_LEN).and_then(|b| b.try_into().ok()).ok_or(FrameError::Truncated { needed: PAGE_FIELDS_LEN, have: body.len() })?;
         let fields = PageFields::decode(fields);
         let mut r = Reader { b: body, at: PAGE_FIELDS_LEN };
-        let payload = r.bytes(fields.payload_len as usize)?;
-        let checksum = r.u64()?;
+        let checksum = r.u128()?;
         let mac = r.mac()?;
+        let payload = r.bytes(fields.payload_len as usize)?;
         if r.at != body.len() {
             return Err(FrameError::Malformed("trailing bytes after the frame body"));
         }
-        Ok(PageView { fields, checksum, payload, mac })
+        Ok(PageView { fields, checksum, mac, payload })
     }
 }
 
@@ -483,10 +526,11 @@ mod tests {
     fn a_signed_frame_verifies_and_any_flipped_bit_does_not() {
         let key = crate::auth::DeploymentKey::new(&[9; 32]).unwrap().frame_key(HandoffId(42));
         let bytes = page().encode_signed(&key);
+        // What decode checks: the MAC over header, fields and tag, and the tag over the payload.
         let check = |bytes: &[u8]| {
             let header: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap();
             let body = &bytes[HEADER_LEN..];
-            Frame::decode(bytes).is_ok_and(|(f, _)| f.mac_verifies(&key, &header, body))
+            Frame::decode(bytes).is_ok_and(|(f, _)| f.verifies(&key, &header, body))
         };
         assert!(check(&bytes));
         for i in 0..bytes.len() {
@@ -495,7 +539,7 @@ mod tests {
             assert!(!check(&b), "flipping byte {i} went unnoticed");
         }
         let other = crate::auth::DeploymentKey::new(&[9; 32]).unwrap().frame_key(HandoffId(43));
-        assert!(!Frame::decode(&bytes).unwrap().0.mac_verifies(&other, bytes[..HEADER_LEN].try_into().unwrap(), &bytes[HEADER_LEN..]));
+        assert!(!Frame::decode(&bytes).unwrap().0.verifies(&other, bytes[..HEADER_LEN].try_into().unwrap(), &bytes[HEADER_LEN..]));
     }
 
     #[test]
@@ -514,8 +558,8 @@ mod tests {
     #[test]
     fn an_inner_length_past_the_body_is_truncation_not_a_panic() {
         let mut bytes = page().encode();
-        // payload_len sits just before the 3 payload bytes, the checksum and the MAC.
-        let at = bytes.len() - PAGE_TRAILER_LEN - 3 - 4;
+        // payload_len is the last of the fixed fields.
+        let at = HEADER_LEN + PAGE_FIELDS_LEN - 4;
         bytes[at..at + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
         assert!(matches!(Frame::decode(&bytes), Err(FrameError::Truncated { .. })));
     }

@@ -8,6 +8,8 @@ mod capacity;
 pub mod contract;
 pub mod handoff;
 pub mod logprobs;
+pub mod page_tag;
+pub mod polyval;
 pub mod refusal;
 pub mod roles;
 

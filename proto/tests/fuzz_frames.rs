@@ -1,7 +1,7 @@
 //! Fuzzing the frame decoder (proptest, a fixed budget per run: `KVGATE_FUZZ_CASES`, default
 //! 16384 cases per property; `make fuzz` runs many more). Properties: any bytes decode to a frame
 //! or an error, never a panic; nothing larger than the input is allocated; and a MACed frame
-//! altered in any way no longer verifies.
+//! altered in any way no longer verifies (its MAC, and a page's tag over its payload).
 
 use kvgate_proto::auth::{DeploymentKey, Mac};
 use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame};
@@ -94,7 +94,7 @@ proptest! {
         apply(&mut bytes, &edits);
         if let Ok((decoded, used)) = Frame::decode(&bytes) {
             let header: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap();
-            let verifies = decoded.mac_verifies(&key, &header, &bytes[HEADER_LEN..used]);
+            let verifies = decoded.verifies(&key, &header, &bytes[HEADER_LEN..used]);
             prop_assert!(!verifies || bytes[..used] == original[..], "an altered frame verified");
         }
     }

@@ -15,7 +15,7 @@ use rig::Rig;
 
 /// Runs per measurement (the median is reported); fewer for the largest transfers.
 fn runs(bytes: usize) -> usize {
-    if bytes > 512 << 20 { 3 } else { 7 }
+    if bytes > 512 << 20 { 5 } else { 7 }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -85,24 +85,26 @@ async fn best_tcp(bytes: usize) -> Duration {
     took
 }
 
-/// The median of `runs(bytes)` best-TCP transfers of `bytes`.
-async fn best_tcp_median(bytes: usize) -> Duration {
-    let mut times = Vec::new();
-    for _ in 0..runs(bytes) {
-        times.push(best_tcp(bytes).await);
-    }
-    median(times)
-}
-
-async fn handoff(l: KvLayout, tokens: usize, checks: bool) -> Duration {
+/// A prefill and a decode moving `tokens` of layout `l`, with every check on or off.
+async fn rig(l: KvLayout, tokens: usize, checks: bool) -> Rig {
     // Room for the one token a reservation must leave to generate.
     let decode_pool = KvPool::host(l, l.pages_for(tokens) + 1).unwrap();
-    let rig = Rig::new(decode_pool, tokens, tokens + 1, checks).await;
-    let mut times = Vec::new();
-    for _ in 0..runs(l.pages_for(tokens) * l.page_bytes()) {
-        times.push(rig.send_one().await);
+    Rig::new(decode_pool, tokens, tokens + 1, checks).await
+}
+
+/// The best TCP stream and the handoff with checks on and off, in rounds that take one of each
+/// in turn (this machine's speed drifts between seconds; a ratio of neighbours drifts less):
+/// the median of each.
+async fn side_by_side(l: KvLayout, tokens: usize) -> (Duration, Duration, Duration) {
+    let bytes = l.pages_for(tokens) * l.page_bytes();
+    let (on, off) = (rig(l, tokens, true).await, rig(l, tokens, false).await);
+    let (mut tcp, mut with, mut without) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs(bytes) {
+        tcp.push(best_tcp(bytes).await);
+        with.push(on.send_one().await);
+        without.push(off.send_one().await);
     }
-    median(times)
+    (median(tcp), median(with), median(without))
 }
 
 /// CPU time of one integrity primitive over every page of the transfer, one side's worth:
@@ -174,14 +176,15 @@ async fn main() {
         let mib = bytes as f64 / (1 << 20) as f64;
         let rate = |d: Duration| format!("{:.0} MiB/s, {:.0} pages/s ({:.1} ms)", mib / d.as_secs_f64(), pages as f64 / d.as_secs_f64(), d.as_secs_f64() * 1e3);
         let copy = memcpy(bytes, page);
-        let tcp = best_tcp_median(bytes).await;
-        let on = handoff(l, tokens, true).await;
-        let off = handoff(l, tokens, false).await;
+        let (tcp, on, off) = side_by_side(l, tokens).await;
         let what = format!("{name} layout, {tokens}-token prompt ({mib:.0} MiB, {pages} pages of {} KiB)", page >> 10);
         println!("| memcpy, {what} | {} | the floor of any copy |", rate(copy));
         println!("| best loopback TCP stream, {what} | {} | 4 MiB writes and reads, 8 MiB socket buffers |", rate(tcp));
-        println!("| KV handoff, checks on, {what} | {} | frames, xxh3 per page, keyed-BLAKE3 MAC per frame, digest, page writes, ack |", rate(on));
-        println!("| KV handoff, checks off, {what} | {} | same transfer, no checksum/MAC/digest work |", rate(off));
+        println!(
+            "| KV handoff, checks on, {what} | {} | frames, a POLYVAL tag per page, keyed-BLAKE3 MAC over header and tag, digest, page writes, ack |",
+            rate(on)
+        );
+        println!("| KV handoff, checks off, {what} | {} | same transfer, no tag/MAC/digest work |", rate(off));
         println!(
             "| handoff / best TCP, checks on / off, {what} | {:.2}x, {:.2}x slower | aims: at least 0.7x; at most 1.3x |",
             tcp.as_secs_f64() / on.as_secs_f64(),
@@ -196,17 +199,18 @@ async fn main() {
     for (name, l, tokens) in [("tiny, 32k", TINY, 32 * 1024), ("8B-shaped, 8k", LLAMA_8B, 8 * 1024)] {
         let (page, bytes) = (l.page_bytes(), l.page_bytes() * l.pages_for(tokens));
         let mib = bytes as f64 / (1 << 20) as f64;
+        let tags = key.page_tags();
+        let tag = per_page(bytes, page, |p| tags.tag(1, p) as u64);
+        println!(
+            "| of which: the page tag over every page, one side ({name}) | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode; POLYVAL: {} |",
+            ms(tag),
+            mib / tag.as_secs_f64(),
+            kvgate_proto::polyval::implementation()
+        );
+        // What protocol v4 paid instead (a MAC and a checksum over every byte), and the other
+        // candidates, measured beside it.
         let mac = per_page(bytes, page, |p| u64::from(key.mac(&[p]).0[0]));
         let sum = per_page(bytes, page, xxhash_rust::xxh3::xxh3_64);
-        for (what, d) in [("keyed BLAKE3", mac), ("xxh3", sum)] {
-            println!(
-                "| of which: {what} over every page, one side ({name}) | {:.1} ms ({:.0} MiB/s) | paid by prefill and by decode |",
-                ms(d),
-                mib / d.as_secs_f64()
-            );
-        }
-        // The candidates a MAC could be, measured beside it: one-time-keyed universal hashes
-        // (the key would be derived per frame, as ChaCha20-Poly1305 and GCM do).
         let poly = per_page(bytes, page, |p| {
             use poly1305::universal_hash::{KeyInit, UniversalHash};
             let mut m = poly1305::Poly1305::new(&[9u8; 32].into());
@@ -219,12 +223,17 @@ async fn main() {
             m.update_padded(p);
             u64::from(m.finalize()[0])
         });
-        for (what, d) in [("Poly1305 (candidate)", poly), ("POLYVAL, GCM's hash (candidate)", polyval)] {
+        for (what, d) in [
+            ("keyed BLAKE3 (v4's MAC)", mac),
+            ("xxh3 (v4's checksum)", sum),
+            ("Poly1305 (candidate)", poly),
+            ("POLYVAL, RustCrypto crate (candidate)", polyval),
+        ] {
             println!(
-                "| of which: {what} over every page, one side ({name}) | {:.1} ms ({:.0} MiB/s), {:.2}x keyed BLAKE3's time | runtime-dispatched (AVX2 / CLMUL) |",
+                "| beside it: {what} over every page, one side ({name}) | {:.1} ms ({:.0} MiB/s), {:.2}x the page tag's time | |",
                 ms(d),
                 mib / d.as_secs_f64(),
-                d.as_secs_f64() / mac.as_secs_f64()
+                d.as_secs_f64() / tag.as_secs_f64()
             );
         }
     }
@@ -233,8 +242,7 @@ async fn main() {
     // target/bench/*.csv too, for bench/plot.py's figures in docs/.
     let mut curve = Vec::new();
     for tokens in [1024usize, 2048, 4096, 8192] {
-        let bytes = LLAMA_8B.page_bytes() * LLAMA_8B.pages_for(tokens);
-        let (tcp, on) = (best_tcp_median(bytes).await, handoff(LLAMA_8B, tokens, true).await);
+        let (tcp, on, _) = side_by_side(LLAMA_8B, tokens).await;
         let pages = LLAMA_8B.pages_for(tokens);
         println!(
             "| handoff time, {pages} pages of 2 MiB (8B-shaped, {tokens} tokens) | {:.1} ms (best TCP {:.1} ms, {:.2}x) | {:.0} pages/s with every check |",

@@ -42,7 +42,13 @@ pub struct Loaded {
 
 pub fn load(args: &EngineArgs) -> anyhow::Result<Loaded> {
     let kernels = crate::cpu::level::from_env().map_err(anyhow::Error::msg)?;
-    tracing::info!(kernels = kernels.name(), widest = crate::cpu::level::widest().name(), threads = rayon::current_num_threads(), "CPU kernels");
+    tracing::info!(
+        kernels = kernels.name(),
+        widest = crate::cpu::level::widest().name(),
+        threads = rayon::current_num_threads(),
+        page_tags = kvgate_proto::polyval::implementation(),
+        "CPU kernels"
+    );
     // The model runs on the CPU; only the pool may live on a GPU.
     let model = Model::load(&args.model, &Device::Cpu).with_context(|| format!("loading model {:?}", args.model))?;
     let layout = model.kv_layout(args.pool.page_size, args.pool.kv_dtype);

@@ -17,7 +17,7 @@ use support::kv::{KvClient, send_raw};
 use support::{TestSecret, Worker, cluster, cluster_with, connect_from, decode, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::xxh3_128;
 
 fn rejected(role: &str, reason: &str) -> String {
     format!(r#"kvgate_internal_requests_rejected_total{{reason="{reason}",role="{role}"}}"#)
@@ -254,16 +254,27 @@ async fn no_byte_of_a_previous_tenant_leaves_prefill_even_without_scrubbing() {
 
 // Row 6: integrity an on-path attacker cannot forge.
 #[tokio::test]
-async fn a_page_rewritten_on_the_path_with_a_fresh_checksum_is_caught_by_its_mac() {
+async fn a_page_rewritten_on_the_path_is_refused_by_its_tag_or_its_mac() {
     let c = cluster(&[], &[]);
+    let rewritten = |honest: Vec<u8>, new_tag: bool| {
+        let Frame::Page(mut page) = Frame::decode(&honest).unwrap().0 else { unreachable!() };
+        page.payload[7] ^= 0x40;
+        if new_tag {
+            // Without the handoff's keys the best an attacker can do is a fresh checksum.
+            page.checksum = xxh3_128(&page.payload);
+        }
+        Frame::Page(page).encode()
+    };
+    // The attacker sees the frame and changes the KV: the tag, keyed per handoff, no longer
+    // matches the payload.
     let kv = KvClient::reserve(&c.decode, &c.secret.signer(), 20, 4).await.holding(&c.secret.secret);
-    let honest = kv.page(0, kv.id());
-    // The attacker sees the frame, changes the KV, and fixes the checksum; the MAC stays.
-    let Frame::Page(mut page) = Frame::decode(&honest).unwrap().0 else { unreachable!() };
-    page.payload[7] ^= 0x40;
-    page.checksum = xxh3_64(&page.payload);
-    let forged = Frame::Page(page).encode();
-    let (ok, reason, message) = send_raw(&kv.reservation.kv_addr, &[forged]).await;
+    let (ok, reason, message) = send_raw(&kv.reservation.kv_addr, &[rewritten(kv.page(0, kv.id()), false)]).await;
+    assert!(!ok);
+    assert_eq!(reason, "checksum", "{message}");
+    assert_eq!(c.decode.metric(&mismatch("checksum")).await, 1.0);
+    // It replaces the tag too: the MAC, over the tag, no longer holds.
+    let kv = KvClient::reserve(&c.decode, &c.secret.signer(), 20, 4).await.holding(&c.secret.secret);
+    let (ok, reason, message) = send_raw(&kv.reservation.kv_addr, &[rewritten(kv.page(0, kv.id()), true)]).await;
     assert!(!ok);
     assert_eq!(reason, "auth", "{message}");
     assert_eq!(c.decode.metric(&mismatch("auth")).await, 1.0);

@@ -52,11 +52,9 @@ impl<S: Sink> Sink for Faulty<S> {
                 frame.seal(Some(&self.key));
             }
             Fault::CorruptPage if middle => {
-                // A sender whose memory went bad after the checksum was taken: caught by the
-                // checksum, not by authentication.
-                let checksum = frame.checksum();
+                // A sender whose memory went bad after the page was sealed: its MAC holds, its
+                // tag no longer matches the payload (a `checksum` refusal, not `auth`).
                 frame.payload_mut()[0] ^= 0x01;
-                frame.seal_keeping(&self.key, checksum);
             }
             Fault::WrongLayout => {
                 // K and V swapped: every checksum, MAC and fingerprint holds, the KV is wrong.

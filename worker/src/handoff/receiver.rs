@@ -1,5 +1,6 @@
-//! Decode's KV port: reads length-prefixed frames from prefill peers, checks each frame's MAC,
-//! hands it to the reservation table, and answers the commit with an ack.
+//! Decode's KV port: reads length-prefixed frames from prefill peers, checks each frame's MAC
+//! (a page's before its payload is read) and each page's tag over its payload, hands them to the
+//! reservation table, and answers the commit with an ack.
 //!
 //! The port is reachable by anyone on the network, so it is built to survive abuse. A new
 //! connection is a stranger's until it delivers an authentic frame: strangers share a small
@@ -14,18 +15,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvgate_proto::auth::FrameKey;
 use kvgate_proto::handoff::{
-    AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, KIND_PAGE, Mac, PAGE_FIELDS_LEN, PAGE_TRAILER_LEN, PageFields, PageView, parse_header,
+    AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, KIND_PAGE, Mac, PAGE_FIELDS_LEN, PAGE_SEAL_LEN, PageFields, TAG_LEN, page_mac, parse_header,
 };
 use kvgate_proto::refusal::{PortRefusal, Refusal};
 use kvgate_telemetry::trace_context::mark_failed;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use xxhash_rust::xxh3::Xxh3;
-
-use super::reservations::{Reservations, Verdict};
+use super::reservations::{PageClaim, Reservations, Verdict};
 use crate::server::listener::{Acceptor, Refusals, Saturation, Slot, Slots};
 
 /// Room for a page frame's fixed fields on top of the page itself.
@@ -86,8 +86,8 @@ pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: Port
 
 /// One frame off the wire, or why there is none.
 enum Read {
-    /// A page frame; its payload is in the connection's page buffer.
-    Page(ReceivedPage),
+    /// A page frame up to its payload, which is still on the wire.
+    Page(PageHead),
     /// Any other frame: its header and body bytes.
     Frame([u8; HEADER_LEN], Vec<u8>),
     /// The peer closed or broke the connection.
@@ -96,26 +96,28 @@ enum Read {
     Refused(PortRefusal, String),
 }
 
-/// A page frame as it arrived, with what was computed over it on the way in.
-struct ReceivedPage {
+/// A page frame's header, fields, tag and MAC, read before its payload.
+struct PageHead {
     fields: PageFields,
-    checksum: u64,
-    mac: Mac,
-    /// The MAC of the bytes received (`None` with integrity checks off).
-    computed_mac: Option<Mac>,
-    /// xxh3-64 of the payload received (0 with integrity checks off).
-    payload_xxh3: u64,
-    /// Time spent computing the MAC and the checksum over it.
+    checksum: u128,
+    /// The handoff's key (`None` with integrity checks off).
+    key: Option<FrameKey>,
+    /// Whether its MAC (over header, fields and tag) verified; true with integrity checks off.
+    authentic: bool,
+    /// Time spent checking the MAC.
     hashing: Duration,
+    /// When the whole frame, payload included, must have arrived.
+    deadline: tokio::time::Instant,
 }
 
-/// How much of a page is read before it is hashed: small enough to be hashed while the bytes
-/// are still in cache.
-const CHUNK: usize = 256 << 10;
+/// The connection's read buffer: small frames (a small model's pages, commits) come out of it,
+/// not one read call each; a large page's payload mostly bypasses it, straight into the page.
+const BUFFER: usize = 256 << 10;
 
-/// Reads one frame. A page's payload lands in `page` chunk by chunk, each chunk hashed (MAC and
-/// checksum) as soon as it arrives, so no second pass over the page is needed.
-async fn read_frame(stream: &mut BufReader<TcpStream>, page: &mut [u8], table: &Reservations, max_body: usize, timeout: Duration) -> Read {
+/// Reads one frame; a page frame only up to its payload, so its MAC is checked before a byte of
+/// the payload is taken in.
+async fn read_frame(stream: &mut BufReader<TcpStream>, table: &Reservations, max_body: usize, timeout: Duration) -> Read {
+    let deadline = tokio::time::Instant::now() + timeout;
     let read = async {
         let mut header = [0u8; HEADER_LEN];
         if let Err(e) = stream.read_exact(&mut header).await {
@@ -130,7 +132,7 @@ async fn read_frame(stream: &mut BufReader<TcpStream>, page: &mut [u8], table: &
             return Read::Refused(PortRefusal::TooLarge, format!("kv_port_too_large: frame body of {} bytes exceeds {max_body}", h.body_len));
         }
         if h.kind == KIND_PAGE {
-            return read_page(stream, &header, h.body_len as usize, page, table).await;
+            return read_page_head(stream, &header, h.body_len as usize, table, deadline).await;
         }
         let mut body = vec![0u8; h.body_len as usize];
         match stream.read_exact(&mut body).await {
@@ -138,76 +140,133 @@ async fn read_frame(stream: &mut BufReader<TcpStream>, page: &mut [u8], table: &
             Err(e) => Read::Closed(e),
         }
     };
-    tokio::time::timeout(timeout, read)
-        .await
-        .unwrap_or_else(|_| Read::Refused(PortRefusal::ReadTimeout, format!("kv_port_read_timeout: no whole frame within {} ms", timeout.as_millis())))
-}
-
-async fn read_page(stream: &mut BufReader<TcpStream>, header: &[u8; HEADER_LEN], body_len: usize, page: &mut [u8], table: &Reservations) -> Read {
-    let mut fields_bytes = [0u8; PAGE_FIELDS_LEN];
-    if body_len < PAGE_FIELDS_LEN + PAGE_TRAILER_LEN {
-        return Read::Refused(PortRefusal::Malformed, format!("kv_port_malformed: a page frame body of {body_len} bytes is shorter than its fixed fields"));
-    }
-    if let Err(e) = stream.read_exact(&mut fields_bytes).await {
-        return Read::Closed(e);
-    }
-    let fields = PageFields::decode(&fields_bytes);
-    let len = fields.payload_len as usize;
-    if PAGE_FIELDS_LEN + len + PAGE_TRAILER_LEN != body_len || len > page.len() {
-        return Read::Refused(
-            PortRefusal::Malformed,
-            format!("kv_port_malformed: a page frame of {body_len} bytes declares a {len}-byte payload (a page is {} bytes)", page.len()),
-        );
-    }
-    // The MAC and the payload's checksum, both fed as the bytes arrive (none with checks off).
-    let mut hashes = table.page_mac(fields.handoff).map(|mut mac| {
-        mac.update(header);
-        mac.update(&fields_bytes);
-        (mac, Xxh3::new())
-    });
-    let mut hashing = Duration::ZERO;
-    for chunk in page[..len].chunks_mut(CHUNK) {
-        if let Err(e) = stream.read_exact(chunk).await {
-            return Read::Closed(e);
-        }
-        if let Some((mac, sum)) = &mut hashes {
-            let started = std::time::Instant::now();
-            mac.update(chunk);
-            sum.update(chunk);
-            hashing += started.elapsed();
-        }
-    }
-    let mut trailer = [0u8; PAGE_TRAILER_LEN];
-    if let Err(e) = stream.read_exact(&mut trailer).await {
-        return Read::Closed(e);
-    }
-    let (checksum, tag) = trailer.split_at(8);
-    if let Some((mac, _)) = &mut hashes {
-        mac.update(checksum);
-    }
-    Read::Page(ReceivedPage {
-        fields,
-        checksum: u64::from_le_bytes(checksum.try_into().expect("8 bytes")),
-        mac: Mac(tag.try_into().expect("a MAC")),
-        computed_mac: hashes.as_ref().map(|(mac, _)| mac.finish()),
-        payload_xxh3: hashes.map_or(0, |(_, sum)| sum.digest()),
-        hashing,
+    tokio::time::timeout_at(deadline, read).await.unwrap_or_else(|_| {
+        let (reason, message) = read_timeout(timeout);
+        Read::Refused(reason, message)
     })
 }
 
+/// The refusal of a frame that did not arrive whole within `timeout`.
+fn read_timeout(timeout: Duration) -> (PortRefusal, String) {
+    (PortRefusal::ReadTimeout, format!("kv_port_read_timeout: no whole frame within {} ms", timeout.as_millis()))
+}
+
+async fn read_page_head(
+    stream: &mut BufReader<TcpStream>,
+    header: &[u8; HEADER_LEN],
+    body_len: usize,
+    table: &Reservations,
+    deadline: tokio::time::Instant,
+) -> Read {
+    // Header and fields together, as the MAC covers them.
+    let mut head = [0u8; HEADER_LEN + PAGE_FIELDS_LEN];
+    head[..HEADER_LEN].copy_from_slice(header);
+    if body_len < PAGE_FIELDS_LEN + PAGE_SEAL_LEN {
+        return Read::Refused(PortRefusal::Malformed, format!("kv_port_malformed: a page frame body of {body_len} bytes is shorter than its fixed fields"));
+    }
+    if let Err(e) = stream.read_exact(&mut head[HEADER_LEN..]).await {
+        return Read::Closed(e);
+    }
+    let fields = PageFields::decode(head[HEADER_LEN..].try_into().expect("the fields"));
+    let len = fields.payload_len as usize;
+    if PAGE_FIELDS_LEN + PAGE_SEAL_LEN + len != body_len || len > table.page_bytes() {
+        return Read::Refused(
+            PortRefusal::Malformed,
+            format!("kv_port_malformed: a page frame of {body_len} bytes declares a {len}-byte payload (a page is {} bytes)", table.page_bytes()),
+        );
+    }
+    let mut seal = [0u8; PAGE_SEAL_LEN];
+    if let Err(e) = stream.read_exact(&mut seal).await {
+        return Read::Closed(e);
+    }
+    let checksum = u128::from_le_bytes(seal[..TAG_LEN].try_into().expect("a tag"));
+    let mac = Mac(seal[TAG_LEN..].try_into().expect("a MAC"));
+    let started = std::time::Instant::now();
+    let key = table.frame_key(fields.handoff);
+    let authentic = key.as_ref().is_none_or(|k| page_mac(k, &head, checksum).verify(&mac));
+    Read::Page(PageHead { fields, checksum, key, authentic, hashing: started.elapsed(), deadline })
+}
+
+/// How reading a claimed page's payload ended.
+enum Payload {
+    /// All of it is in the page: its tag as received (0 with checks off) and the time spent on it.
+    Read(u128, Duration),
+    /// The pool would not take it (the handoff failed).
+    Refused(Verdict),
+    /// The peer closed or broke the connection.
+    Lost(std::io::Error),
+}
+
+/// Reads a claimed page's payload straight from the socket into the page (what the read buffer
+/// already holds is copied from it; a device pool's page is written through `staging`), each
+/// piece fed to the page's tag as it lands, while it is still in cache.
+async fn read_payload(stream: &mut BufReader<TcpStream>, table: &Reservations, claim: &PageClaim, head: &PageHead, staging: &mut Vec<u8>) -> Payload {
+    let len = head.fields.payload_len as usize;
+    let mut tag = head.key.as_ref().map(|k| k.page_tags().hasher());
+    let mut hashing = Duration::ZERO;
+    let mut feed = |bytes: &[u8]| {
+        if let Some(tag) = &mut tag {
+            let started = std::time::Instant::now();
+            tag.update(bytes);
+            hashing += started.elapsed();
+        }
+    };
+    let held = stream.buffer().len().min(len);
+    if let Err(v) = table.write_claimed(claim, 0, &stream.buffer()[..held]) {
+        return Payload::Refused(v);
+    }
+    feed(&stream.buffer()[..held]);
+    stream.consume(held);
+    let mut at = held;
+    while at < len {
+        let socket = stream.get_ref();
+        if let Err(e) = socket.readable().await {
+            return Payload::Lost(e);
+        }
+        let filled = table.fill_claimed(claim, at, |page| match socket.try_read(&mut page[..len - at]) {
+            Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                feed(&page[..n]);
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(e),
+        });
+        let n = match filled {
+            Err(v) => return Payload::Refused(v),
+            Ok(Some(Ok(n))) => n,
+            Ok(Some(Err(e))) => return Payload::Lost(e),
+            // Pages on a device: through the staging buffer.
+            Ok(None) => {
+                let n = (len - at).min(BUFFER);
+                staging.resize(n, 0);
+                if let Err(e) = stream.read_exact(staging).await {
+                    return Payload::Lost(e);
+                }
+                feed(staging);
+                if let Err(v) = table.write_claimed(claim, at, staging) {
+                    return Payload::Refused(v);
+                }
+                n
+            }
+        };
+        at += n;
+    }
+    Payload::Read(tag.map_or(0, |t| t.finish(head.fields.index)), hashing)
+}
+
 async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits, mut admission: Admission) -> std::io::Result<()> {
-    // Small frames (a small model's pages, commits) are read out of one buffer, not one read
-    // call each; a page's payload bypasses it once the buffer is drained.
-    let mut stream = BufReader::with_capacity(CHUNK, stream);
+    let mut stream = BufReader::with_capacity(BUFFER, stream);
     let max_body = table.page_bytes() + PAGE_FRAME_OVERHEAD;
-    // One page's payload, reused by every page frame of the connection.
-    let mut page = vec![0u8; table.page_bytes()];
+    // Where a device pool's pages are staged (empty for a host pool).
+    let mut staging = Vec::new();
     // The handoff this connection carries, once an authenticated frame named one.
     let mut bound: Option<HandoffId> = None;
     // Its span, under the request's trace, once a frame named a handoff decode reserved.
     let mut receipt = Receipt::default();
     loop {
-        let refused = |reason: PortRefusal, message: String| {
+        // Takes the bound handoff as it is when the refusal is made.
+        let refused = |bound: Option<HandoffId>, reason: PortRefusal, message: String| {
             table.metrics.kv_port_rejected.with_label_values(&[reason.as_str()]).inc();
             if let Some(id) = bound {
                 table.connection_lost(id);
@@ -216,7 +275,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
         };
         // A stranger has a short deadline to prove it holds the secret.
         let timeout = if bound.is_none() { limits.auth_timeout.min(limits.frame_timeout) } else { limits.frame_timeout };
-        let read = read_frame(&mut stream, &mut page, table, max_body, timeout).await;
+        let read = read_frame(&mut stream, table, max_body, timeout).await;
         if bound.is_none() && matches!(read, Read::Refused(PortRefusal::ReadTimeout, _)) {
             admission.refusals.count("kv", Saturation::Unauthenticated);
         }
@@ -227,33 +286,51 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
                 }
                 return Err(e);
             }
-            Read::Refused(reason, message) => Err(refused(reason, message)),
-            Read::Page(p) => {
-                receipt.page(table, p.fields.handoff, p.fields.payload_len as usize, p.hashing);
-                let view = PageView { fields: p.fields, checksum: p.checksum, payload: &page[..p.fields.payload_len as usize], mac: p.mac };
-                let authentic = p.computed_mac.is_none_or(|m| m.verify(&p.mac));
-                if authentic && !admission.promote() {
+            Read::Refused(reason, message) => Err(refused(bound, reason, message)),
+            Read::Page(head) => {
+                let id = head.fields.handoff;
+                receipt.page(table, id, head.fields.payload_len as usize, head.hashing);
+                if head.authentic && !admission.promote() {
                     Err(refused(
+                        bound,
                         PortRefusal::ConnectionLimit,
                         format!("kv_port_connection_limit: {} authenticated connections already", limits.max_connections),
                     ))
                 } else {
-                    let accepted = table.accept_page(&view, authentic, p.payload_xxh3);
-                    if authentic {
-                        bound = Some(p.fields.handoff);
+                    if head.authentic {
+                        bound = Some(id);
                     }
-                    accepted.map(|_| false)
+                    // An unauthentic frame is refused here, before its payload is read.
+                    match table.claim_page(&head.fields, head.checksum, head.authentic) {
+                        Err(v) => Err(v),
+                        Ok(claim) => match tokio::time::timeout_at(head.deadline, read_payload(&mut stream, table, &claim, &head, &mut staging)).await {
+                            Err(_) => {
+                                let (reason, message) = read_timeout(timeout);
+                                Err(refused(bound, reason, message))
+                            }
+                            Ok(Payload::Lost(e)) => {
+                                table.connection_lost(id);
+                                return Err(e);
+                            }
+                            Ok(Payload::Refused(v)) => Err(v),
+                            Ok(Payload::Read(tag, hashing)) => {
+                                receipt.hashing += hashing;
+                                table.complete_page(claim, tag).map(|_| false)
+                            }
+                        },
+                    }
                 }
             }
             Read::Frame(header, body) => match Frame::decode_body(header[6], &body) {
-                Err(e) => Err(refused(PortRefusal::Malformed, format!("kv_port_malformed: {e}"))),
-                // Pages never get here: read_frame hands them to read_page.
+                Err(e) => Err(refused(bound, PortRefusal::Malformed, format!("kv_port_malformed: {e}"))),
+                // Pages never get here: read_frame hands them to read_page_head.
                 Ok(ref frame @ Frame::Commit(ref c)) => {
                     receipt.open(table, c.handoff);
                     let _verifying = receipt.span.as_ref().map(|s| tracing::info_span!(parent: s, "commit_verify").entered());
                     let authentic = table.authenticate(frame, &header, &body);
                     if authentic && !admission.promote() {
                         Err(refused(
+                            bound,
                             PortRefusal::ConnectionLimit,
                             format!("kv_port_connection_limit: {} authenticated connections already", limits.max_connections),
                         ))
@@ -265,7 +342,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
                         accepted
                     }
                 }
-                Ok(_) => Err(refused(PortRefusal::Malformed, "kv_port_malformed: decode does not accept acks".into())),
+                Ok(_) => Err(refused(bound, PortRefusal::Malformed, "kv_port_malformed: decode does not accept acks".into())),
             },
         };
         let stream = stream.get_mut();

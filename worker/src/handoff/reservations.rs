@@ -14,9 +14,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvgate_proto::auth::StreamingMac;
+use kvgate_proto::auth::FrameKey;
 use kvgate_proto::auth::{Mac, ReservationFields};
-use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageView};
+use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageFields, PageView};
 use kvgate_proto::refusal::{Mismatch, PortRefusal, Refusal};
 use kvgate_telemetry::TraceContext;
 use tokio::sync::Notify;
@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use super::auth::Secret;
 use super::metrics::HandoffMetrics;
 use super::verify::{self, Refused, Rules, Transfer};
-use crate::kv::{AllocError, KvPool, Lease};
+use crate::kv::{AllocError, KvError, KvPool, Lease};
 
 /// Why a transfer was refused: the `reason` label and a message for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,6 +136,14 @@ pub enum ReserveError {
         needed: usize,
         free: usize,
     },
+}
+
+/// A page frame's slot, taken before its payload is read ([`Reservations::claim_page`]).
+pub struct PageClaim {
+    fields: PageFields,
+    /// The tag the frame carries.
+    tag: u128,
+    lease: Arc<Lease>,
 }
 
 /// What the reservation tells prefill.
@@ -269,10 +277,10 @@ impl Reservations {
         frame.handoff().is_some_and(|id| frame.mac_verifies(&self.secret.key().frame_key(id), header, body))
     }
 
-    /// The MAC a page frame of handoff `id` must carry, fed while the page arrives; `None` with
-    /// integrity checks off (the benchmark), where every frame passes.
-    pub fn page_mac(&self, id: HandoffId) -> Option<StreamingMac> {
-        self.rules.checksums.then(|| self.secret.key().frame_key(id).streaming())
+    /// The key a page frame of handoff `id` must be sealed with (its MAC and its tag); `None`
+    /// with integrity checks off (the benchmark), where every frame passes.
+    pub fn frame_key(&self, id: HandoffId) -> Option<FrameKey> {
+        self.rules.checksums.then(|| self.secret.key().frame_key(id))
     }
 
     /// Reserves pages for `prompt + max_tokens` tokens; the transfer must fill the first
@@ -392,31 +400,65 @@ impl Reservations {
         }
     }
 
-    /// Checks one page frame and, when it passes every check, writes it into its page.
-    /// `authentic`: whether its MAC verified; `payload_xxh3`: its payload's checksum as received.
-    /// The frame is checked and its index claimed under the table's lock; the page is written
-    /// outside it, so handoffs to the same decode fill their pages side by side.
-    pub fn accept_page(&self, f: &PageView, authentic: bool, payload_xxh3: u64) -> Result<(), Verdict> {
-        let id = f.fields.handoff;
-        let lease = {
-            let mut table = self.lock();
-            let open = self.open_for(&mut table, id, authentic)?;
-            if let Err(r) = verify::check_page(&self.rules, &open.transfer, f, payload_xxh3) {
-                return Err(self.fail(&mut table, id, r.into(), true));
-            }
-            open.transfer.record(f);
-            Arc::clone(&open.lease)
-        };
-        if let Err(e) = self.pool.write_page(&lease, f.fields.index as usize, f.payload) {
-            let v = Verdict::new(Mismatch::Protocol, format!("kv_handoff_protocol: {e}"));
-            let mut table = self.lock();
-            return Err(match table.entries.get(&id) {
-                Some(Entry::Open(_)) => self.fail(&mut table, id, v, true),
-                _ => v,
-            });
+    /// Takes a page frame's slot before its payload is read: the frame is authentic (`authentic`:
+    /// its MAC verified) and passes every rule but its tag's, which [`Reservations::complete_page`]
+    /// checks once the payload is in. Checked and taken under the table's lock; the payload is
+    /// written outside it, so handoffs to the same decode fill their pages side by side.
+    pub fn claim_page(&self, fields: &PageFields, tag: u128, authentic: bool) -> Result<PageClaim, Verdict> {
+        let id = fields.handoff;
+        let mut table = self.lock();
+        let open = self.open_for(&mut table, id, authentic)?;
+        if let Err(r) = verify::check_page_fields(&self.rules, &open.transfer, fields) {
+            return Err(self.fail(&mut table, id, r.into(), true));
         }
-        self.metrics.bytes.inc_by(f.payload.len() as u64);
+        open.transfer.take(fields);
+        Ok(PageClaim { fields: *fields, tag, lease: Arc::clone(&open.lease) })
+    }
+
+    /// Hands `fill` the claimed page from byte `offset` on, in place (`None` where pages are on a
+    /// device: write staged bytes with [`Reservations::write_claimed`] instead).
+    pub fn fill_claimed<R>(&self, claim: &PageClaim, offset: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<Option<R>, Verdict> {
+        self.pool.fill_host_page(&claim.lease, claim.fields.index as usize, offset, fill).map_err(|e| self.pool_failed(claim, e))
+    }
+
+    /// Writes `bytes` into the claimed page from byte `offset`.
+    pub fn write_claimed(&self, claim: &PageClaim, offset: usize, bytes: &[u8]) -> Result<(), Verdict> {
+        self.pool.write_page_at(&claim.lease, claim.fields.index as usize, offset, bytes).map_err(|e| self.pool_failed(claim, e))
+    }
+
+    /// Records a claimed page whose payload is in: when it matches the frame's tag
+    /// (`payload_tag`: the tag of the payload as received) it counts as received; otherwise the
+    /// handoff fails, and its pages, this one included, are scrubbed when they go back.
+    pub fn complete_page(&self, claim: PageClaim, payload_tag: u128) -> Result<(), Verdict> {
+        let id = claim.fields.handoff;
+        let mut table = self.lock();
+        let Some(Entry::Open(open)) = table.entries.get_mut(&id) else {
+            // Failed or expired while the payload arrived.
+            return Err(self.not_open(&mut table, id));
+        };
+        if let Err(r) = verify::check_page_tag(&self.rules, &claim.fields, claim.tag, payload_tag) {
+            return Err(self.fail(&mut table, id, r.into(), true));
+        }
+        open.transfer.record(&claim.fields, claim.tag);
+        self.metrics.bytes.inc_by(u64::from(claim.fields.payload_len));
         Ok(())
+    }
+
+    /// A whole page frame, already read: claimed, written and completed.
+    pub fn accept_page(&self, f: &PageView, authentic: bool, payload_tag: u128) -> Result<(), Verdict> {
+        let claim = self.claim_page(&f.fields, f.checksum, authentic)?;
+        self.write_claimed(&claim, 0, f.payload)?;
+        self.complete_page(claim, payload_tag)
+    }
+
+    /// A page the pool would not write: the handoff fails (a protocol mismatch).
+    fn pool_failed(&self, claim: &PageClaim, e: KvError) -> Verdict {
+        let v = Verdict::new(Mismatch::Protocol, format!("kv_handoff_protocol: {e}"));
+        let mut table = self.lock();
+        match table.entries.get(&claim.fields.handoff) {
+            Some(Entry::Open(_)) => self.fail(&mut table, claim.fields.handoff, v, true),
+            _ => v,
+        }
     }
 
     /// Checks a commit against everything that arrived; on success the handoff may be decoded.

@@ -4,12 +4,10 @@
 use std::time::Duration;
 
 use kvgate_proto::auth::Mac;
-use kvgate_proto::handoff::{CommitFrame, HandoffId, MAC_LEN, PageFrame};
+use kvgate_proto::handoff::{CommitFrame, HandoffId, MAC_LEN, PageFrame, digest};
 use prometheus::Registry;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::*;
-use crate::handoff::verify::digest;
 use crate::kv::{KvDtype, KvLayout};
 
 const PAGE: usize = 4;
@@ -33,20 +31,26 @@ fn fixture(timeout: Duration) -> Fixture {
     Fixture { page_bytes: layout.page_bytes(), table }
 }
 
-/// `accept_page` of a whole frame, its payload's checksum computed as the receiver does.
+/// The tag of page `index` of handoff `id` under the table's secret.
+fn tag(table: &Reservations, id: HandoffId, index: u32, payload: &[u8]) -> u128 {
+    table.frame_key(id).expect("checks on").page_tags().tag(index, payload)
+}
+
+/// `accept_page` of a whole frame, its payload's tag computed as the receiver does.
 fn accept(table: &Reservations, p: &PageFrame, authentic: bool) -> Result<(), Verdict> {
-    table.accept_page(&p.view(), authentic, xxh3_64(&p.payload))
+    table.accept_page(&p.view(), authentic, tag(table, p.handoff, p.index, &p.payload))
 }
 
 impl Fixture {
     fn page(&self, issued: &Issued, index: u32) -> PageFrame {
         let payload = vec![index as u8 + 1; self.page_bytes];
         let tokens = (issued.reserved_tokens - index * PAGE as u32).min(PAGE as u32);
-        PageFrame { handoff: issued.id, index, page: issued.pages[index as usize], tokens, checksum: xxh3_64(&payload), payload, mac: Mac([0; MAC_LEN]) }
+        let checksum = tag(&self.table, issued.id, index, &payload);
+        PageFrame { handoff: issued.id, index, page: issued.pages[index as usize], tokens, checksum, payload, mac: Mac([0; MAC_LEN]) }
     }
 
     fn commit(&self, issued: &Issued, first_token: u32) -> CommitFrame {
-        let sums = (0..issued.pages.len() as u32).map(|i| xxh3_64(&self.page(issued, i).payload));
+        let sums = (0..issued.pages.len() as u32).map(|i| self.page(issued, i).checksum);
         CommitFrame {
             handoff: issued.id,
             total_tokens: issued.reserved_tokens,

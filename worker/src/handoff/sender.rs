@@ -5,18 +5,17 @@
 
 use kvgate_proto::auth::{FrameKey, Mac};
 use kvgate_proto::handoff::{
-    AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PAGE_FIELDS_LEN, PAGE_TRAILER_LEN, PageFields, page_trailer, parse_header,
+    AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PAGE_FIELDS_LEN, PAGE_SEAL_LEN, PageFields, TAG_LEN, digest, page_mac, page_seal,
+    parse_header,
 };
 use kvgate_proto::logprobs::TokenLogprobs;
 use kvgate_proto::roles::Reservation;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
-use xxhash_rust::xxh3::Xxh3;
 
 use super::auth::Secret;
 use super::metrics::HandoffMetrics;
 use super::reservations::fingerprint_u64;
-use super::verify::digest;
 use crate::kv::{KvError, KvPool, Lease};
 
 /// How the transfer ended, from prefill's point of view.
@@ -116,7 +115,7 @@ pub trait Sink {
     async fn abandon(self) -> Result<(), SendError>;
 }
 
-/// One page frame in wire order (header, fields, payload, checksum, MAC) in one buffer.
+/// One page frame in wire order (header, fields, tag, MAC, payload) in one buffer.
 pub struct PageFrame<'a> {
     pub fields: PageFields,
     buf: &'a mut [u8],
@@ -128,44 +127,29 @@ impl PageFrame<'_> {
     }
 
     pub fn payload_mut(&mut self) -> &mut [u8] {
-        let end = self.buf.len() - PAGE_TRAILER_LEN;
-        &mut self.buf[HEADER_LEN + PAGE_FIELDS_LEN..end]
+        &mut self.buf[HEADER_LEN + PAGE_FIELDS_LEN + PAGE_SEAL_LEN..]
     }
 
-    /// The checksum the frame carries.
-    pub fn checksum(&self) -> u64 {
-        let at = self.buf.len() - PAGE_TRAILER_LEN;
-        u64::from_le_bytes(self.buf[at..at + 8].try_into().expect("8 bytes"))
+    /// The tag the frame carries (its payload's checksum).
+    pub fn checksum(&self) -> u128 {
+        let at = HEADER_LEN + PAGE_FIELDS_LEN;
+        u128::from_le_bytes(self.buf[at..at + TAG_LEN].try_into().expect("16 bytes"))
     }
 
-    /// Writes header and fields, then the payload's checksum and the frame's MAC, in one pass
-    /// over the payload (`None`: zeros, the integrity checks off).
+    /// Writes header and fields, the payload's tag (one pass over the payload) and the MAC over
+    /// header, fields and tag (`None`: zeros, the integrity checks off).
     pub fn seal(&mut self, key: Option<&FrameKey>) {
-        let (head, payload, trailer) = self.parts();
-        let (checksum, mac) = match key {
-            Some(key) => seal(key, head, payload),
-            None => (0, Mac([0; MAC_LEN])),
-        };
-        trailer.copy_from_slice(&page_trailer(checksum, &mac));
-    }
-
-    /// Writes header and fields and a MAC over the frame as it is, keeping `checksum` (a fault
-    /// that alters a page after its checksum was taken).
-    pub fn seal_keeping(&mut self, key: &FrameKey, checksum: u64) {
-        let (head, payload, trailer) = self.parts();
-        let mut mac = key.streaming();
-        mac.update(head);
-        mac.update(payload);
-        mac.update(&checksum.to_le_bytes());
-        trailer.copy_from_slice(&page_trailer(checksum, &mac.finish()));
-    }
-
-    /// Header and fields (written from `fields`), payload and trailer.
-    fn parts(&mut self) -> (&[u8], &[u8], &mut [u8]) {
         let (head, rest) = self.buf.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
         head.copy_from_slice(&self.fields.header());
-        let (payload, trailer) = rest.split_at_mut(rest.len() - PAGE_TRAILER_LEN);
-        (head, payload, trailer)
+        let (seal, payload) = rest.split_at_mut(PAGE_SEAL_LEN);
+        let (checksum, mac) = match key {
+            Some(key) => {
+                let checksum = key.page_tags().tag(self.fields.index, payload);
+                (checksum, page_mac(key, head, checksum))
+            }
+            None => (0, Mac([0; MAC_LEN])),
+        };
+        seal.copy_from_slice(&page_seal(checksum, &mac));
     }
 }
 
@@ -246,8 +230,8 @@ impl Transfer<'_> {
         let page_bytes = layout.page_bytes();
         let n = r.pages.len();
         let mut checksums = Vec::with_capacity(n);
-        // One frame buffer for every page: header and fields, the page, checksum and MAC.
-        let mut buf = vec![0u8; HEADER_LEN + PAGE_FIELDS_LEN + page_bytes + PAGE_TRAILER_LEN];
+        // One frame buffer for every page: header and fields, tag and MAC, the page.
+        let mut buf = vec![0u8; HEADER_LEN + PAGE_FIELDS_LEN + PAGE_SEAL_LEN + page_bytes];
         // What the handoff's span reports: pages and bytes sent, time spent sealing them.
         let (mut sent_pages, mut sent_bytes, mut sealing) = (0usize, 0usize, std::time::Duration::ZERO);
         for (i, &dest) in r.pages.iter().enumerate() {
@@ -298,22 +282,6 @@ impl Transfer<'_> {
         }
         Ok(SendOutcome::Acked(ack))
     }
-}
-
-/// A page's checksum and MAC in one pass over it, a cache-sized chunk at a time (the MAC covers
-/// header, fields, payload and checksum, in wire order).
-fn seal(key: &FrameKey, head: &[u8], payload: &[u8]) -> (u64, Mac) {
-    const CHUNK: usize = 256 << 10;
-    let mut mac = key.streaming();
-    let mut sum = Xxh3::new();
-    mac.update(head);
-    for chunk in payload.chunks(CHUNK) {
-        sum.update(chunk);
-        mac.update(chunk);
-    }
-    let checksum = sum.digest();
-    mac.update(&checksum.to_le_bytes());
-    (checksum, mac.finish())
 }
 
 async fn read_ack(mut stream: TcpStream) -> Result<AckFrame, SendError> {

@@ -5,9 +5,8 @@
 //! (`reservations.rs`) calls these before writing a page or releasing a handoff to decode, and
 //! turns a `Refused` into a failed handoff.
 
-use kvgate_proto::handoff::{CommitFrame, PageView};
+use kvgate_proto::handoff::{CommitFrame, PageFields, digest};
 use kvgate_proto::refusal::Mismatch;
-use xxhash_rust::xxh3::xxh3_64;
 
 /// Why a frame was refused, with the message the client gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +28,7 @@ pub struct Rules {
     pub vocab: usize,
     pub model_fingerprint: u64,
     pub layout_fingerprint: u64,
-    /// Checksums, the digest and (in the table) frame MACs are checked; off only in the
+    /// Page tags, the digest and (in the table) frame MACs are checked; off only in the
     /// benchmark that measures their cost.
     pub checksums: bool,
 }
@@ -40,8 +39,11 @@ pub struct Transfer {
     /// The reservation's pages, in index order.
     pub pages: Vec<u32>,
     pub reserved_tokens: u32,
-    /// The checksum of each page index received so far.
-    pub received: Vec<Option<u64>>,
+    /// The tag of each page index received whole so far.
+    pub received: Vec<Option<u128>>,
+    /// Page indexes whose frame was accepted and whose payload is still arriving: taken (a
+    /// second frame for one is refused), but not received (a commit before it ends is refused).
+    pub arriving: Vec<bool>,
     pub received_tokens: u32,
     /// KV bytes of the pages received (payloads), for the size histogram.
     pub received_bytes: u64,
@@ -49,38 +51,37 @@ pub struct Transfer {
 
 impl Transfer {
     pub fn new(pages: Vec<u32>, reserved_tokens: u32) -> Self {
-        Transfer { received: vec![None; pages.len()], pages, reserved_tokens, received_tokens: 0, received_bytes: 0 }
+        Transfer { received: vec![None; pages.len()], arriving: vec![false; pages.len()], pages, reserved_tokens, received_tokens: 0, received_bytes: 0 }
     }
 
     pub fn pages_received(&self) -> usize {
         self.received.iter().filter(|r| r.is_some()).count()
     }
 
-    /// Records a page `check_page` accepted.
-    pub fn record(&mut self, f: &PageView) {
-        self.received[f.fields.index as usize] = Some(f.checksum);
-        self.received_tokens += f.fields.tokens;
-        self.received_bytes += f.payload.len() as u64;
+    /// Takes the index of a page frame `check_page_fields` accepted, before its payload is read.
+    pub fn take(&mut self, f: &PageFields) {
+        self.arriving[f.index as usize] = true;
+    }
+
+    /// Records a page whose payload arrived whole and matched its tag (`check_page_tag`).
+    pub fn record(&mut self, f: &PageFields, tag: u128) {
+        let i = f.index as usize;
+        self.arriving[i] = false;
+        self.received[i] = Some(tag);
+        self.received_tokens += f.tokens;
+        self.received_bytes += u64::from(f.payload_len);
     }
 }
 
-/// The digest a commit must carry: xxh3 over the page checksums in index order.
-pub fn digest(checksums: impl IntoIterator<Item = u64>) -> u64 {
-    let bytes: Vec<u8> = checksums.into_iter().flat_map(u64::to_le_bytes).collect();
-    xxh3_64(&bytes)
-}
-
-/// A page frame may be written: it is the reservation's page at its index, the index is new, it
-/// carries the tokens that index must hold, and its payload is a whole page matching its checksum.
-/// `payload_xxh3` is the xxh3-64 of the payload as received (the receiver computes it while the
-/// page arrives, chunk by chunk).
-pub fn check_page(rules: &Rules, t: &Transfer, view: &PageView, payload_xxh3: u64) -> Result<(), Refused> {
-    let f = view.fields;
+/// A page frame may be written (checked before its payload is read): it is the reservation's
+/// page at its index, the index is new, it carries the tokens that index must hold, and its
+/// payload is a whole page.
+pub fn check_page_fields(rules: &Rules, t: &Transfer, f: &PageFields) -> Result<(), Refused> {
     let i = f.index as usize;
     if t.pages.get(i) != Some(&f.page) {
         return refused(Mismatch::PageSet, format!("kv_handoff_page_set: page {} at index {i} is not part of the reservation", f.page));
     }
-    if t.received[i].is_some() {
+    if t.received[i].is_some() || t.arriving[i] {
         return refused(Mismatch::PageSet, format!("kv_handoff_page_set: page index {i} was sent twice"));
     }
     // `i` is a valid index, so `i * page_size < reserved_tokens`: no underflow.
@@ -88,14 +89,19 @@ pub fn check_page(rules: &Rules, t: &Transfer, view: &PageView, payload_xxh3: u6
     if f.tokens != expected {
         return refused(Mismatch::TokenCount, format!("kv_handoff_token_count: page index {i} carries {} tokens, {expected} reserved", f.tokens));
     }
-    if view.payload.len() != rules.page_bytes {
-        return refused(
-            Mismatch::Protocol,
-            format!("kv_handoff_protocol: page index {i} carries {} bytes, a page is {}", view.payload.len(), rules.page_bytes),
-        );
+    if f.payload_len as usize != rules.page_bytes {
+        return refused(Mismatch::Protocol, format!("kv_handoff_protocol: page index {i} carries {} bytes, a page is {}", f.payload_len, rules.page_bytes));
     }
-    if rules.checksums && payload_xxh3 != view.checksum {
-        return refused(Mismatch::Checksum, format!("kv_handoff_checksum: page index {i} failed its checksum"));
+    Ok(())
+}
+
+/// The payload that arrived matches the tag its frame carries (`claimed`). `payload_tag` is the
+/// tag of the payload as received (the receiver computes it while the page arrives, under the
+/// handoff's keys).
+pub fn check_page_tag(rules: &Rules, f: &PageFields, claimed: u128, payload_tag: u128) -> Result<(), Refused> {
+    if rules.checksums && payload_tag != claimed {
+        let i = f.index;
+        return refused(Mismatch::Checksum, format!("kv_handoff_checksum: page index {i} failed its checksum (the payload does not match its tag)"));
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Every rule of `verify`, one row per way a transfer can go wrong, over a reservation of three
 //! pages of 4 tokens holding 10 tokens (the last page is partial).
 
-use kvgate_proto::auth::Mac;
+use kvgate_proto::auth::{DeploymentKey, Mac};
 use kvgate_proto::handoff::{HandoffId, MAC_LEN, PageFrame};
 
 use super::*;
@@ -14,15 +14,22 @@ fn transfer() -> Transfer {
     Transfer::new(PAGES.to_vec(), TOKENS)
 }
 
+/// Page `index`'s tag under a fixed key (the rules compare tags; the key is the receiver's).
+fn tag(index: u32, payload: &[u8]) -> u128 {
+    DeploymentKey::new(&[1; 16]).unwrap().frame_key(HandoffId(1)).page_tags().tag(index, payload)
+}
+
 fn page(index: u32) -> PageFrame {
     let payload = vec![index as u8 + 1; RULES.page_bytes];
     let tokens = (TOKENS - index * RULES.page_size).min(RULES.page_size);
-    PageFrame { handoff: HandoffId(1), index, page: PAGES[index as usize], tokens, checksum: xxh3_64(&payload), payload, mac: Mac([0; MAC_LEN]) }
+    PageFrame { handoff: HandoffId(1), index, page: PAGES[index as usize], tokens, checksum: tag(index, &payload), payload, mac: Mac([0; MAC_LEN]) }
 }
 
-/// `check_page` of a whole frame, its payload's checksum computed as the receiver does.
+/// Both checks of a whole frame, its payload's tag computed as the receiver does.
 fn check(rules: &Rules, t: &Transfer, f: &PageFrame) -> Result<(), Refused> {
-    check_page(rules, t, &f.view(), xxh3_64(&f.payload))
+    let fields = f.view().fields;
+    check_page_fields(rules, t, &fields)?;
+    check_page_tag(rules, &fields, f.checksum, tag(f.index, &f.payload))
 }
 
 fn commit(t: &Transfer) -> CommitFrame {
@@ -45,7 +52,7 @@ fn after(order: &[u32]) -> Transfer {
     for &i in order {
         let f = page(i);
         check(&RULES, &t, &f).unwrap_or_else(|e| panic!("page {i}: {e:?}"));
-        t.record(&f.view());
+        t.record(&f.view().fields, f.checksum);
     }
     t
 }
@@ -95,6 +102,20 @@ fn a_page_written_twice_is_refused_even_with_the_same_bytes() {
     let t = after(&[0, 1]);
     let r = check(&RULES, &t, &page(1)).unwrap_err();
     assert_eq!((r.mismatch, r.message.as_str()), (Mismatch::PageSet, "kv_handoff_page_set: page index 1 was sent twice"));
+}
+
+#[test]
+fn a_page_still_arriving_is_taken_but_not_received() {
+    // Pages 0 and 1 in; page 2's frame accepted, its payload still on the wire.
+    let mut t = after(&[0, 1]);
+    t.take(&page(2).view().fields);
+    let r = check(&RULES, &t, &page(2)).unwrap_err();
+    assert_eq!(r.mismatch, Mismatch::PageSet, "a second frame for it: {r:?}");
+    // A commit (from another connection) before its payload is in is refused.
+    let whole = after(&[0, 1, 2]);
+    assert_eq!(reason(check_commit(&RULES, &t, &commit(&whole))), Some("token_count"));
+    t.record(&page(2).view().fields, page(2).checksum);
+    assert_eq!(check_commit(&RULES, &t, &commit(&whole)), Ok(()));
 }
 
 #[test]

@@ -304,9 +304,23 @@ impl KvPool {
     /// Overwrites the lease's `index`-th page with `bytes` (a whole page, as a handoff frame
     /// carries it).
     pub fn write_page(&self, lease: &Lease, index: usize, bytes: &[u8]) -> Result<(), KvError> {
+        self.write_page_at(lease, index, 0, bytes)
+    }
+
+    /// Overwrites the lease's `index`-th page from byte `offset` with `bytes`.
+    pub fn write_page_at(&self, lease: &Lease, index: usize, offset: usize, bytes: &[u8]) -> Result<(), KvError> {
         let page = self.owned_page(lease, index * self.layout.page_size)?;
-        self.store.write(page.id, 0, bytes)?;
+        self.store.write(page.id, offset, bytes)?;
         Ok(())
+    }
+
+    /// Hands `fill` the lease's `index`-th page from byte `offset` to its end, in place, under
+    /// the page's write lock: a handoff receiver reads the socket straight into the page this
+    /// way, with no copy of its own. `None` where pages are not in host memory (the caller then
+    /// stages the bytes and uses [`KvPool::write_page_at`]).
+    pub fn fill_host_page<R>(&self, lease: &Lease, index: usize, offset: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<Option<R>, KvError> {
+        let page = self.owned_page(lease, index * self.layout.page_size)?;
+        Ok(self.store.fill_host(page.id, offset, fill))
     }
 
     /// The page holding `pos`, checked against the allocator (a handoff touches pages one by

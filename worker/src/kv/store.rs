@@ -85,6 +85,19 @@ impl PageStore {
         }
     }
 
+    /// `fill` over page `id` from byte `offset` to its end, in place; `None` (and `fill` not
+    /// called) where pages are on a device.
+    pub fn fill_host<R>(&self, id: u32, offset: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        match self {
+            PageStore::Host(h) => {
+                let mut page = h.write(id);
+                Some(fill(&mut host_store::bytes_mut(&mut page, h.page_bytes())[offset..]))
+            }
+            #[cfg(feature = "cuda")]
+            PageStore::Cuda(_) => None,
+        }
+    }
+
     /// Overwrites `bytes.len()` bytes of page `id` from byte `offset`.
     pub fn write(&self, id: u32, offset: usize, bytes: &[u8]) -> Result<(), StoreError> {
         self.write_with(id, offset, bytes.len(), |out| out.copy_from_slice(bytes))

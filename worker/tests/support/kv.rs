@@ -2,13 +2,12 @@
 //! deployment's key when it plays a peer, or with whatever an attacker would put there.
 
 use kvgate_proto::auth::{FrameKey, Mac};
-use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame, parse_header};
+use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame, digest, parse_header};
 use kvgate_proto::roles::Reservation;
 use kvgate_worker::handoff::Secret;
 use kvgate_worker::roles::internal_auth::Signer;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::Worker;
 
@@ -45,7 +44,7 @@ impl KvClient {
     fn encode(&self, frame: Frame) -> Vec<u8> {
         match &self.key {
             Some(k) => frame.encode_signed(k),
-            None => frame.encode(), // a MAC of zeros: what someone without the secret can do
+            None => frame.encode(), // a tag and MAC of zeros: what someone without the secret can do
         }
     }
 
@@ -54,7 +53,7 @@ impl KvClient {
         let payload = vec![0u8; self.page_bytes];
         let tokens = (self.reservation.reserved_tokens - index * self.page_size).min(self.page_size);
         let page = self.reservation.pages[index as usize];
-        self.encode(Frame::Page(PageFrame { handoff, index, page, tokens, checksum: xxh3_64(&payload), payload, mac: Mac([0; MAC_LEN]) }))
+        self.encode(Frame::Page(PageFrame { handoff, index, page, tokens, checksum: 0, payload, mac: Mac([0; MAC_LEN]) }))
     }
 
     /// Every page of the reservation.
@@ -62,15 +61,16 @@ impl KvClient {
         (0..self.reservation.pages.len() as u32).map(|i| self.page(i, self.id())).collect()
     }
 
-    /// The commit of a complete transfer of zero pages.
+    /// The commit of a complete transfer of zero pages (its digest over their tags, when this
+    /// client holds the secret).
     pub fn commit(&self, first_token: u32) -> Vec<u8> {
-        let checksum = xxh3_64(&vec![0u8; self.page_bytes]);
-        let digest_input: Vec<u8> = (0..self.reservation.pages.len()).flat_map(|_| checksum.to_le_bytes()).collect();
+        let zeros = vec![0u8; self.page_bytes];
+        let tags = (0..self.reservation.pages.len() as u32).map(|i| self.key.as_ref().map_or(0, |k| k.page_tags().tag(i, &zeros)));
         self.encode(Frame::Commit(CommitFrame {
             handoff: self.id(),
             total_tokens: self.reservation.reserved_tokens,
             page_count: self.reservation.pages.len() as u32,
-            digest: xxh3_64(&digest_input),
+            digest: digest(tags),
             first_token,
             model_fingerprint: u64::from_str_radix(&self.reservation.model_fingerprint, 16).unwrap(),
             layout_fingerprint: u64::from_str_radix(&self.reservation.layout_fingerprint, 16).unwrap(),
