@@ -30,6 +30,9 @@ STREAMS = [1, 2, 4, 8, 16, 32]
 PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 64
 SECONDS = 20  # per concurrency level
+# Every server generates exactly OUTPUT_TOKENS per request, end-of-sequence or not (vLLM's
+# `ignore_eos`, which kvgate and llama.cpp's server both take).
+SAME_LENGTH = {"ignore_eos": True}
 
 
 def byte_level_bpe(vocab_size):
@@ -159,7 +162,8 @@ def main():
             proc = serve.Process(name, cmd + (["--colocated"] if colocated else []), f"http://127.0.0.1:{port}/v1/models")
             try:
                 served = json.loads(proc.ready)["data"][0]["id"]
-                report = guidellm(f"http://127.0.0.1:{port}", served, model_dir, os.path.join(args.out, f"guidellm-{name.replace(' ', '-')}.json"), "healthz")
+                report = guidellm(f"http://127.0.0.1:{port}", served, model_dir, os.path.join(args.out, f"guidellm-{name.replace(' ', '-')}.json"), "healthz",
+                                  extras=SAME_LENGTH)
                 rows += rows_of(report, name)
             finally:
                 proc.close()
@@ -167,7 +171,7 @@ def main():
         llamacpp.gguf_from_checkpoint(model_dir, gguf_path, bpe=(tokens, merges))
         server = llamacpp.LlamaCpp(gguf_path, ctx=max(STREAMS) * window, slots=max(STREAMS), threads=args.threads)
         try:
-            report = guidellm(server.url, "bench-llama", model_dir, os.path.join(args.out, "guidellm-llama.cpp.json"), "health", extras={"ignore_eos": True})
+            report = guidellm(server.url, "bench-llama", model_dir, os.path.join(args.out, "guidellm-llama.cpp.json"), "health", extras=SAME_LENGTH)
             rows += rows_of(report, f"llama.cpp {server.version}")
         finally:
             server.close()

@@ -25,7 +25,10 @@ pub struct Polyval {
 enum Engine {
     /// `powers[i]` is H^(GROUP - i) (in POLYVAL's product), so a group's first block meets
     /// the highest power.
-    Wide { powers: [u128; GROUP], acc: u128 },
+    Wide {
+        powers: [u128; GROUP],
+        acc: u128,
+    },
     Crate(polyval::Polyval),
 }
 

@@ -66,7 +66,9 @@ impl Mismatch {
     pub const fn meaning(self) -> &'static str {
         match self {
             Mismatch::TokenCount => "a page, or the whole transfer, carries a different number of tokens than was reserved",
-            Mismatch::Checksum => "a page's bytes do not match its tag (altered after prefill sealed it), or the commit's digest does not match the pages received",
+            Mismatch::Checksum => {
+                "a page's bytes do not match its tag (altered after prefill sealed it), or the commit's digest does not match the pages received"
+            }
             Mismatch::PageSet => "a page outside the reservation, a page index sent twice, or reserved pages that never arrived",
             Mismatch::Auth => "a frame for a live handoff does not carry its MAC (forged or altered on the path)",
             Mismatch::Fingerprint => "the sender's model or KV layout fingerprint is not decode's",

@@ -120,6 +120,9 @@ pub struct Sampling {
     /// The log-probability of every prompt token (computed by prefill).
     #[serde(default)]
     pub prompt_logprobs: bool,
+    /// Generate past end-of-sequence tokens, up to `max_tokens`.
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 /// Router -> decode: generate from a committed handoff.

@@ -490,6 +490,29 @@ async fn split_roles_finish_on_the_first_token_as_colocated_does() {
     assert_eq!(stopped_at_once, 5, "the prompts chosen to end at their first token no longer do: choose others");
 }
 
+// Row 12, continued: `ignore_eos` (vLLM's extension, which load generators send) generates past
+// the end-of-sequence token to `max_tokens`, split exactly as colocated; a wrong type is a 400.
+#[tokio::test]
+async fn ignore_eos_generates_to_max_tokens_split_as_colocated() {
+    let colocated = Worker::colocated(&[]);
+    let split = Worker::local(&[]);
+    let prompt = "x world zz the to !"; // ends at its first token (above)
+    let body = |ignore_eos: bool| json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": ignore_eos});
+    let (status, stops) = colocated.post("/v1/completions", &body(false)).await;
+    assert_eq!((status, stops["choices"][0]["finish_reason"].as_str()), (200, Some("stop")), "{stops}");
+    let (s1, a) = colocated.post("/v1/completions", &body(true)).await;
+    let (s2, b) = split.post("/v1/completions", &body(true)).await;
+    assert_eq!((s1, s2), (200, 200), "{a} {b}");
+    assert_eq!(a["usage"]["completion_tokens"], 8, "{a}");
+    assert_eq!(a["choices"][0]["finish_reason"], "length");
+    assert_eq!(b["choices"][0], a["choices"][0]);
+    let (status, chat) =
+        split.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "ignore_eos": true})).await;
+    assert_eq!((status, chat["usage"]["completion_tokens"].as_u64()), (200, Some(8)), "{chat}");
+    let (status, bad) = split.post("/v1/completions", &json!({"prompt": prompt, "ignore_eos": "yes"})).await;
+    assert_eq!((status, bad["error"]["param"].as_str()), (400, Some("ignore_eos")), "{bad}");
+}
+
 // Row 13: liveness says "this process works", readiness "it can serve".
 #[tokio::test]
 async fn a_router_without_peers_is_alive_but_not_ready() {

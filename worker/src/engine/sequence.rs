@@ -97,9 +97,10 @@ impl Sequence {
         self.req.events.is_closed()
     }
 
-    /// Why this sequence is complete, if it is.
+    /// Why this sequence is complete, if it is (an end-of-sequence token counts unless the
+    /// request asked to ignore it).
     pub fn finished(&self, eos: &[u32]) -> Option<FinishReason> {
-        if self.generated() > 0 && eos.contains(self.tokens.last().unwrap()) {
+        if self.generated() > 0 && !self.req.sampling.ignore_eos && eos.contains(self.tokens.last().unwrap()) {
             Some(FinishReason::Stop)
         } else if self.generated() >= self.req.max_tokens {
             Some(FinishReason::Length)
@@ -121,4 +122,35 @@ pub enum StepError {
     OutsideVocabulary { token: u32, vocab: usize },
     #[error("position {position} is past the {leased} tokens leased")]
     PastLease { position: usize, leased: usize },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvDtype, KvLayout, KvPool};
+    use crate::model::SamplingParams;
+
+    const EOS: u32 = 9;
+
+    /// A sequence of prompt `[1, 2]` that generated `generated`, asking for 4 tokens.
+    fn after(generated: &[u32], ignore_eos: bool) -> Sequence {
+        let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: 4, dtype: KvDtype::F32 };
+        let lease = KvPool::host(layout, 4).unwrap().lease(8).unwrap();
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        let sampling = SamplingParams { ignore_eos, ..Default::default() };
+        let req =
+            GenerateRequest { prompt: vec![1, 2], max_tokens: 4, sampling, arrived: Instant::now(), events, mode: Mode::Full, span: tracing::Span::none() };
+        let mut s = Sequence::new(req, lease);
+        s.tokens.extend_from_slice(generated);
+        s
+    }
+
+    #[test]
+    fn an_end_of_sequence_token_stops_unless_the_request_ignores_it() {
+        assert_eq!(after(&[5, EOS], false).finished(&[EOS]), Some(FinishReason::Stop));
+        assert_eq!(after(&[5, EOS], true).finished(&[EOS]), None);
+        assert_eq!(after(&[5, EOS, EOS, 7], true).finished(&[EOS]), Some(FinishReason::Length));
+        // A prompt ending in one is no reason to stop.
+        assert_eq!(after(&[], false).finished(&[2]), None);
+    }
 }

@@ -14,23 +14,40 @@ pub struct SamplingParams {
     pub logprobs: Option<u8>,
     /// Report the log-probability of every prompt token (`echo` with `logprobs`).
     pub prompt_logprobs: bool,
+    /// Generate past the model's end-of-sequence tokens, up to `max_tokens` (vLLM's extension,
+    /// which load generators send to fix output lengths).
+    pub ignore_eos: bool,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_p: 1.0, seed: None, logprobs: None, prompt_logprobs: false }
+        SamplingParams { temperature: 0.0, top_p: 1.0, seed: None, logprobs: None, prompt_logprobs: false, ignore_eos: false }
     }
 }
 
 impl From<Sampling> for SamplingParams {
     fn from(s: Sampling) -> Self {
-        SamplingParams { temperature: s.temperature, top_p: s.top_p, seed: s.seed, logprobs: s.logprobs, prompt_logprobs: s.prompt_logprobs }
+        SamplingParams {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            seed: s.seed,
+            logprobs: s.logprobs,
+            prompt_logprobs: s.prompt_logprobs,
+            ignore_eos: s.ignore_eos,
+        }
     }
 }
 
 impl From<SamplingParams> for Sampling {
     fn from(s: SamplingParams) -> Self {
-        Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed, logprobs: s.logprobs, prompt_logprobs: s.prompt_logprobs }
+        Sampling {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            seed: s.seed,
+            logprobs: s.logprobs,
+            prompt_logprobs: s.prompt_logprobs,
+            ignore_eos: s.ignore_eos,
+        }
     }
 }
 

@@ -91,6 +91,9 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u32>,
     pub stop: Option<Stop>,
+    /// vLLM's extension: generate past end-of-sequence tokens, up to `max_tokens`.
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -116,11 +119,23 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         if inner.is_syntax() || inner.is_eof() {
             ApiError::invalid("body", format!("request body is not valid JSON: {inner}"))
         } else if path == "." {
-            ApiError::invalid("body", format!("invalid request: {inner}"))
+            // A field of `Common` (flattened, so serde lost its name): parsed alone, it is named.
+            match common_field_error(body) {
+                Some((field, message)) => ApiError::invalid(field.clone(), format!("invalid `{field}`: {message}")),
+                None => ApiError::invalid("body", format!("invalid request: {inner}")),
+            }
         } else {
             ApiError::invalid(path.clone(), format!("invalid `{path}`: {inner}"))
         }
     })
+}
+
+/// The field of [`Common`] that `body` gets wrong, and why.
+fn common_field_error(body: &[u8]) -> Option<(String, String)> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let e = serde_path_to_error::deserialize::<_, Common>(de).err()?;
+    let path = e.path().to_string();
+    (path != ".").then(|| (path, e.into_inner().to_string()))
 }
 
 impl Common {
@@ -133,7 +148,7 @@ impl Common {
         if !(top_p > 0.0 && top_p <= 1.0) {
             return Err(ApiError::invalid("top_p", format!("`top_p` must be in (0, 1], got {top_p}")));
         }
-        Ok(SamplingParams { temperature, top_p, seed: self.seed, ..Default::default() })
+        Ok(SamplingParams { temperature, top_p, seed: self.seed, ignore_eos: self.ignore_eos, ..Default::default() })
     }
 }
 
@@ -266,6 +281,13 @@ mod tests {
         assert!(e.message.contains("max_tokens"), "{}", e.message);
         let e = parse::<ChatRequest>(br#"{"messages":[{"role":"user","content":"a"},{"role":"user"}]}"#).unwrap_err();
         assert!(e.message.contains("content") || e.param.as_deref().unwrap().starts_with("messages"), "{}", e.message);
+        // The fields both endpoints share are flattened into each; still named.
+        for (body, field) in [(&br#"{"prompt":"hi","temperature":"hot"}"#[..], "temperature"), (br#"{"prompt":"hi","ignore_eos":1}"#, "ignore_eos")] {
+            let e = parse::<CompletionRequest>(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{}", e.message);
+        }
+        let e = parse::<ChatRequest>(br#"{"messages":[],"stream":"yes"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream"), "{}", e.message);
     }
 
     #[test]

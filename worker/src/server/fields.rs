@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::error::ApiError;
 
 const COMPLETIONS: &[&str] =
-    &["model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options", "n", "stop", "logprobs", "echo", "user"];
+    &["model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options", "n", "stop", "logprobs", "echo", "user", "ignore_eos"];
 const CHAT: &[&str] = &[
     "model",
     "messages",
@@ -23,6 +23,7 @@ const CHAT: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "user",
+    "ignore_eos",
 ];
 
 /// Known fields this API does not implement, with the value that is the same as leaving them out.
