@@ -18,7 +18,7 @@ pub struct Endpoint {
     pub instance: Option<Instance>,
 }
 
-const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0, seed: None, logprobs: None, prompt_logprobs: false };
+const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0, seed: None, logprobs: None, prompt_logprobs: false, ignore_eos: false };
 /// Longest a whole canary request may take (a long prompt on a CPU worker takes seconds).
 const TIMEOUT: Duration = Duration::from_secs(120);
 
