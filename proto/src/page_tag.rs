@@ -13,7 +13,7 @@
 //! and the tag serves as both the page's checksum and its MAC, so neither side hashes a page
 //! twice. The frame's own MAC (keyed BLAKE3) covers the header, the fields and this tag.
 
-use crate::polyval::Polyval;
+use crate::polyval::{self, Polyval};
 
 /// Length of a tag in bytes.
 pub const TAG_LEN: usize = 16;
@@ -24,7 +24,7 @@ const MASK_KEY_CONTEXT: &[u8] = b"kvgate page tag: mask key";
 /// The two keys of one handoff's page tags, derived from its frame key.
 #[derive(Clone)]
 pub struct PageTagKey {
-    h: u128,
+    h: polyval::Key,
     masks: [u8; 32],
 }
 
@@ -39,13 +39,13 @@ impl PageTagKey {
     /// the magic `KVGF`), so no tag key is ever a frame MAC.
     pub(crate) fn derive(frame_key: &[u8; 32]) -> PageTagKey {
         let hash_key = blake3::keyed_hash(frame_key, HASH_KEY_CONTEXT);
-        let h = u128::from_le_bytes(hash_key.as_bytes()[..16].try_into().expect("16 bytes"));
+        let h = polyval::Key::new(u128::from_le_bytes(hash_key.as_bytes()[..16].try_into().expect("16 bytes")));
         PageTagKey { h, masks: *blake3::keyed_hash(frame_key, MASK_KEY_CONTEXT).as_bytes() }
     }
 
     /// A tag being computed over a payload fed in pieces.
     pub fn hasher(&self) -> PageHasher<'_> {
-        PageHasher { key: self, poly: Polyval::new(self.h), len: 0 }
+        PageHasher { key: self, poly: Polyval::new(&self.h), len: 0 }
     }
 
     /// The tag of page `index` whose payload is `payload`.

@@ -37,20 +37,36 @@ pub fn implementation() -> &'static str {
     if wide::available() { "VPCLMULQDQ, 16 blocks per reduction" } else { "RustCrypto polyval (PCLMULQDQ or software)" }
 }
 
-impl Polyval {
-    pub fn new(h: u128) -> Polyval {
-        Polyval::with(h, wide::available())
+/// A POLYVAL key with what the wide path derives from it (its powers), made once per key rather
+/// than once per message.
+#[derive(Clone)]
+pub struct Key {
+    h: u128,
+    powers: Option<[u128; GROUP]>,
+}
+
+impl Key {
+    pub fn new(h: u128) -> Key {
+        Key::with(h, wide::available())
     }
 
-    fn with(h: u128, wide: bool) -> Polyval {
-        let engine = if wide {
+    fn with(h: u128, wide: bool) -> Key {
+        let powers = wide.then(|| {
             let mut powers = [h; GROUP];
             for i in (0..GROUP - 1).rev() {
                 powers[i] = times(powers[i + 1], h);
             }
-            Engine::Wide { powers, acc: 0 }
-        } else {
-            Engine::Crate(polyval::Polyval::new(&h.to_le_bytes().into()))
+            powers
+        });
+        Key { h, powers }
+    }
+}
+
+impl Polyval {
+    pub fn new(key: &Key) -> Polyval {
+        let engine = match key.powers {
+            Some(powers) => Engine::Wide { powers, acc: 0 },
+            None => Engine::Crate(polyval::Polyval::new(&key.h.to_le_bytes().into())),
         };
         Polyval { engine, pending: [0; BLOCK], pending_len: 0 }
     }
@@ -212,7 +228,7 @@ mod tests {
         let x = b"\x4f\x4f\x95\x66\x8c\x83\xdf\xb6\x40\x17\x62\xbb\x2d\x01\xa2\x62\xd1\xa2\x4d\xdd\x27\x21\xd0\x06\xbb\xe4\x5f\x20\xd3\xc9\xf3\x62";
         let want = u128::from_le_bytes(*b"\xf7\xa3\xb4\x7b\x84\x61\x19\xfa\xe5\xb7\x86\x6c\xf5\xe5\xb7\x7e");
         for wide in [false, wide::available()] {
-            let mut p = Polyval::with(h, wide);
+            let mut p = Polyval::new(&Key::with(h, wide));
             p.update(x);
             assert_eq!(p.finish(), want, "wide {wide}");
         }
@@ -228,14 +244,14 @@ mod tests {
             let data = bytes(len, seed as u64);
             let h = u128::from_le_bytes(bytes(16, 1000 + seed as u64).try_into().unwrap());
             let whole = |wide| {
-                let mut p = Polyval::with(h, wide);
+                let mut p = Polyval::new(&Key::with(h, wide));
                 p.update(&data);
                 p.finish()
             };
             let want = whole(false);
             assert_eq!(whole(true), want, "length {len}");
             // Fed in uneven pieces, as a page arrives off a socket.
-            let mut p = Polyval::with(h, true);
+            let mut p = Polyval::new(&Key::with(h, true));
             for piece in data.chunks(37 + seed) {
                 p.update(piece);
             }
