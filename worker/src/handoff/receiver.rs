@@ -87,7 +87,7 @@ pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: Port
 /// One frame off the wire, or why there is none.
 enum Read {
     /// A page frame up to its payload, which is still on the wire.
-    Page(PageHead),
+    Page(Box<PageHead>),
     /// Any other frame: its header and body bytes.
     Frame([u8; HEADER_LEN], Vec<u8>),
     /// The peer closed or broke the connection.
@@ -184,7 +184,7 @@ async fn read_page_head(
     let started = std::time::Instant::now();
     let key = table.frame_key(fields.handoff);
     let authentic = key.as_ref().is_none_or(|k| page_mac(k, &head, checksum).verify(&mac));
-    Read::Page(PageHead { fields, checksum, key, authentic, hashing: started.elapsed(), deadline })
+    Read::Page(Box::new(PageHead { fields, checksum, key, authentic, hashing: started.elapsed(), deadline }))
 }
 
 /// How reading a claimed page's payload ended.
