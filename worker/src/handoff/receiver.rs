@@ -116,7 +116,7 @@ const BUFFER: usize = 256 << 10;
 
 /// Reads one frame; a page frame only up to its payload, so its MAC is checked before a byte of
 /// the payload is taken in.
-async fn read_frame(stream: &mut BufReader<TcpStream>, table: &Reservations, max_body: usize, timeout: Duration) -> Read {
+async fn read_frame(stream: &mut BufReader<TcpStream>, table: &Reservations, keys: &mut KeyCache, max_body: usize, timeout: Duration) -> Read {
     let deadline = tokio::time::Instant::now() + timeout;
     let read = async {
         let mut header = [0u8; HEADER_LEN];
@@ -132,7 +132,7 @@ async fn read_frame(stream: &mut BufReader<TcpStream>, table: &Reservations, max
             return Read::Refused(PortRefusal::TooLarge, format!("kv_port_too_large: frame body of {} bytes exceeds {max_body}", h.body_len));
         }
         if h.kind == KIND_PAGE {
-            return read_page_head(stream, &header, h.body_len as usize, table, deadline).await;
+            return read_page_head(stream, &header, h.body_len as usize, table, keys, deadline).await;
         }
         let mut body = vec![0u8; h.body_len as usize];
         match stream.read_exact(&mut body).await {
@@ -151,11 +151,16 @@ fn read_timeout(timeout: Duration) -> (PortRefusal, String) {
     (PortRefusal::ReadTimeout, format!("kv_port_read_timeout: no whole frame within {} ms", timeout.as_millis()))
 }
 
+/// The last handoff's key a connection derived: a connection carries one handoff, so its key
+/// (three BLAKE3 calls and the tag's powers) is derived once, not once per page.
+type KeyCache = Option<(HandoffId, Option<FrameKey>)>;
+
 async fn read_page_head(
     stream: &mut BufReader<TcpStream>,
     header: &[u8; HEADER_LEN],
     body_len: usize,
     table: &Reservations,
+    keys: &mut KeyCache,
     deadline: tokio::time::Instant,
 ) -> Read {
     // Header and fields together, as the MAC covers them.
@@ -182,7 +187,10 @@ async fn read_page_head(
     let checksum = u128::from_le_bytes(seal[..TAG_LEN].try_into().expect("a tag"));
     let mac = Mac(seal[TAG_LEN..].try_into().expect("a MAC"));
     let started = std::time::Instant::now();
-    let key = table.frame_key(fields.handoff);
+    let key = match keys {
+        Some((id, key)) if *id == fields.handoff => key.clone(),
+        _ => keys.insert((fields.handoff, table.frame_key(fields.handoff))).1.clone(),
+    };
     let authentic = key.as_ref().is_none_or(|k| page_mac(k, &head, checksum).verify(&mac));
     Read::Page(Box::new(PageHead { fields, checksum, key, authentic, hashing: started.elapsed(), deadline }))
 }
@@ -260,6 +268,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
     let max_body = table.page_bytes() + PAGE_FRAME_OVERHEAD;
     // Where a device pool's pages are staged (empty for a host pool).
     let mut staging = Vec::new();
+    let mut keys: KeyCache = None;
     // The handoff this connection carries, once an authenticated frame named one.
     let mut bound: Option<HandoffId> = None;
     // Its span, under the request's trace, once a frame named a handoff decode reserved.
@@ -275,7 +284,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
         };
         // A stranger has a short deadline to prove it holds the secret.
         let timeout = if bound.is_none() { limits.auth_timeout.min(limits.frame_timeout) } else { limits.frame_timeout };
-        let read = read_frame(&mut stream, table, max_body, timeout).await;
+        let read = read_frame(&mut stream, table, &mut keys, max_body, timeout).await;
         if bound.is_none() && matches!(read, Read::Refused(PortRefusal::ReadTimeout, _)) {
             admission.refusals.count("kv", Saturation::Unauthenticated);
         }
