@@ -1,8 +1,19 @@
 use clap::Parser;
 use kvgate_operator::cli::{Cli, Command};
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    // Before the runtime's threads: the heap the periodic trim can give back whole.
+    kvgate_telemetry::one_arena();
+    match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt.block_on(run()),
+        Err(e) => {
+            eprintln!("kvgate-operator: starting the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> std::process::ExitCode {
     let cli = Cli::parse();
     let mut traces = None;
     let result = match cli.command {

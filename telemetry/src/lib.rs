@@ -11,7 +11,7 @@ mod memory;
 pub mod trace_context;
 
 pub use export::Traces;
-pub use memory::give_back_freed_memory;
+pub use memory::{give_back_freed_memory, one_arena};
 pub use trace_context::{TRACEPARENT, TraceContext};
 
 use std::io::IsTerminal;
