@@ -60,6 +60,7 @@ impl Engine {
                     }
                 }
                 let _alive = Alive(flag);
+                let _compute = crate::cpu::threads::join_compute_pool();
                 scheduler.run(rx);
             })
             .expect("spawn engine thread");
