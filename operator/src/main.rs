@@ -17,7 +17,7 @@ async fn run() -> std::process::ExitCode {
     let cli = Cli::parse();
     let mut traces = None;
     let result = match cli.command {
-        Command::Crd => kvgate_operator::crdgen::yaml().map(|yaml| print!("{yaml}")),
+        Command::Crd => kvgate_operator::crdgen::yaml().and_then(|yaml| print_all(&yaml)),
         Command::Check { service, namespace, port_name, path, timeout } => {
             kvgate_operator::check::check(&service, &namespace, &port_name, &path, std::time::Duration::from_secs(timeout)).await
         }
@@ -36,4 +36,14 @@ async fn run() -> std::process::ExitCode {
     };
     drop(traces); // the spans still queued go out
     code
+}
+
+/// Writes `text` to stdout. A reader that stops early (`kvgate-operator crd | head`) is not an
+/// error; `print!` panicked on the closed pipe.
+fn print_all(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => Ok(written?),
+    }
 }
