@@ -31,7 +31,6 @@ fn main() {
     let model = Model::tiny(&Device::Cpu).unwrap();
     let layout = model.kv_layout(16, KvDtype::F32);
     let pool = KvPool::host(layout, 4096).unwrap();
-    let mut scratch = Scratch::default();
     println!("| benchmark | result | notes |");
     println!("| --- | --- | --- |");
 
@@ -40,7 +39,7 @@ fn main() {
     let lease = pool.lease(prompt.len()).unwrap();
     let t = best_of(Duration::from_secs(3), || {
         let step = SeqStep { tokens: &prompt, start: 0, lease: &lease, every_row: false };
-        black_box(model.llama.forward(&[step], &pool, &mut scratch).unwrap());
+        black_box(model.llama.forward(&[step], &pool).unwrap());
     });
     row("tiny prefill, 1024-token prompt", format!("{:.0} tokens/s", 1024.0 / t.as_secs_f64()), "one sequence, CPU, f32 KV");
     drop(lease);
@@ -51,7 +50,7 @@ fn main() {
     let t = best_of(Duration::from_secs(5), || {
         for start in (0..long.len()).step_by(2048) {
             let step = SeqStep { tokens: &long[start..start + 2048], start, lease: &lease, every_row: false };
-            black_box(model.llama.forward(&[step], &pool, &mut scratch).unwrap());
+            black_box(model.llama.forward(&[step], &pool).unwrap());
         }
     });
     row(
@@ -67,12 +66,12 @@ fn main() {
         let leases: Vec<_> = (0..batch).map(|_| pool.lease(600).unwrap()).collect();
         for l in &leases {
             let step = SeqStep { tokens: &ctx, start: 0, lease: l, every_row: false };
-            model.llama.forward(&[step], &pool, &mut scratch).unwrap();
+            model.llama.forward(&[step], &pool).unwrap();
         }
         let next = [65u32];
         let t = best_of(Duration::from_secs(2), || {
             let steps: Vec<SeqStep> = leases.iter().map(|l| SeqStep { tokens: &next, start: 512, lease: l, every_row: false }).collect();
-            black_box(model.llama.forward(&steps, &pool, &mut scratch).unwrap());
+            black_box(model.llama.forward(&steps, &pool).unwrap());
         });
         row(&format!("tiny decode, batch {batch}, context 512"), format!("{:.0} tokens/s", batch as f64 / t.as_secs_f64()), "one batched forward per step");
     }
@@ -96,9 +95,10 @@ fn main() {
     }
     let q: Vec<f32> = (0..shape.num_heads * shape.head_dim).map(|i| (i % 13) as f32 / 13.0).collect();
     let mut out = vec![0.0f32; q.len()];
+    let mut scratch = Scratch::default();
     let contiguous = best_of(Duration::from_secs(2), || {
         let blocks = values.chunks(page * row_elems).map(|b| (b, b, page));
-        attend(shape, &q, blocks, &mut out, &mut scratch);
+        attend(shape, 0..shape.num_kv_heads, &q, blocks, &mut out, &mut scratch);
         black_box(&out);
     });
     let paged = best_of(Duration::from_secs(2), || {
@@ -106,7 +106,7 @@ fn main() {
             let off = p * 2 * page * row_elems;
             (&arena_k[off..off + page * row_elems], &arena_v[off..off + page * row_elems], page)
         });
-        attend(shape, &q, blocks, &mut out, &mut scratch);
+        attend(shape, 0..shape.num_kv_heads, &q, blocks, &mut out, &mut scratch);
         black_box(&out);
     });
     row(

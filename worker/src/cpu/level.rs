@@ -87,7 +87,7 @@ macro_rules! multiversion {
             $at($crate::cpu::level(), $($arg),*)
         }
 
-        #[allow(dead_code)]
+        #[allow(dead_code, clippy::too_many_arguments)]
         pub(crate) fn $at(level: $crate::cpu::Level, $($arg: $ty),*) $(-> $ret)? {
             assert!(level <= $crate::cpu::level::widest(), "{level:?} is wider than this CPU");
             #[cfg(target_arch = "x86_64")]

@@ -11,7 +11,7 @@ use super::admission::Rejection;
 use super::pacing::Pacer;
 use super::request::{Event, Failure, FinishReason, GenerateRequest, Mode};
 use super::sequence::Sequence;
-use crate::kv::{AllocError, KvPool, Scratch};
+use crate::kv::{AllocError, KvPool};
 use crate::metrics::Metrics;
 use crate::model::logprobs::token_logprobs;
 use crate::model::{Model, SeqStep};
@@ -38,14 +38,13 @@ pub struct Scheduler {
     pub config: SchedulerConfig,
     waiting: VecDeque<GenerateRequest>,
     running: Vec<Sequence>,
-    scratch: Scratch,
     pacer: Pacer,
 }
 
 impl Scheduler {
     pub fn new(model: Arc<Model>, pool: Arc<KvPool>, metrics: Metrics, config: SchedulerConfig) -> Self {
         let pacer = Pacer::new(config.stall_limit);
-        Scheduler { model, pool, metrics, config, waiting: VecDeque::new(), running: Vec::new(), scratch: Scratch::default(), pacer }
+        Scheduler { model, pool, metrics, config, waiting: VecDeque::new(), running: Vec::new(), pacer }
     }
 
     /// Runs until every sender of `inbox` is gone and all work is done.
@@ -236,7 +235,7 @@ impl Scheduler {
             })
             .collect();
         let counts: Vec<usize> = steps.iter().map(|s| if s.every_row { s.tokens.len() } else { 1 }).collect();
-        let logits = self.model.llama.forward(&steps, &self.pool, &mut self.scratch).map_err(|e| e.to_string())?;
+        let logits = self.model.llama.forward(&steps, &self.pool).map_err(|e| e.to_string())?;
         let mut rows = (0..).map(|r| logits.get(r).and_then(|r| r.to_vec1::<f32>()).map_err(|e| format!("reading logits: {e}")));
         counts.into_iter().map(|c| rows.by_ref().take(c).collect()).collect()
     }

@@ -46,8 +46,11 @@ async fn a_long_prompt_is_interleaved_with_running_decodes() {
     // two more should it end and start again).
     let unpaced = tokens_during_a_long_prefill(&engine(f64::INFINITY)).await;
     assert!(unpaced <= 8, "without pacing the stream waits for each 2048-token chunk: {unpaced} tokens");
-    // Paced: chunks sized to keep a step within twice a decode step (at least 16 tokens, so at
-    // most 256 chunks): the stream keeps decoding while the prompt fills.
-    let paced = tokens_during_a_long_prefill(&engine(2.0)).await;
+    // Paced: chunks sized to keep a step within 1.25 decode steps (at least 16 tokens, so at
+    // most 256 chunks): the stream keeps decoding while the prompt fills. The tiny model's steps
+    // are mostly fixed cost, so a chunk of twice a decode step already holds 100-160 of its
+    // tokens on some machines (26 tokens in one CI run, against 32 asked); at 1.25 it holds a
+    // quarter of that, leaving the count well clear of the bound.
+    let paced = tokens_during_a_long_prefill(&engine(1.25)).await;
     assert!(paced >= 32, "with pacing the stream should keep decoding during the prefill: {paced} tokens");
 }

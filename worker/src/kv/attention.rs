@@ -4,6 +4,8 @@
 //! of one layer when reading the paged pool, or any run of a contiguous cache. Reading blocks
 //! means the kernel never needs the sequence's KV gathered into one buffer.
 
+use std::ops::Range;
+
 use super::element::KvElem;
 use crate::cpu::lanes::dot;
 use crate::cpu::level::multiversion;
@@ -40,18 +42,22 @@ pub(crate) struct Running {
     scores: Vec<f32>,
 }
 
-/// `out[h] = softmax(q[h] . K^T / sqrt(d)) V` over all blocks, for every head `h`.
+/// `out[h] = softmax(q[h] . K^T / sqrt(d)) V` over all blocks, for every query head `h` of the
+/// K/V heads `kv_heads`.
 ///
-/// `q` and `out` are `[num_heads][head_dim]`. Query heads share K/V heads in groups
-/// (grouped-query attention). Each block runs through `block`, compiled per CPU level.
+/// `q` and `out` are `[heads][head_dim]` for those query heads only (the group of each K/V head
+/// in turn), so that disjoint K/V heads of one token can be attended on different threads; each
+/// head's result is the same whichever range it is computed in. Query heads share K/V heads in
+/// groups (grouped-query attention). Each block runs through `block`, compiled per CPU level.
 pub fn attend<'a, E: KvElem + 'a>(
     shape: AttnShape,
+    kv_heads: Range<usize>,
     q: &[f32],
     blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
     out: &mut [f32],
     scratch: &mut Scratch,
 ) {
-    let (h_n, d) = (shape.num_heads, shape.head_dim);
+    let (h_n, d) = (kv_heads.len() * shape.group(), shape.head_dim);
     let Scratch { running, k: k_buf, v: v_buf } = scratch;
     running.max.clear();
     running.max.resize(h_n, f32::NEG_INFINITY);
@@ -61,7 +67,7 @@ pub fn attend<'a, E: KvElem + 'a>(
     for (k, v, n) in blocks {
         let (k, v) = (E::as_f32(k, k_buf), E::as_f32(v, v_buf));
         debug_assert_eq!(k.len(), n * shape.num_kv_heads * shape.head_dim);
-        block(shape, q, k, v, out, running);
+        block(shape, kv_heads.start, q, k, v, out, running);
     }
     for h in 0..h_n {
         let inv = 1.0 / running.sum[h];
@@ -70,14 +76,16 @@ pub fn attend<'a, E: KvElem + 'a>(
 }
 
 multiversion! {
-    /// One block of tokens (`k`, `v`: `[token][kv_head][head_dim]`) folded into every head's
-    /// running softmax and output.
-    fn block / block_at(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], running: &mut Running) => block_body
+    /// One block of tokens (`k`, `v`: `[token][kv_head][head_dim]`) folded into each head's
+    /// running softmax and output; `q`, `out` and `running` hold the query heads of the K/V heads
+    /// from `first_kv_head` on.
+    fn block / block_at(shape: AttnShape, first_kv_head: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], running: &mut Running) => block_body
 }
 
 #[inline(always)]
-fn block_body(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], running: &mut Running) {
-    let (h_n, kv_n, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+fn block_body(shape: AttnShape, first_kv_head: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], running: &mut Running) {
+    let (kv_n, d) = (shape.num_kv_heads, shape.head_dim);
+    let h_n = running.max.len();
     let n = k.len() / (kv_n * d);
     let group = shape.group();
     let scale = 1.0 / (d as f32).sqrt();
@@ -85,7 +93,7 @@ fn block_body(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]
         running.scores.resize(n, 0.0);
     }
     for h in 0..h_n {
-        let g = h / group;
+        let g = first_kv_head + h / group;
         let qh = &q[h * d..(h + 1) * d];
         let scores = &mut running.scores[..n];
         for (t, s) in scores.iter_mut().enumerate() {
@@ -146,10 +154,29 @@ mod tests {
                 (&k[s * row..e * row], &v[s * row..e * row], e - s)
             });
             let mut out = vec![0.0; 32];
-            attend(shape, &q, blocks, &mut out, &mut Scratch::default());
+            attend(shape, 0..shape.num_kv_heads, &q, blocks, &mut out, &mut Scratch::default());
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "block {block}: {a} vs {b}");
             }
+        }
+    }
+
+    #[test]
+    fn kv_heads_attended_apart_give_the_bits_of_all_at_once() {
+        let shape = AttnShape { num_heads: 8, num_kv_heads: 4, head_dim: 16 };
+        let n = 45;
+        let row = shape.num_kv_heads * shape.head_dim;
+        let (q, k, v) = (pseudo(128, 11), pseudo(n * row, 12), pseudo(n * row, 13));
+        let blocks = || (0..n).step_by(16).map(|s| (&k[s * row..(s + 16).min(n) * row], &v[s * row..(s + 16).min(n) * row], (s + 16).min(n) - s));
+        let mut whole = vec![0.0; 128];
+        attend(shape, 0..4, &q, blocks(), &mut whole, &mut Scratch::default());
+        // Query heads 2h and 2h + 1 read K/V head h: 32 floats of q and out per K/V head.
+        for heads in [0..1, 1..3, 3..4] {
+            let span = heads.start * 32..heads.end * 32;
+            let mut part = vec![0.0; span.len()];
+            attend(shape, heads.clone(), &q[span.clone()], blocks(), &mut part, &mut Scratch::default());
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&part), bits(&whole[span]), "K/V heads {heads:?}");
         }
     }
 
@@ -161,7 +188,7 @@ mod tests {
         let run = |level| {
             let mut running = Running { max: vec![0.5; 4], sum: vec![1.0; 4], scores: Vec::new() };
             let mut out = pseudo(160, 7);
-            block_at(level, shape, &q, &k, &v, &mut out, &mut running);
+            block_at(level, shape, 0, &q, &k, &v, &mut out, &mut running);
             out.iter().chain(&running.max).chain(&running.sum).map(|x| x.to_bits()).collect::<Vec<_>>()
         };
         let want = run(crate::cpu::Level::Portable);

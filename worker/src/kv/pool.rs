@@ -201,8 +201,9 @@ impl KvPool {
         Ok(())
     }
 
-    /// Attention of one query token (`q`: `[heads][head_dim]`) over positions `0..ctx_len` of
-    /// `lease` in `layer`, read page by page through the lease's page table.
+    /// Attention of one query token over positions `ctx` of `lease` in `layer`, read page by page
+    /// through the lease's page table, for the query heads of K/V heads `kv_heads` (`q` and `out`:
+    /// `[heads][head_dim]` of those heads; `attention::attend`).
     // The hot loop's inputs, passed flat on purpose (no per-call struct to build).
     #[allow(clippy::too_many_arguments)]
     pub fn attend(
@@ -211,6 +212,7 @@ impl KvPool {
         layer: usize,
         ctx: Range<usize>,
         shape: AttnShape,
+        kv_heads: Range<usize>,
         q: &[f32],
         out: &mut [f32],
         scratch: &mut Scratch,
@@ -220,9 +222,9 @@ impl KvPool {
         }
         debug_assert!(!ctx.is_empty(), "attention over no positions");
         match self.layout.dtype {
-            KvDtype::F32 => self.attend_typed::<f32>(lease, layer, ctx, shape, q, out, scratch),
-            KvDtype::F16 => self.attend_typed::<f16>(lease, layer, ctx, shape, q, out, scratch),
-            KvDtype::BF16 => self.attend_typed::<bf16>(lease, layer, ctx, shape, q, out, scratch),
+            KvDtype::F32 => self.attend_typed::<f32>(lease, layer, ctx, shape, kv_heads, q, out, scratch),
+            KvDtype::F16 => self.attend_typed::<f16>(lease, layer, ctx, shape, kv_heads, q, out, scratch),
+            KvDtype::BF16 => self.attend_typed::<bf16>(lease, layer, ctx, shape, kv_heads, q, out, scratch),
         }
     }
 
@@ -233,6 +235,7 @@ impl KvPool {
         layer: usize,
         ctx: Range<usize>,
         shape: AttnShape,
+        kv_heads: Range<usize>,
         q: &[f32],
         out: &mut [f32],
         scratch: &mut Scratch,
@@ -252,7 +255,7 @@ impl KvPool {
             let (a, b) = (first * row, end * row);
             (&page[k_off + a..k_off + b], &page[v_off + a..v_off + b], end - first)
         });
-        attention::attend(shape, q, blocks, out, scratch);
+        attention::attend(shape, kv_heads, q, blocks, out, scratch);
         Ok(())
     }
 
@@ -420,14 +423,14 @@ mod tests {
             pool.write_token(&b, pos, 0, &[1.0; 4], &[5.0; 4]).unwrap();
         }
         let mut out = [0.0; 4];
-        pool.attend(&a, 0, 0..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        pool.attend(&a, 0, 0..2, shape, 0..1, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out, [1.0; 4]);
-        pool.attend(&b, 0, 0..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        pool.attend(&b, 0, 0..2, shape, 0..1, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out, [5.0; 4]);
         assert!(pool.verify(&a).is_ok() && pool.verify(&b).is_ok());
         // A window that starts past position 0 reads only its positions.
         pool.write_token(&a, 1, 0, &[1.0; 4], &[3.0; 4]).unwrap();
-        pool.attend(&a, 0, 1..2, shape, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
+        pool.attend(&a, 0, 1..2, shape, 0..1, &[0.5; 4], &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out, [3.0; 4]);
     }
 

@@ -187,6 +187,7 @@ mod tests {
                 let mut want = vec![0.0; qw];
                 attend(
                     shape,
+                    0..shape.num_kv_heads,
                     &q[i * qw..(i + 1) * qw],
                     std::iter::once((&k[from * kw..to * kw], &v[from * kw..to * kw], to - from)),
                     &mut want,

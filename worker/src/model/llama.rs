@@ -8,7 +8,8 @@ use super::chunk_attention::attend_chunk;
 use super::config::ModelConfig;
 use super::projection::project;
 use super::rope::Rope;
-use crate::kv::{AttnShape, KvPool, Lease, Scratch};
+use super::token_attention::{TokenQuery, attend_tokens};
+use crate::kv::{AttnShape, KvPool, Lease};
 
 /// One sequence's share of a batched step: `tokens` at positions `start..start + tokens.len()`.
 #[derive(Debug)]
@@ -114,7 +115,7 @@ impl Llama {
     /// K/V are written into each sequence's own pages, and attention reads back through each
     /// sequence's page table. Returns logits `[rows, vocab]`: one row per sequence (its last
     /// token), or one per token for a step with `every_row`, in step order.
-    pub fn forward(&self, steps: &[SeqStep], kv: &KvPool, scratch: &mut Scratch) -> Result<Tensor> {
+    pub fn forward(&self, steps: &[SeqStep], kv: &KvPool) -> Result<Tensor> {
         let err = |e: crate::kv::KvError| candle_core::Error::Msg(format!("KV pool: {e}"));
         for s in steps {
             kv.verify(s.lease).map_err(err)?;
@@ -136,28 +137,31 @@ impl Llama {
             let v = project(&block.attn.v, &h)?;
             let (q, k, v) = (to_vec(&q)?, to_vec(&k)?, to_vec(&v)?);
 
-            let mut row = 0;
+            let (mut row, mut rest, mut tokens) = (0, out.as_mut_slice(), Vec::new());
             for s in steps {
-                for i in 0..s.tokens.len() {
+                let n = s.tokens.len();
+                for i in 0..n {
                     let r = row + i;
                     kv.write_token(s.lease, s.start + i, layer, &k[r * kv_width..][..kv_width], &v[r * kv_width..][..kv_width]).map_err(err)?;
                 }
-                if s.tokens.len() == 1 {
-                    // One token: the paged kernel reads its pages in place.
+                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n * q_width);
+                rest = tail;
+                let rows = &q[row * q_width..(row + n) * q_width];
+                if n == 1 {
+                    // One token: the paged kernel reads its pages in place, after this loop,
+                    // with every other one-token sequence's across the compute threads.
                     let end = s.start + 1;
-                    let ctx = window.map_or(0, |w| end.saturating_sub(w))..end;
-                    kv.attend(s.lease, layer, ctx, shape, &q[row * q_width..][..q_width], &mut out[row * q_width..][..q_width], scratch).map_err(err)?;
+                    tokens.push(TokenQuery { lease: s.lease, ctx: window.map_or(0, |w| end.saturating_sub(w))..end, q: rows, out: mine });
                 } else {
                     // A chunk: its queries against the keys gathered once, as matrix products.
-                    let (n, end) = (s.tokens.len(), s.start + s.tokens.len());
+                    let end = s.start + n;
                     let first_key = window.map_or(0, |w| (s.start + 1).saturating_sub(w));
                     let (keys, values) = kv.gather(s.lease, layer, first_key..end).map_err(err)?;
-                    let rows = &q[row * q_width..(row + n) * q_width];
-                    let attended = attend_chunk(shape, rows, &keys, &values, s.start, first_key, window);
-                    out[row * q_width..(row + n) * q_width].copy_from_slice(&attended);
+                    mine.copy_from_slice(&attend_chunk(shape, rows, &keys, &values, s.start, first_key, window));
                 }
-                row += s.tokens.len();
+                row += n;
             }
+            attend_tokens(kv, layer, shape, tokens).map_err(err)?;
             let attn = Tensor::from_slice(&out, (n, q_width), &self.device)?;
             x = (x + project(&block.attn.o, &attn)?)?;
             x = (&x + block.mlp(&block.post_norm.forward(&x)?)?)?;

@@ -15,6 +15,7 @@ pub mod sampling;
 #[cfg(test)]
 mod tests;
 pub mod tiny;
+mod token_attention;
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@ use candle_core::{Device, Tensor};
 
 use super::Model;
 use super::llama::{SeqStep, to_vec};
-use crate::kv::{KvDtype, KvPool, Scratch};
+use crate::kv::{KvDtype, KvPool};
 
 fn setup(page_size: usize, pages: usize, dtype: KvDtype) -> (Model, std::sync::Arc<KvPool>) {
     let model = Model::tiny(&Device::Cpu).unwrap();
@@ -29,7 +29,7 @@ fn paged_prefill_equals_the_contiguous_reference() {
     let tokens = model.tokenizer.encode(PROMPT).unwrap();
     let reference = model.llama.forward_reference(&tokens).unwrap();
     let lease = pool.lease(tokens.len()).unwrap();
-    let paged = model.llama.forward(&[SeqStep { tokens: &tokens, start: 0, lease: &lease, every_row: false }], &pool, &mut Scratch::default()).unwrap();
+    let paged = model.llama.forward(&[SeqStep { tokens: &tokens, start: 0, lease: &lease, every_row: false }], &pool).unwrap();
     let d = max_diff(&row(&paged, 0), &row(&reference, tokens.len() - 1));
     assert!(d < 1e-4, "paged vs contiguous logits differ by {d}");
 }
@@ -41,12 +41,11 @@ fn prefill_then_decode_equals_recomputing_the_sequence() {
         let tokens = model.tokenizer.encode(PROMPT).unwrap();
         let split = 21; // not a page boundary
         let lease = pool.lease(tokens.len()).unwrap();
-        let mut scratch = Scratch::default();
-        model.llama.forward(&[SeqStep { tokens: &tokens[..split], start: 0, lease: &lease, every_row: false }], &pool, &mut scratch).unwrap();
+        model.llama.forward(&[SeqStep { tokens: &tokens[..split], start: 0, lease: &lease, every_row: false }], &pool).unwrap();
         let reference = model.llama.forward_reference(&tokens).unwrap();
         for pos in split..tokens.len() {
             let step = SeqStep { tokens: &tokens[pos..pos + 1], start: pos, lease: &lease, every_row: false };
-            let logits = model.llama.forward(&[step], &pool, &mut scratch).unwrap();
+            let logits = model.llama.forward(&[step], &pool).unwrap();
             let d = max_diff(&row(&logits, 0), &row(&reference, pos));
             assert!(d < tol, "{dtype}: position {pos} differs by {d}");
         }
@@ -59,14 +58,9 @@ fn a_batched_step_equals_each_sequence_alone() {
     let a = model.tokenizer.encode("first sequence").unwrap();
     let b = model.tokenizer.encode("a second, longer sequence of bytes").unwrap();
     let (la, lb) = (pool.lease(a.len()).unwrap(), pool.lease(b.len()).unwrap());
-    let mut scratch = Scratch::default();
     let both = model
         .llama
-        .forward(
-            &[SeqStep { tokens: &a, start: 0, lease: &la, every_row: false }, SeqStep { tokens: &b, start: 0, lease: &lb, every_row: false }],
-            &pool,
-            &mut scratch,
-        )
+        .forward(&[SeqStep { tokens: &a, start: 0, lease: &la, every_row: false }, SeqStep { tokens: &b, start: 0, lease: &lb, every_row: false }], &pool)
         .unwrap();
     let ra = model.llama.forward_reference(&a).unwrap();
     let rb = model.llama.forward_reference(&b).unwrap();
