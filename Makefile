@@ -58,9 +58,9 @@ bench:
 	$(CARGO) build --release -p kvgate-worker
 	bench/venv.sh bench/peer.py --worker target/release/kvgate-worker
 	bench/venv.sh bench/load.py --worker target/release/kvgate-worker
-	# The test images run these debug binaries; the worker with its test faults (a bench
-	# revision goes bad after its 20th handoff).
-	$(CARGO) build -p kvgate-worker --features testing -p kvgate-testenv
+	# The test images run these debug binaries: the operator, the node agent and the worker with
+	# its test faults (a bench revision goes bad after its 20th handoff).
+	$(CARGO) build -p kvgate-worker --features testing -p kvgate-testenv -p kvgate-operator
 	$(CARGO) bench -p kvgate-operator --bench operator
 
 ## The soaks, long: the mixed-abuse soak of one worker (worker/tests/abuse.rs) for ten minutes, and
