@@ -49,21 +49,21 @@ impl<S: Sink> Sink for Faulty<S> {
             Fault::DropPage if middle => {
                 // Lands outside the reservation; the reserved page stays unwritten.
                 frame.fields.page = u32::MAX;
-                frame.seal(Some(&self.key));
+                frame.seal(Some(&self.key))?;
             }
             Fault::CorruptPage if middle => {
                 // A sender whose memory went bad after the page was sealed: its MAC holds, its
                 // tag no longer matches the payload (a `checksum` refusal, not `auth`).
-                frame.payload_mut()[0] ^= 0x01;
+                frame.payload_mut()?[0] ^= 0x01;
             }
             Fault::WrongLayout => {
                 // K and V swapped: every checksum, MAC and fingerprint holds, the KV is wrong.
-                let payload = frame.payload_mut();
+                let payload = frame.payload_mut()?;
                 let half = payload.len() / 2;
                 payload.rotate_left(half);
-                frame.seal(Some(&self.key));
+                frame.seal(Some(&self.key))?;
             }
-            Fault::WrongAuth => frame.seal(Some(&self.wrong_key)),
+            Fault::WrongAuth => frame.seal(Some(&self.wrong_key))?,
             Fault::DuplicatePage if middle => self.inner.page(frame).await?,
             _ => {}
         }

@@ -10,6 +10,8 @@ use kvgate_proto::handoff::{
 };
 use kvgate_proto::logprobs::TokenLogprobs;
 use kvgate_proto::roles::Reservation;
+use std::io::IoSlice;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 
@@ -115,41 +117,116 @@ pub trait Sink {
     async fn abandon(self) -> Result<(), SendError>;
 }
 
-/// One page frame in wire order (header, fields, tag, MAC, payload) in one buffer.
-pub struct PageFrame<'a> {
-    pub fields: PageFields,
-    buf: &'a mut [u8],
+/// Pages at least this large go to the socket straight from the pool (read-locked for each
+/// non-blocking write), not through a copy: at 2 MiB a page (an 8B-shaped layout) copying it out
+/// cost more than tagging it. Smaller pages are staged, so that many leave in one write.
+pub const IN_PLACE_MIN_BYTES: usize = 64 << 10;
+
+/// Header, fields, tag and MAC: what precedes a page frame's payload on the wire.
+const FRAME_HEAD_LEN: usize = HEADER_LEN + PAGE_FIELDS_LEN + PAGE_SEAL_LEN;
+
+/// One page of the lease, where it lies in the pool.
+#[derive(Clone, Copy)]
+pub struct PoolPage<'a> {
+    pool: &'a KvPool,
+    lease: &'a Lease,
+    index: usize,
 }
 
-impl PageFrame<'_> {
-    pub fn bytes(&self) -> &[u8] {
-        self.buf
+impl PoolPage<'_> {
+    /// `read` over the page's bytes, under its read lock.
+    pub fn read<R>(&self, read: impl FnOnce(&[u8]) -> R) -> Result<R, KvError> {
+        self.pool.read_page(self.lease, self.index, read)
+    }
+}
+
+/// Where a page frame's payload is.
+pub enum Payload<'f> {
+    /// Copied out of the pool (slots past the prompt zeroed).
+    Staged(&'f [u8]),
+    /// Still in the pool: a full page, read when it is written.
+    InPool(PoolPage<'f>),
+}
+
+/// One page frame: header, fields, tag and MAC, then the payload, staged in a buffer or still in
+/// the pool.
+pub struct PageFrame<'a> {
+    pub fields: PageFields,
+    head: [u8; FRAME_HEAD_LEN],
+    page: PoolPage<'a>,
+    /// The staging buffer (a page long), holding the payload when `staged`.
+    buf: &'a mut [u8],
+    staged: bool,
+}
+
+impl<'a> PageFrame<'a> {
+    /// A full page's frame whose payload stays in the pool.
+    fn in_pool(fields: PageFields, page: PoolPage<'a>, buf: &'a mut [u8]) -> Self {
+        PageFrame { fields, head: [0; FRAME_HEAD_LEN], page, buf, staged: false }
     }
 
-    pub fn payload_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[HEADER_LEN + PAGE_FIELDS_LEN + PAGE_SEAL_LEN..]
+    /// A frame whose payload is copied into `buf`, with the slots past its `fields.tokens` zeroed:
+    /// they were never written by this request, and whatever is there (another tenant's KV when
+    /// scrubbing is off) stays here.
+    fn staged(fields: PageFields, page: PoolPage<'a>, buf: &'a mut [u8]) -> Result<Self, SendError> {
+        let mut frame = PageFrame { fields, head: [0; FRAME_HEAD_LEN], page, buf, staged: false };
+        frame.stage()?;
+        for range in page.pool.layout().unwritten_byte_ranges(fields.tokens as usize) {
+            frame.buf[range].fill(0);
+        }
+        Ok(frame)
+    }
+
+    fn stage(&mut self) -> Result<(), SendError> {
+        if !self.staged {
+            self.page.pool.copy_page(self.page.lease, self.page.index, self.buf)?;
+            self.staged = true;
+        }
+        Ok(())
+    }
+
+    /// Header, fields, tag and MAC.
+    pub fn head(&self) -> &[u8] {
+        &self.head
+    }
+
+    pub fn payload(&self) -> Payload<'_> {
+        if self.staged { Payload::Staged(self.buf) } else { Payload::InPool(self.page) }
+    }
+
+    /// The payload, to alter (a fault does): a page still in the pool is staged first, so the
+    /// pool is never written.
+    pub fn payload_mut(&mut self) -> Result<&mut [u8], SendError> {
+        self.stage()?;
+        Ok(self.buf)
+    }
+
+    /// Bytes on the wire.
+    pub fn len(&self) -> usize {
+        FRAME_HEAD_LEN + self.buf.len()
     }
 
     /// The tag the frame carries (its payload's checksum).
     pub fn checksum(&self) -> u128 {
         let at = HEADER_LEN + PAGE_FIELDS_LEN;
-        u128::from_le_bytes(self.buf[at..at + TAG_LEN].try_into().expect("16 bytes"))
+        u128::from_le_bytes(self.head[at..at + TAG_LEN].try_into().expect("16 bytes"))
     }
 
     /// Writes header and fields, the payload's tag (one pass over the payload) and the MAC over
     /// header, fields and tag (`None`: zeros, the integrity checks off).
-    pub fn seal(&mut self, key: Option<&FrameKey>) {
-        let (head, rest) = self.buf.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
+    pub fn seal(&mut self, key: Option<&FrameKey>) -> Result<(), SendError> {
+        let (head, seal) = self.head.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
         head.copy_from_slice(&self.fields.header());
-        let (seal, payload) = rest.split_at_mut(PAGE_SEAL_LEN);
         let (checksum, mac) = match key {
             Some(key) => {
-                let checksum = key.page_tags().tag(self.fields.index, payload);
+                let tag = |payload: &[u8]| key.page_tags().tag(self.fields.index, payload);
+                let checksum = if self.staged { tag(self.buf) } else { self.page.read(tag)? };
                 (checksum, page_mac(key, head, checksum))
             }
             None => (0, Mac([0; MAC_LEN])),
         };
         seal.copy_from_slice(&page_seal(checksum, &mac));
+        Ok(())
     }
 }
 
@@ -180,11 +257,21 @@ impl Sink for KvConnection<'_> {
     async fn page(&mut self, frame: &mut PageFrame<'_>) -> Result<(), SendError> {
         let first = self.out.is_none();
         let out = self.out().await?;
-        out.write_all(frame.bytes()).await?;
-        if first {
-            out.flush().await?;
+        match frame.payload() {
+            Payload::Staged(payload) => {
+                out.write_all(frame.head()).await?;
+                out.write_all(payload).await?;
+                if first {
+                    out.flush().await?;
+                }
+            }
+            Payload::InPool(page) => {
+                // Whatever is buffered goes first, then head and page straight to the socket.
+                out.flush().await?;
+                write_in_place(out.get_ref(), frame.head(), page, frame.fields.payload_len as usize).await?;
+            }
         }
-        self.metrics.bytes.inc_by(frame.bytes().len() as u64);
+        self.metrics.bytes.inc_by(frame.len() as u64);
         Ok(())
     }
 
@@ -230,8 +317,9 @@ impl Transfer<'_> {
         let page_bytes = layout.page_bytes();
         let n = r.pages.len();
         let mut checksums = Vec::with_capacity(n);
-        // One frame buffer for every page: header and fields, tag and MAC, the page.
-        let mut buf = vec![0u8; HEADER_LEN + PAGE_FIELDS_LEN + PAGE_SEAL_LEN + page_bytes];
+        let in_place = page_bytes >= IN_PLACE_MIN_BYTES && self.pool.in_host_memory();
+        // One staging buffer for every page that is copied out.
+        let mut buf = vec![0u8; page_bytes];
         // What the handoff's span reports: pages and bytes sent, time spent sealing them.
         let (mut sent_pages, mut sent_bytes, mut sealing) = (0usize, 0usize, std::time::Duration::ZERO);
         for (i, &dest) in r.pages.iter().enumerate() {
@@ -245,20 +333,15 @@ impl Transfer<'_> {
             }
             let tokens = (r.reserved_tokens - i as u32 * page_size).min(page_size);
             let fields = PageFields { handoff: id, index: i as u32, page: dest, tokens, payload_len: page_bytes as u32 };
-            let mut frame = PageFrame { fields, buf: &mut buf };
-            let payload = frame.payload_mut();
-            self.pool.copy_page(self.lease, i, payload)?;
-            // Slots past the prompt were never written by this request: whatever is there
-            // (another tenant's KV when scrubbing is off) stays here.
-            for range in layout.unwritten_byte_ranges(tokens as usize) {
-                payload[range].fill(0);
-            }
+            let page = PoolPage { pool: self.pool, lease: self.lease, index: i };
+            let mut frame =
+                if in_place && tokens == page_size { PageFrame::in_pool(fields, page, &mut buf) } else { PageFrame::staged(fields, page, &mut buf)? };
             let sealed = std::time::Instant::now();
-            frame.seal(key.as_ref());
+            frame.seal(key.as_ref())?;
             sealing += sealed.elapsed();
             sink.page(&mut frame).await?;
             checksums.push(frame.checksum());
-            (sent_pages, sent_bytes) = (sent_pages + 1, sent_bytes + frame.bytes().len());
+            (sent_pages, sent_bytes) = (sent_pages + 1, sent_bytes + frame.len());
         }
         let commit = CommitFrame {
             handoff: id,
@@ -282,6 +365,27 @@ impl Transfer<'_> {
         }
         Ok(SendOutcome::Acked(ack))
     }
+}
+
+/// Writes `head` and then the page (`len` bytes) to `socket` with non-blocking writes, the page
+/// read-locked for each write only (never across a wait for the socket), so nothing copies it
+/// first.
+async fn write_in_place(socket: &TcpStream, head: &[u8], page: PoolPage<'_>, len: usize) -> Result<(), SendError> {
+    let mut sent = 0;
+    while sent < head.len() + len {
+        socket.writable().await?;
+        let written = page.read(|payload| {
+            let (h, p) = if sent < head.len() { (&head[sent..], payload) } else { (&[][..], &payload[sent - head.len()..]) };
+            socket.try_write_vectored(&[IoSlice::new(h), IoSlice::new(p)])
+        })?;
+        match written {
+            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 async fn read_ack(mut stream: TcpStream) -> Result<AckFrame, SendError> {

@@ -297,11 +297,22 @@ impl KvPool {
     }
 
     /// Copies the lease's `index`-th page into `out` (exactly a page long): the handoff's
-    /// sender fills its frame buffer this way, with no allocation per page.
+    /// sender stages small pages this way, with no allocation per page.
     pub fn copy_page(&self, lease: &Lease, index: usize, out: &mut [u8]) -> Result<(), KvError> {
+        self.read_page(lease, index, |page| out.copy_from_slice(page))
+    }
+
+    /// `read` over the lease's `index`-th page, in place under the page's read lock where pages
+    /// are in host memory (a device page is copied out first): the handoff's sender tags large
+    /// pages and hands them to the socket this way, with no copy of its own.
+    pub fn read_page<R>(&self, lease: &Lease, index: usize, read: impl FnOnce(&[u8]) -> R) -> Result<R, KvError> {
         let page = self.owned_page(lease, index * self.layout.page_size)?;
-        out.copy_from_slice(&self.store.read(page.id)?);
-        Ok(())
+        Ok(read(&self.store.read(page.id)?))
+    }
+
+    /// Whether pages live in host memory (read in place), not on a device.
+    pub fn in_host_memory(&self) -> bool {
+        self.store.in_host_memory()
     }
 
     /// Overwrites the lease's `index`-th page with `bytes` (a whole page, as a handoff frame

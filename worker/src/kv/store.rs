@@ -54,6 +54,10 @@ impl PageStore {
         PageStore::Cuda(std::sync::Mutex::new(store))
     }
 
+    pub fn in_host_memory(&self) -> bool {
+        matches!(self, PageStore::Host(_))
+    }
+
     /// The bytes of page `id`, held until the returned value is dropped.
     pub fn read(&self, id: u32) -> Result<PageRead<'_>, StoreError> {
         match self {
