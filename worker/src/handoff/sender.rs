@@ -202,7 +202,7 @@ impl<'a> PageFrame<'a> {
     }
 
     /// Bytes on the wire.
-    pub fn len(&self) -> usize {
+    pub fn wire_len(&self) -> usize {
         FRAME_HEAD_LEN + self.buf.len()
     }
 
@@ -271,7 +271,7 @@ impl Sink for KvConnection<'_> {
                 write_in_place(out.get_ref(), frame.head(), page, frame.fields.payload_len as usize).await?;
             }
         }
-        self.metrics.bytes.inc_by(frame.len() as u64);
+        self.metrics.bytes.inc_by(frame.wire_len() as u64);
         Ok(())
     }
 
@@ -341,7 +341,7 @@ impl Transfer<'_> {
             sealing += sealed.elapsed();
             sink.page(&mut frame).await?;
             checksums.push(frame.checksum());
-            (sent_pages, sent_bytes) = (sent_pages + 1, sent_bytes + frame.len());
+            (sent_pages, sent_bytes) = (sent_pages + 1, sent_bytes + frame.wire_len());
         }
         let commit = CommitFrame {
             handoff: id,
