@@ -150,8 +150,12 @@ fn a_pod_that_cannot_start_is_named_in_status_and_a_deleted_handoff_secret_comes
     let _op = Operator::start_in(cp, "operator-stuck", "lease-stuck", Some(&ns));
     // An image no node has: the pods never start, and status says so in the pods' own words.
     apply_yaml(cp, &ns, &with_image(&tiny("llm", 256, 1024, 1024, ""), "ghcr.io/kvgate/kvgate-worker-nowhere:0.1.0"));
-    eventually(cp, &ns, "Progressing naming the pods that cannot start", LONG, || {
-        condition(&infd(cp, &ns, "llm"), "Progressing").is_some_and(|c| c["reason"] == "PodsCannotStart")
+    // Pods fail to pull one by one: wait until status names one of each role, as it must.
+    eventually(cp, &ns, "Progressing naming the prefill and decode pods that cannot start", LONG, || {
+        condition(&infd(cp, &ns, "llm"), "Progressing").is_some_and(|c| {
+            let message = c["message"].as_str().unwrap_or_default();
+            c["reason"] == "PodsCannotStart" && message.contains("llm-prefill-") && message.contains("llm-decode-")
+        })
     });
     let d = infd(cp, &ns, "llm");
     let message = condition(&d, "Progressing").unwrap()["message"].as_str().unwrap().to_string();
