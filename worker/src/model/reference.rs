@@ -26,9 +26,10 @@ impl Llama {
             let mask = mask(self.cfg.window(layer))?;
             let h = block.input_norm.forward(&x)?;
             let heads = |t: Tensor, count: usize| t.reshape((n, count, d))?.transpose(0, 1)?.contiguous();
-            let q = heads(self.rotate(&block.attn.q.forward(&h)?, h_n, &cos, &sin)?, h_n)?;
-            let k = heads(self.rotate(&block.attn.k.forward(&h)?, kv_n, &cos, &sin)?, kv_n)?;
-            let v = heads(block.attn.v.forward(&h)?, kv_n)?;
+            let (q, k, v) = block.attn.qkv(&h, |l, x| l.forward(x))?;
+            let q = heads(self.rotate(&q, h_n, &cos, &sin)?, h_n)?;
+            let k = heads(self.rotate(&k, kv_n, &cos, &sin)?, kv_n)?;
+            let v = heads(v, kv_n)?;
             // Repeat each K/V head for its group of query heads.
             let group = h_n / kv_n;
             let k = Tensor::cat(&vec![k.unsqueeze(1)?; group], 1)?.reshape((h_n, n, d))?;
@@ -37,7 +38,7 @@ impl Llama {
             let attn = softmax_last(&scores)?.matmul(&v)?; // [heads, n, d]
             let attn = attn.transpose(0, 1)?.reshape((n, h_n * d))?;
             x = (x + block.attn.o.forward(&attn)?)?;
-            x = (&x + block.mlp(&block.post_norm.forward(&x)?)?)?;
+            x = (&x + block.mlp(&block.post_norm.forward(&x)?, |l, x| l.forward(x))?)?;
         }
         let logits = self.lm_head.forward(&self.norm.forward(&x)?)?;
         logits.to_dtype(candle_core::DType::F32)
