@@ -34,7 +34,7 @@ VOCAB = 4096
 PREFILL = (512, 2048, 8192)
 DECODE_PROMPT = 128
 DECODE_TOKENS = 64
-RUNS = 3
+RUNS = 5
 SHAPE = dict(
     vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
     num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=16384,
@@ -99,13 +99,21 @@ class Kvgate:
 
 
 def median_time(f):
-    f()  # warm-up
-    times = []
+    return side_by_side(f)[0]
+
+
+def side_by_side(*fs):
+    """Each function warmed up, then run RUNS times in turn (the machine's speed drifts between
+    runs here, so each side sees the same drift): [(median time, last output)] per function."""
+    for f in fs:
+        f()
+    times, outs = [[] for _ in fs], [None] * len(fs)
     for _ in range(RUNS):
-        t = time.perf_counter()
-        out = f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
+        for i, f in enumerate(fs):
+            t = time.perf_counter()
+            outs[i] = f()
+            times[i].append(time.perf_counter() - t)
+    return [(statistics.median(t), out) for t, out in zip(times, outs)]
 
 
 def served_decode(server, prompts):
@@ -149,8 +157,7 @@ def against_llamacpp(k, model_dir, g, threads):
     try:
         for n in PREFILL[1:]:
             prompt = torch.randint(0, VOCAB, (n,), generator=g).tolist()
-            tk, ktok = median_time(lambda: k.complete(prompt, 1))
-            tl, ltok = median_time(lambda: server.complete(prompt, 1))
+            (tk, ktok), (tl, ltok) = side_by_side(lambda: k.complete(prompt, 1), lambda: server.complete(prompt, 1))
             rows.append((f"prefill, {n}-token prompt (tokens/s)", n / tk, n / tl, agreement([ktok], [ltok])))
         prompts = [torch.randint(0, VOCAB, (DECODE_PROMPT,), generator=g).tolist() for _ in range(streams)]
         for batch in (1, 8, streams):
@@ -199,9 +206,8 @@ def main():
             g = torch.Generator().manual_seed(1)
             for n in PREFILL:
                 prompt = torch.randint(0, VOCAB, (n,), generator=g).tolist()
-                tk, ktok = median_time(lambda: k.complete(prompt, 1))
                 with torch.no_grad():
-                    th, logits = median_time(lambda: model(torch.tensor([prompt]), logits_to_keep=1).logits)
+                    (tk, ktok), (th, logits) = side_by_side(lambda: k.complete(prompt, 1), lambda: model(torch.tensor([prompt]), logits_to_keep=1).logits)
                 htok = [int(logits[0, -1].argmax())]
                 same &= ktok == htok
                 rows.append((f"prefill, {n}-token prompt", n / tk, n / th, "tokens/s (prompt tokens / time to the first token)", ktok == htok))
@@ -225,7 +231,7 @@ def main():
     for what, k_rate, h_rate, unit, equal in rows:
         print(f"| {what} | {k_rate:.0f} | {h_rate:.0f} | {k_rate / h_rate:.2f}x | {'yes' if equal else 'NO'} |")
     print()
-    print(f"(rates in {rows[0][3]} and {rows[-1][3]}; median of {RUNS} after a warm-up)")
+    print(f"(rates in {rows[0][3]} and {rows[-1][3]}; median of {RUNS} after a warm-up, the two sides run in turn)")
     print()
     print(f"| benchmark (same weights as an f32 GGUF; llama.cpp's server from xllamacpp {version}, {args.threads} threads, 32 slots over one unified KV cache) | kvgate | llama.cpp | kvgate / llama.cpp | greedy agreement |")
     print("| --- | --- | --- | --- | --- |")
