@@ -6,6 +6,7 @@ pub mod heap;
 pub mod lanes;
 pub mod level;
 pub mod matvec;
+pub mod silu;
 pub mod softmax;
 pub mod threads;
 

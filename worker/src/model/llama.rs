@@ -6,9 +6,10 @@ use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
 
 use super::chunk_attention::attend_chunk;
 use super::config::ModelConfig;
-use super::projection::project;
+use super::projection::{project, with_slice};
 use super::rope::Rope;
 use super::token_attention::{TokenQuery, attend_tokens};
+use crate::cpu;
 use crate::kv::{AttnShape, KvPool, Lease};
 
 /// One sequence's share of a batched step: `tokens` at positions `start..start + tokens.len()`.
@@ -101,7 +102,13 @@ impl Block {
 
     pub(crate) fn mlp(&self, x: &Tensor, project: impl Fn(&Linear, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
         let y = project(&self.gate_up, x)?;
-        let gated = (y.narrow(1, 0, self.intermediate)?.silu()? * y.narrow(1, self.intermediate, self.intermediate)?)?;
+        let gated = match (y.dims2()?, y.device()) {
+            ((rows, _), Device::Cpu) if y.dtype() == DType::F32 => {
+                let out = with_slice(&y.contiguous()?, |ys| Ok(cpu::silu::silu_mul(ys, self.intermediate)))?;
+                Tensor::from_vec(out, (rows, self.intermediate), &Device::Cpu)?
+            }
+            _ => (y.narrow(1, 0, self.intermediate)?.silu()? * y.narrow(1, self.intermediate, self.intermediate)?)?,
+        };
         project(&self.down, &gated)
     }
 }

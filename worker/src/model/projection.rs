@@ -41,7 +41,7 @@ pub fn project(layer: &Linear, x: &Tensor) -> Result<Tensor> {
 
 /// Runs `f` over a contiguous CPU f32 tensor's elements in place (no copy of weights or bias on
 /// a decode step).
-fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+pub(crate) fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     match (&*storage, layout.contiguous_offsets()) {
         (candle_core::Storage::Cpu(cpu), Some((start, end))) => f(&cpu.as_slice::<f32>()?[start..end]),
