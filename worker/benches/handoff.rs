@@ -1,7 +1,9 @@
 //! Handoff benchmarks, printed as a Markdown table (see the README). Run with
 //! `cargo bench -p kvgate-worker --bench handoff`. Rows that are compared run side by side: for
 //! each layout and prompt, memcpy of the same bytes, the best single loopback TCP stream (large
-//! writes and reads, big socket buffers), and the KV handoff with integrity checks on and off.
+//! writes and reads, big socket buffers), the KV handoff with integrity checks on and off, and
+//! the same stream from and into buffers as long as the transfer (what moving the bytes through
+//! memory costs a plain stream).
 
 use std::time::{Duration, Instant};
 
@@ -49,7 +51,16 @@ fn memcpy(bytes: usize, page: usize) -> Duration {
 /// One loopback TCP stream moving `bytes` with 4 MiB writes and reads and 8 MiB socket
 /// buffers, then a one-byte ack: the best a single stream does on this machine.
 async fn best_tcp(bytes: usize) -> Duration {
-    const CHUNK: usize = 4 << 20;
+    tcp_stream(bytes, vec![7u8; TCP_CHUNK], vec![0u8; TCP_CHUNK]).await.0
+}
+
+const TCP_CHUNK: usize = 4 << 20;
+
+/// The same stream writing from successive 4 MiB pieces of `src` and reading into successive
+/// pieces of `dst`, each taken again from its start when it is shorter than `bytes`: with 4 MiB
+/// buffers the data stays in cache (the best stream), with buffers as long as the transfer it
+/// comes from memory and goes to memory, as a handoff's pages do. Gives the buffers back.
+async fn tcp_stream(bytes: usize, src: Vec<u8>, mut dst: Vec<u8>) -> (Duration, Vec<u8>, Vec<u8>) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(8 << 20).unwrap();
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -57,32 +68,34 @@ async fn best_tcp(bytes: usize) -> Duration {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
-        let mut sink = vec![0u8; CHUNK];
-        let mut left = bytes;
-        while left > 0 {
-            let n = s.read(&mut sink[..CHUNK.min(left)]).await.unwrap();
+        let mut done = 0;
+        while done < bytes {
+            let at = done % dst.len();
+            let end = (at + TCP_CHUNK.min(bytes - done)).min(dst.len());
+            let n = s.read(&mut dst[at..end]).await.unwrap();
             assert!(n > 0, "stream ended early");
-            left -= n;
+            done += n;
         }
         s.write_all(&[1]).await.unwrap();
+        dst
     });
-    let data = vec![7u8; CHUNK];
     let client = tokio::net::TcpSocket::new_v4().unwrap();
     client.set_send_buffer_size(8 << 20).unwrap();
     let t = Instant::now();
     let mut s: TcpStream = client.connect(addr).await.unwrap();
     s.set_nodelay(true).unwrap();
-    let mut left = bytes;
-    while left > 0 {
-        let n = CHUNK.min(left);
-        s.write_all(&data[..n]).await.unwrap();
-        left -= n;
+    let mut done = 0;
+    while done < bytes {
+        let at = done % src.len();
+        let n = TCP_CHUNK.min(bytes - done).min(src.len() - at);
+        s.write_all(&src[at..at + n]).await.unwrap();
+        done += n;
     }
     let mut ack = [0u8; 1];
     s.read_exact(&mut ack).await.unwrap();
     let took = t.elapsed();
-    server.await.unwrap();
-    took
+    let dst = server.await.unwrap();
+    (took, src, dst)
 }
 
 /// A prefill and a decode moving `tokens` of layout `l`, with every check on or off.
@@ -92,19 +105,32 @@ async fn rig(l: KvLayout, tokens: usize, checks: bool) -> Rig {
     Rig::new(decode_pool, tokens, tokens + 1, checks).await
 }
 
-/// The best TCP stream and the handoff with checks on and off, in rounds that take one of each
-/// in turn (this machine's speed drifts between seconds; a ratio of neighbours drifts less):
-/// the median of each.
-async fn side_by_side(l: KvLayout, tokens: usize) -> (Duration, Duration, Duration) {
+/// What one round of `side_by_side` measured (medians).
+struct Round {
+    tcp: Duration,
+    on: Duration,
+    off: Duration,
+    /// The stream between two buffers as long as the transfer (`tcp_stream`).
+    tcp_memory: Duration,
+}
+
+/// The best TCP stream, the handoff with checks on and off and the stream from and into memory,
+/// in rounds that take one of each in turn (this machine's speed drifts between seconds; a
+/// ratio of neighbours drifts less): the median of each.
+async fn side_by_side(l: KvLayout, tokens: usize) -> Round {
     let bytes = l.pages_for(tokens) * l.page_bytes();
     let (on, off) = (rig(l, tokens, true).await, rig(l, tokens, false).await);
-    let (mut tcp, mut with, mut without) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut src, mut dst) = (vec![7u8; bytes], vec![1u8; bytes]);
+    let (mut tcp, mut with, mut without, mut memory) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs(bytes) {
         tcp.push(best_tcp(bytes).await);
         with.push(on.send_one().await);
         without.push(off.send_one().await);
+        let took;
+        (took, src, dst) = tcp_stream(bytes, src, dst).await;
+        memory.push(took);
     }
-    (median(tcp), median(with), median(without))
+    Round { tcp: median(tcp), on: median(with), off: median(without), tcp_memory: median(memory) }
 }
 
 /// CPU time of one integrity primitive over every page of the transfer, one side's worth:
@@ -176,7 +202,7 @@ async fn main() {
         let mib = bytes as f64 / (1 << 20) as f64;
         let rate = |d: Duration| format!("{:.0} MiB/s, {:.0} pages/s ({:.1} ms)", mib / d.as_secs_f64(), pages as f64 / d.as_secs_f64(), d.as_secs_f64() * 1e3);
         let copy = memcpy(bytes, page);
-        let (tcp, on, off) = side_by_side(l, tokens).await;
+        let Round { tcp, on, off, tcp_memory } = side_by_side(l, tokens).await;
         let what = format!("{name} layout, {tokens}-token prompt ({mib:.0} MiB, {pages} pages of {} KiB)", page >> 10);
         println!("| memcpy, {what} | {} | the floor of any copy |", rate(copy));
         println!("| best loopback TCP stream, {what} | {} | 4 MiB writes and reads, 8 MiB socket buffers |", rate(tcp));
@@ -185,6 +211,12 @@ async fn main() {
             rate(on)
         );
         println!("| KV handoff, checks off, {what} | {} | same transfer, no tag/MAC/digest work |", rate(off));
+        println!(
+            "| loopback TCP stream from memory into memory, {what} | {} ({:.2}x the best stream; the handoff with every check on runs at {:.2}x this rate) | the best stream's writes and reads, but from and into two buffers as long as the transfer, as a handoff's pages are |",
+            rate(tcp_memory),
+            tcp.as_secs_f64() / tcp_memory.as_secs_f64(),
+            tcp_memory.as_secs_f64() / on.as_secs_f64()
+        );
         println!(
             "| handoff / best TCP, checks on / off, {what} | {:.2}x, {:.2}x slower | aims: at least 0.7x; at most 1.3x |",
             tcp.as_secs_f64() / on.as_secs_f64(),
@@ -242,7 +274,7 @@ async fn main() {
     // target/bench/*.csv too, for bench/plot.py's figures in docs/.
     let mut curve = Vec::new();
     for tokens in [1024usize, 2048, 4096, 8192] {
-        let (tcp, on, _) = side_by_side(LLAMA_8B, tokens).await;
+        let Round { tcp, on, .. } = side_by_side(LLAMA_8B, tokens).await;
         let pages = LLAMA_8B.pages_for(tokens);
         println!(
             "| handoff time, {pages} pages of 2 MiB (8B-shaped, {tokens} tokens) | {:.1} ms (best TCP {:.1} ms, {:.2}x) | {:.0} pages/s with every check |",
