@@ -48,13 +48,14 @@ fn memcpy(bytes: usize, page: usize) -> Duration {
     )
 }
 
+/// Writes and reads of the TCP streams.
+const TCP_CHUNK: usize = 4 << 20;
+
 /// One loopback TCP stream moving `bytes` with 4 MiB writes and reads and 8 MiB socket
 /// buffers, then a one-byte ack: the best a single stream does on this machine.
 async fn best_tcp(bytes: usize) -> Duration {
     tcp_stream(bytes, vec![7u8; TCP_CHUNK], vec![0u8; TCP_CHUNK]).await.0
 }
-
-const TCP_CHUNK: usize = 4 << 20;
 
 /// The same stream writing from successive 4 MiB pieces of `src` and reading into successive
 /// pieces of `dst`, each taken again from its start when it is shorter than `bytes`: with 4 MiB
