@@ -10,8 +10,7 @@ fn main() -> std::process::ExitCode {
     // tuned for model steps. A router computes nothing and keeps glibc's defaults, which give
     // memory back sooner.
     if cli.command.runs_a_model() {
-        kvgate_worker::cpu::threads::fix_from_machine();
-        kvgate_worker::cpu::heap::keep_step_buffers();
+        kvgate_worker::cpu::prepare_model_process();
     }
     let _traces = kvgate_telemetry::init(cli.log_format, "info", cli.command.service_name());
     if cli.check_config {

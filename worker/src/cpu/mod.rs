@@ -11,3 +11,12 @@ pub mod softmax;
 pub mod threads;
 
 pub use level::{Level, level};
+
+/// What a process that runs a model sets first thing in `main`, while it has one thread: the
+/// compute threads' count and the heap tuned for model steps. The benches that run the engine
+/// in-process call it too, so that they measure it as the worker runs it (without it, candle
+/// reads `/proc/cpuinfo` on every matrix product: a tenth of a tiny model's decode).
+pub fn prepare_model_process() {
+    threads::fix_from_machine();
+    heap::keep_step_buffers();
+}
