@@ -117,15 +117,23 @@ def side_by_side(*fs):
 
 
 def served_decode(server, prompts):
-    """Aggregate decode tokens/s of len(prompts) concurrent greedy streams on a server (kvgate or
-    llama.cpp: from the last first token to the last end), and their tokens."""
-    once = lambda: llamacpp.concurrent(server, prompts, DECODE_TOKENS + 1)
-    once()
-    rates, out = [], None
+    """One round: aggregate decode tokens/s of len(prompts) concurrent greedy streams on a server
+    (kvgate or llama.cpp: from the last first token to the last end), and their tokens."""
+    out = llamacpp.concurrent(server, prompts, DECODE_TOKENS + 1)
+    return len(prompts) * DECODE_TOKENS / (max(o[1] for o in out) - max(o[0] for o in out)), [o[2] for o in out]
+
+
+def rates_side_by_side(*fs):
+    """Like side_by_side, for functions that measure their own rate: each returns (rate, output);
+    [(median rate, last output)] per function, the functions run in turn."""
+    for f in fs:
+        f()
+    rates, outs = [[] for _ in fs], [None] * len(fs)
     for _ in range(RUNS):
-        out = once()
-        rates.append(len(prompts) * DECODE_TOKENS / (max(o[1] for o in out) - max(o[0] for o in out)))
-    return statistics.median(rates), [o[2] for o in out]
+        for i, f in enumerate(fs):
+            rate, outs[i] = f()
+            rates[i].append(rate)
+    return [(statistics.median(r), out) for r, out in zip(rates, outs)]
 
 
 def agreement(a, b):
@@ -139,11 +147,16 @@ def agreement(a, b):
 
 
 def hf_decode(model, prompts):
+    """One round of transformers' decode: tokens/s after the first token, and the tokens."""
     ids = torch.tensor(prompts)
     gen = lambda n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
     with torch.no_grad():
-        t_first, _ = median_time(lambda: gen(1))
-        t_all, out = median_time(lambda: gen(DECODE_TOKENS + 1))
+        t = time.perf_counter()
+        gen(1)
+        t_first = time.perf_counter() - t
+        t = time.perf_counter()
+        out = gen(DECODE_TOKENS + 1)
+        t_all = time.perf_counter() - t
     return len(prompts) * DECODE_TOKENS / (t_all - t_first), out[:, ids.shape[1]:].tolist()
 
 
@@ -161,8 +174,7 @@ def against_llamacpp(k, model_dir, g, threads):
             rows.append((f"prefill, {n}-token prompt (tokens/s)", n / tk, n / tl, agreement([ktok], [ltok])))
         prompts = [torch.randint(0, VOCAB, (DECODE_PROMPT,), generator=g).tolist() for _ in range(streams)]
         for batch in (1, 8, streams):
-            rk, ktoks = served_decode(k, prompts[:batch])
-            rl, ltoks = served_decode(server, prompts[:batch])
+            (rk, ktoks), (rl, ltoks) = rates_side_by_side(lambda: served_decode(k, prompts[:batch]), lambda: served_decode(server, prompts[:batch]))
             rows.append((f"decode, {batch} concurrent streams, {DECODE_PROMPT}-token prompts (tokens/s)", rk, rl, agreement(ktoks, ltoks)))
     finally:
         server.close()
@@ -183,8 +195,8 @@ def by_kernel_level(worker, model_dir, g):
             continue
         try:
             t, _ = median_time(lambda: k.complete(prompt, 1))
-            d1, _ = served_decode(k, prompts[:1])
-            d8, _ = served_decode(k, prompts)
+            [(d1, _)] = rates_side_by_side(lambda: served_decode(k, prompts[:1]))
+            [(d8, _)] = rates_side_by_side(lambda: served_decode(k, prompts))
             rows.append((level, PREFILL[1] / t, d1, d8, ""))
         finally:
             k.close()
@@ -213,8 +225,7 @@ def main():
                 rows.append((f"prefill, {n}-token prompt", n / tk, n / th, "tokens/s (prompt tokens / time to the first token)", ktok == htok))
             prompts = [torch.randint(0, VOCAB, (DECODE_PROMPT,), generator=g).tolist() for _ in range(8)]
             for batch in (1, 8):
-                rk, ktoks = served_decode(k, prompts[:batch])
-                rh, htoks = hf_decode(model, prompts[:batch])
+                (rk, ktoks), (rh, htoks) = rates_side_by_side(lambda: served_decode(k, prompts[:batch]), lambda: hf_decode(model, prompts[:batch]))
                 equal = ktoks == htoks
                 same &= equal
                 rows.append((f"decode, batch {batch}, {DECODE_PROMPT}-token prompts", rk, rh, f"tokens/s over {DECODE_TOKENS} tokens after the first", equal))
