@@ -1,5 +1,6 @@
 //! The operator process itself: a restart mid-rollout resumes without duplicate work, a
-//! reconcile with nothing changed writes nothing, and of two replicas only the leader writes.
+//! reconcile with nothing changed writes nothing, fields of owned objects changed by hand are put
+//! back (by a running and by a restarted operator), and of two replicas only the leader writes.
 //! Each test runs its own operators (on their own Lease, watching only the test's namespace)
 //! against the shared control plane.
 
@@ -66,6 +67,38 @@ fn a_restart_mid_rollout_resumes_without_duplicates_and_an_idle_reconcile_writes
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(versions(cp, &ns, "llm"), before, "an idle reconcile wrote to the API server");
     assert_eq!(get_json(cp, &["-n", &ns, "get", "secret", "llm-handoff"])["data"]["secret"], handoff_secret, "the handoff secret was regenerated");
+}
+
+#[test]
+fn fields_of_owned_objects_changed_by_hand_are_put_back_by_this_operator_and_a_restarted_one() {
+    let cp = cluster();
+    let ns = cp.restricted_namespace("drift");
+    let first = Operator::start_in(cp, "operator-drift-1", "lease-drift", Some(&ns));
+    apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "llm")["status"]["phase"] == "Available");
+    let decode = get_json(cp, &["-n", &ns, "get", "deployments", "-l", "app.kubernetes.io/component=decode"])["items"][0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let replicas = |cp: &ControlPlane| get_json(cp, &["-n", &ns, "get", "deployment", &decode])["spec"]["replicas"].clone();
+    let selector = |cp: &ControlPlane| get_json(cp, &["-n", &ns, "get", "service", "llm"])["spec"]["selector"]["app.kubernetes.io/component"].clone();
+    let (want_replicas, want_selector) = (replicas(cp), selector(cp));
+
+    // Changed by hand (each field's owner becomes the editor): the watch's digest of what the
+    // operator owns no longer matches, and the next apply puts each field back.
+    let drift = |cp: &ControlPlane| {
+        cp.kubectl_ok(&["-n", &ns, "scale", "deployment", &decode, "--replicas=3"]);
+        cp.kubectl_ok(&["-n", &ns, "patch", "service", "llm", "--type=merge", "-p", r#"{"spec":{"selector":{"app.kubernetes.io/component":"elsewhere"}}}"#]);
+    };
+    drift(cp);
+    eventually(cp, &ns, "the scaled Deployment and the edited Service put back", LONG, || replicas(cp) == want_replicas && selector(cp) == want_selector);
+
+    // The same with the edits made while no operator runs: a new one learns them from its first
+    // list, with nothing remembered of its own applies.
+    drop(first);
+    drift(cp);
+    let _second = Operator::start_in(cp, "operator-drift-2", "lease-drift", Some(&ns));
+    eventually(cp, &ns, "put back by the restarted operator", LONG, || replicas(cp) == want_replicas && selector(cp) == want_selector);
 }
 
 #[test]

@@ -23,7 +23,7 @@ use super::{Context, Error, MANAGER, event, inference_pool};
 use crate::crd::{Engine, InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
 use crate::render::{engine, router, secret, workers};
-use crate::watch::{self, diff};
+use crate::watch::{self, cached};
 
 /// Applies `obj` unless the watched copy in `store` already holds it. Unchanged objects are
 /// never written, and not even sent once the watch shows the version an apply returned.
@@ -44,7 +44,7 @@ where
     };
     if let Some(seen) = watch::get(store, &ns, &name) {
         let version = seen.resource_version();
-        if ctx.memory.applied(d, &key, hash, version.as_deref()) || diff::holds(&serde_json::to_value(&*seen).unwrap_or_default(), &body) {
+        if ctx.memory.applied(d, &key, hash, version.as_deref()) || cached::holds(&*seen, &body) {
             return Ok(());
         }
     }

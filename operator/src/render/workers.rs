@@ -50,7 +50,12 @@ pub fn model_flag(d: &InferenceDeployment) -> (String, Option<Volume>) {
 fn env_field(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
-        value_from: Some(EnvVarSource { field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }), ..Default::default() }),
+        // The API version spelled out as the API server fills it in: the selector is applied
+        // whole, and the watch compares what the operator owns with what it would apply.
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.into(), api_version: Some("v1".into()) }),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

@@ -1,6 +1,7 @@
-//! Writes only differences: an object the operator would apply is compared with what the watch
-//! last saw. Everything the operator sets must be there with the same value; what the API
-//! server adds (defaults, status, its own metadata) is not a difference.
+//! Writes only differences, for an object read whole (the InferencePool, read when its pass
+//! needs it; watched kinds compare digests, `cached`): an object the operator would apply is
+//! compared with the one read. Everything the operator sets must be there with the same value;
+//! what the API server adds (defaults, status, its own metadata) is not a difference.
 
 use serde_json::Value;
 

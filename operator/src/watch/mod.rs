@@ -3,8 +3,11 @@
 //! LIST per reconcile. Each change wakes the reconcile of the InferenceDeployment it belongs to;
 //! a deleted pod's cached report is dropped. The operator waits for every store's first list
 //! before it reconciles anything, so a pass never mistakes "not listed yet" for "missing".
+//! The stores keep each object as `cached` trims it, not whole.
 
+pub mod cached;
 pub mod diff;
+pub mod owned;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -23,6 +26,7 @@ use serde::de::DeserializeOwned;
 use crate::crd::InferenceDeployment;
 use crate::render::labels;
 use crate::tasks::Trigger;
+use cached::Cached;
 
 /// Every kind the operator owns, as the watches last saw it.
 #[derive(Clone)]
@@ -83,11 +87,11 @@ fn watch<K>(
     gone: impl Fn(&K) + Send + Sync + 'static,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Cached<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
     let trigger = trigger.clone();
-    let events = watcher(api, watcher::Config::default().labels(labels)).default_backoff().modify(strip).reflect(writer);
+    let events = watcher(api, watcher::Config::default().labels(labels)).default_backoff().modify(cached::compact).reflect(writer);
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
@@ -105,7 +109,7 @@ where
     reader
 }
 
-/// What the operator never reads: managed fields are most of an object's size in memory.
+/// What the operator never reads of an InferenceDeployment: its managed fields.
 pub fn strip<K: Resource>(o: &mut K) {
     o.meta_mut().managed_fields = None;
 }

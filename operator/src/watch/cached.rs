@@ -1,0 +1,139 @@
+//! What the watch cache keeps of each owned object: its metadata, what the reconcile reads, and
+//! the digest of the fields this operator's applies own (`owned`). Specs are most of an object's
+//! memory, and an apply only needs their digest to know whether anything it sets differs; with
+//! 1,000 deployments the whole objects held most of the operator's memory.
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::Resource;
+use serde::Serialize;
+
+use super::owned;
+use crate::reconcile::MANAGER;
+
+/// Where the cached copy carries `owned::observed`. Only ever in the operator's memory: the
+/// watch sets it on what it caches, and nothing cached is sent back.
+const OWNED_DIGEST: &str = "kvgate.dev/owned-fields-digest";
+
+/// A kind as the watch cache keeps it.
+pub trait Cached: Resource + Serialize {
+    /// Whether the operator applies objects of this kind (and so compares their digest).
+    const APPLIED: bool = true;
+    /// Drops what neither the reconcile reads nor an apply compares.
+    fn trim(&mut self);
+}
+
+/// Prepares a watched object for the cache: the digest of the operator's owned fields (of an
+/// applied kind), then without managed fields and trimmed.
+pub fn compact<K: Cached>(o: &mut K) {
+    if K::APPLIED {
+        let digest = serde_json::to_value(&*o).ok().and_then(|v| owned::observed(&v, MANAGER));
+        let annotations = o.meta_mut().annotations.get_or_insert_default();
+        match digest {
+            Some(d) => annotations.insert(OWNED_DIGEST.into(), format!("{d:016x}")),
+            None => annotations.remove(OWNED_DIGEST),
+        };
+    }
+    o.meta_mut().managed_fields = None;
+    o.trim();
+}
+
+/// Whether the cached `seen` holds every field of `body` (an object the operator would apply)
+/// with the same value, and nothing else the operator owns.
+pub fn holds<K: Resource>(seen: &K, body: &serde_json::Value) -> bool {
+    let digest = seen.meta().annotations.as_ref().and_then(|a| a.get(OWNED_DIGEST));
+    digest.is_some_and(|d| *d == format!("{:016x}", owned::desired(body)))
+}
+
+impl Cached for Deployment {
+    /// The reconcile reads a Deployment's labels, owners, status and first container's image.
+    fn trim(&mut self) {
+        let image = self.spec.template.spec.as_ref().and_then(|s| s.containers.first()?.image.clone());
+        self.spec = DeploymentSpec {
+            template: PodTemplateSpec {
+                spec: Some(PodSpec { containers: vec![Container { image, ..Default::default() }], ..Default::default() }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+    }
+}
+
+impl Cached for Service {
+    fn trim(&mut self) {
+        self.spec = None;
+        self.status = None;
+    }
+}
+
+impl Cached for ServiceAccount {
+    fn trim(&mut self) {
+        self.secrets = None;
+        self.image_pull_secrets = None;
+    }
+}
+
+impl Cached for Role {
+    fn trim(&mut self) {
+        self.rules = None;
+    }
+}
+
+impl Cached for RoleBinding {
+    fn trim(&mut self) {
+        self.subjects = None;
+        self.role_ref = Default::default();
+    }
+}
+
+/// Pods come from ReplicaSets, not from this operator's applies, and the reconcile reads them
+/// whole (status, containers, annotations).
+impl Cached for Pod {
+    const APPLIED: bool = false;
+    fn trim(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_cached_deployment_keeps_what_the_reconcile_reads_and_compares_by_digest() {
+        let body = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": { "name": "d", "namespace": "ns", "labels": { "kvgate.dev/revision": "r1" } },
+            "spec": { "replicas": 1, "selector": { "matchLabels": { "a": "b" } },
+                      "template": { "metadata": { "labels": { "a": "b" } }, "spec": { "containers": [{ "name": "w", "image": "img:1", "args": ["x"] }] } } }
+        });
+        let mut stored = body.clone();
+        stored["metadata"]["resourceVersion"] = json!("5");
+        stored["metadata"]["managedFields"] = json!([{ "manager": MANAGER, "operation": "Apply", "apiVersion": "apps/v1", "fieldsType": "FieldsV1", "fieldsV1": {
+            "f:metadata": { "f:labels": { "f:kvgate.dev/revision": {} } },
+            "f:spec": { "f:replicas": {}, "f:selector": {}, "f:template": { "f:metadata": { "f:labels": { "f:a": {} } },
+                "f:spec": { "f:containers": { "k:{\"name\":\"w\"}": { ".": {}, "f:name": {}, "f:image": {}, "f:args": {} } } } } } } }]);
+        stored["status"] = json!({ "readyReplicas": 1 });
+        let mut cached: Deployment = serde_json::from_value(stored).unwrap();
+        compact(&mut cached);
+
+        assert!(cached.metadata.managed_fields.is_none());
+        assert_eq!(cached.metadata.labels.as_ref().unwrap()["kvgate.dev/revision"], "r1");
+        assert_eq!(cached.status.as_ref().unwrap().ready_replicas, Some(1));
+        let pod = cached.spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.containers[0].image.as_deref(), Some("img:1"));
+        assert!(pod.containers[0].args.is_none(), "the spec is not kept");
+
+        assert!(holds(&cached, &body));
+        let mut other = body.clone();
+        other["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["y"]);
+        assert!(!holds(&cached, &other));
+    }
+
+    #[test]
+    fn an_object_no_apply_of_the_operator_wrote_holds_nothing() {
+        let mut svc: Service = serde_json::from_value(json!({ "metadata": { "name": "s", "annotations": { OWNED_DIGEST: "0000000000000000" } } })).unwrap();
+        compact(&mut svc);
+        assert!(!holds(&svc, &json!({ "metadata": { "name": "s" } })), "a digest set by someone else is not believed");
+    }
+}
