@@ -60,8 +60,11 @@ impl Cached for Deployment {
     }
 }
 
+/// Of these kinds the reconcile reads nothing but their owner (which deployment to wake), name
+/// and version: labels go with the spec.
 impl Cached for Service {
     fn trim(&mut self) {
+        self.metadata.labels = None;
         self.spec = None;
         self.status = None;
     }
@@ -69,6 +72,7 @@ impl Cached for Service {
 
 impl Cached for ServiceAccount {
     fn trim(&mut self) {
+        self.metadata.labels = None;
         self.secrets = None;
         self.image_pull_secrets = None;
     }
@@ -76,12 +80,14 @@ impl Cached for ServiceAccount {
 
 impl Cached for Role {
     fn trim(&mut self) {
+        self.metadata.labels = None;
         self.rules = None;
     }
 }
 
 impl Cached for RoleBinding {
     fn trim(&mut self) {
+        self.metadata.labels = None;
         self.subjects = None;
         self.role_ref = Default::default();
     }
