@@ -3,8 +3,6 @@
 //! field), deletion of those no longer wanted, pod gate conditions that changed, status when it
 //! changed, then Events and metrics.
 
-use std::hash::{Hash, Hasher};
-
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -23,7 +21,7 @@ use super::{Context, Error, MANAGER, event, inference_pool};
 use crate::crd::{Engine, InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
 use crate::render::{engine, router, secret, workers};
-use crate::watch::{self, cached};
+use crate::watch::{self, cached, owned};
 
 /// Applies `obj` unless the watched copy in `store` already holds it. Unchanged objects are
 /// never written, and not even sent once the watch shows the version an apply returned.
@@ -37,20 +35,18 @@ where
     body["apiVersion"] = K::api_version(&()).into();
     body["kind"] = K::kind(&()).into();
     let key = format!("{}/{name}", K::kind(&()));
-    let hash = {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        body.to_string().hash(&mut h);
-        h.finish()
-    };
+    // One digest serves both checks: the version this process's last apply returned, and the
+    // fields the watch saw the operator own.
+    let digest = owned::desired(&body);
     if let Some(seen) = watch::get(store, &ns, &name) {
         let version = seen.resource_version();
-        if ctx.memory.applied(d, &key, hash, version.as_deref()) || cached::holds(&*seen, &body) {
+        if ctx.memory.applied(d, &key, digest, version.as_deref()) || cached::holds(&*seen, digest) {
             return Ok(());
         }
     }
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
     let written = api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(Error::api(format!("applying {key}")))?;
-    ctx.memory.set_applied(d, key, hash, written.resource_version());
+    ctx.memory.set_applied(d, key, digest, written.resource_version());
     Ok(())
 }
 
