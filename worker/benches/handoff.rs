@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use kvgate_worker::kv::host_region::HostRegion;
 use kvgate_worker::kv::{KvDtype, KvLayout, KvPool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -61,7 +62,10 @@ async fn best_tcp(bytes: usize) -> Duration {
 /// pieces of `dst`, each taken again from its start when it is shorter than `bytes`: with 4 MiB
 /// buffers the data stays in cache (the best stream), with buffers as long as the transfer it
 /// comes from memory and goes to memory, as a handoff's pages do. Gives the buffers back.
-async fn tcp_stream(bytes: usize, src: Vec<u8>, mut dst: Vec<u8>) -> (Duration, Vec<u8>, Vec<u8>) {
+async fn tcp_stream<B>(bytes: usize, src: B, mut dst: B) -> (Duration, B, B)
+where
+    B: std::ops::DerefMut<Target = [u8]> + Send + 'static,
+{
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(8 << 20).unwrap();
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -121,7 +125,9 @@ struct Round {
 async fn side_by_side(l: KvLayout, tokens: usize) -> Round {
     let bytes = l.pages_for(tokens) * l.page_bytes();
     let (on, off) = (rig(l, tokens, true).await, rig(l, tokens, false).await);
-    let (mut src, mut dst) = (vec![7u8; bytes], vec![1u8; bytes]);
+    // Memory of the pools' kind (huge pages where the kernel grants them).
+    let region = || HostRegion::commit(bytes).expect("memory for the stream's buffers");
+    let (mut src, mut dst) = (region(), region());
     let (mut tcp, mut with, mut without, mut memory) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs(bytes) {
         tcp.push(best_tcp(bytes).await);
@@ -213,7 +219,7 @@ async fn main() {
         );
         println!("| KV handoff, checks off, {what} | {} | same transfer, no tag/MAC/digest work |", rate(off));
         println!(
-            "| loopback TCP stream from memory into memory, {what} | {} ({:.2}x the best stream; the handoff with every check on runs at {:.2}x this rate) | the best stream's writes and reads, but from and into two buffers as long as the transfer, as a handoff's pages are |",
+            "| loopback TCP stream from memory into memory, {what} | {} ({:.2}x the best stream; the handoff with every check on runs at {:.2}x this rate) | the best stream's writes and reads, but from and into two buffers as long as the transfer, in memory of the pools' kind (one mapping advised for huge pages) |",
             rate(tcp_memory),
             tcp.as_secs_f64() / tcp_memory.as_secs_f64(),
             tcp_memory.as_secs_f64() / on.as_secs_f64()

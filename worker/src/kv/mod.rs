@@ -5,6 +5,7 @@ pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod cuda_store;
 pub mod element;
+pub mod host_region;
 mod host_store;
 pub mod layout;
 pub mod pool;
