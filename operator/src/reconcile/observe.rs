@@ -15,6 +15,7 @@ use crate::crd::{CanaryStatus, Engine, InferenceDeployment};
 use crate::gate::{self, Measured, Role};
 use crate::render::{labels, router};
 use crate::tasks::probes::{Source, Target};
+use crate::watch::cached;
 
 pub use crate::capacity::NoReport;
 
@@ -93,7 +94,7 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
         .iter()
         .filter_map(|dep| {
             let revision = dep.labels().get(labels::REVISION)?.clone();
-            let image = dep.spec.template.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone());
+            let image = cached::image(dep).map(str::to_owned);
             Some(OwnedDeployment { revision, ready: ready(dep), name: dep.name_any(), image })
         })
         .collect();
