@@ -21,7 +21,7 @@ use super::{Context, Error, MANAGER, event, inference_pool};
 use crate::crd::{Engine, InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
 use crate::render::{engine, router, secret, workers};
-use crate::watch::{self, cached, owned};
+use crate::watch::{self, owned};
 
 /// Applies `obj` unless the watched copy in `store` already holds it. Unchanged objects are
 /// never written, and not even sent once the watch shows the version an apply returned.
@@ -40,7 +40,7 @@ where
     let digest = owned::desired(&body);
     if let Some(seen) = watch::get(store, &ns, &name) {
         let version = seen.resource_version();
-        if ctx.memory.applied(d, &key, digest, version.as_deref()) || cached::holds(&*seen, digest) {
+        if ctx.memory.applied(d, &key, digest, version.as_deref()) || ctx.stores.digests.holds(&*seen, digest) {
             return Ok(());
         }
     }

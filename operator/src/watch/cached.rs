@@ -1,7 +1,7 @@
-//! What the watch cache keeps of each owned object: its metadata, what the reconcile reads, and
-//! the digest of the fields this operator's applies own (`owned`). Specs are most of an object's
-//! memory, and an apply only needs their digest to know whether anything it sets differs; with
-//! 1,000 deployments the whole objects held most of the operator's memory.
+//! What the watch cache keeps of each owned object: its metadata and what the reconcile reads.
+//! Specs are most of an object's memory, and an apply only needs the digest of the fields it owns
+//! (`digests`) to know whether anything it sets differs; with 1,000 deployments the whole objects
+//! held most of the operator's memory.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
@@ -9,15 +9,9 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
 use serde::Serialize;
 
-use super::owned;
-use crate::reconcile::MANAGER;
-
-/// Where the cached copy carries `owned::observed`. Only ever in the operator's memory: the
-/// watch sets it on what it caches, and nothing cached is sent back.
-const OWNED_DIGEST: &str = "kvgate.dev/owned-fields-digest";
-
-/// Where a cached Deployment carries its first container's image, in memory only as above: the
-/// one field of its spec the reconcile reads (a `Container` alone is 2.3 KB, most of them empty).
+/// Where a cached Deployment carries its first container's image, in the operator's memory only
+/// (the watch sets it on what it caches, and nothing cached is sent back): the one field of its
+/// spec the reconcile reads (a `Container` alone is 2.3 KB, most of them empty).
 const IMAGE: &str = "kvgate.dev/first-container-image";
 
 /// A kind as the watch cache keeps it.
@@ -28,27 +22,11 @@ pub trait Cached: Resource + Serialize {
     fn trim(&mut self);
 }
 
-/// Prepares a watched object for the cache: the digest of the operator's owned fields (of an
-/// applied kind), then without managed fields and trimmed.
+/// Prepares a watched object for the cache (after `Digests` took its digest): without managed
+/// fields, trimmed.
 pub fn compact<K: Cached>(o: &mut K) {
-    if K::APPLIED {
-        let digest = serde_json::to_value(&*o).ok().and_then(|v| owned::observed(&v, MANAGER));
-        let annotations = o.meta_mut().annotations.get_or_insert_default();
-        match digest {
-            Some(d) => annotations.insert(OWNED_DIGEST.into(), format!("{d:016x}")),
-            None => annotations.remove(OWNED_DIGEST),
-        };
-    }
     o.meta_mut().managed_fields = None;
     o.trim();
-}
-
-/// Whether the cached `seen` holds exactly the fields of an object the operator would apply,
-/// given as its digest (`owned::desired`): every one with the same value, and nothing else the
-/// operator owns.
-pub fn holds<K: Resource>(seen: &K, desired: u64) -> bool {
-    let digest = seen.meta().annotations.as_ref().and_then(|a| a.get(OWNED_DIGEST));
-    digest.and_then(|d| u64::from_str_radix(d, 16).ok()) == Some(desired)
 }
 
 impl Cached for Deployment {
@@ -111,12 +89,12 @@ impl Cached for Pod {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use serde_json::json;
 
-    #[test]
-    fn a_cached_deployment_keeps_what_the_reconcile_reads_and_compares_by_digest() {
+    /// A Deployment as the API server stores one this operator applied, and what it applied.
+    pub(in crate::watch) fn applied_deployment() -> (serde_json::Value, Deployment) {
         let body = json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": { "name": "d", "namespace": "ns", "labels": { "kvgate.dev/revision": "r1" } },
@@ -125,31 +103,24 @@ mod tests {
         });
         let mut stored = body.clone();
         stored["metadata"]["resourceVersion"] = json!("5");
-        stored["metadata"]["managedFields"] = json!([{ "manager": MANAGER, "operation": "Apply", "apiVersion": "apps/v1", "fieldsType": "FieldsV1", "fieldsV1": {
+        stored["metadata"]["uid"] = json!("u-1");
+        stored["metadata"]["managedFields"] = json!([{ "manager": crate::reconcile::MANAGER, "operation": "Apply", "apiVersion": "apps/v1", "fieldsType": "FieldsV1", "fieldsV1": {
             "f:metadata": { "f:labels": { "f:kvgate.dev/revision": {} } },
             "f:spec": { "f:replicas": {}, "f:selector": {}, "f:template": { "f:metadata": { "f:labels": { "f:a": {} } },
                 "f:spec": { "f:containers": { "k:{\"name\":\"w\"}": { ".": {}, "f:name": {}, "f:image": {}, "f:args": {} } } } } } } }]);
         stored["status"] = json!({ "readyReplicas": 1 });
-        let mut cached: Deployment = serde_json::from_value(stored).unwrap();
-        compact(&mut cached);
+        (body, serde_json::from_value(stored).unwrap())
+    }
 
+    #[test]
+    fn a_cached_deployment_keeps_what_the_reconcile_reads() {
+        let (_, mut cached) = applied_deployment();
+        compact(&mut cached);
         assert!(cached.metadata.managed_fields.is_none());
         assert_eq!(cached.metadata.labels.as_ref().unwrap()["kvgate.dev/revision"], "r1");
         assert_eq!(cached.status.as_ref().unwrap().ready_replicas, Some(1));
         assert_eq!(image(&cached), Some("img:1"));
         assert!(cached.spec.template.spec.is_none(), "the spec is not kept");
-
-        assert!(holds(&cached, owned::desired(&body)));
-        let mut other = body.clone();
-        other["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["y"]);
-        assert!(!holds(&cached, owned::desired(&other)));
-    }
-
-    #[test]
-    fn an_object_no_apply_of_the_operator_wrote_holds_nothing() {
-        let mut svc: Service = serde_json::from_value(json!({ "metadata": { "name": "s", "annotations": { OWNED_DIGEST: "0000000000000000" } } })).unwrap();
-        compact(&mut svc);
-        assert!(!holds(&svc, owned::desired(&json!({ "metadata": { "name": "s" } }))), "a digest set by someone else is not believed");
     }
 
     #[test]

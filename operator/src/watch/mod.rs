@@ -3,16 +3,18 @@
 //! LIST per reconcile. Each change wakes the reconcile of the InferenceDeployment it belongs to;
 //! a deleted pod's cached report is dropped. The operator waits for every store's first list
 //! before it reconciles anything, so a pass never mistakes "not listed yet" for "missing".
-//! The stores keep each object as `cached` trims it, not whole.
+//! The stores keep each object as `cached` trims it, not whole; `digests` keeps, beside them,
+//! the digest of what the operator owns of each.
 
 pub mod cached;
 pub mod diff;
+pub mod digests;
 pub mod owned;
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
@@ -27,6 +29,7 @@ use crate::crd::InferenceDeployment;
 use crate::render::labels;
 use crate::tasks::Trigger;
 use cached::Cached;
+use digests::Digests;
 
 /// Every kind the operator owns, as the watches last saw it.
 #[derive(Clone)]
@@ -37,19 +40,24 @@ pub struct Stores {
     pub service_accounts: Store<ServiceAccount>,
     pub roles: Store<Role>,
     pub role_bindings: Store<RoleBinding>,
+    /// Of every kind above that the operator applies, what it owns of each object, digested.
+    pub digests: Arc<Digests>,
 }
 
 impl Stores {
     /// Starts the watches (every namespace, or `namespace`); `pod_gone` hears of deleted pods.
     pub fn start(client: &kube::Client, namespace: Option<&str>, trigger: &Trigger, pod_gone: impl Fn(&Pod) + Send + Sync + 'static) -> Stores {
         let managed = format!("{}={}", labels::MANAGED_BY, labels::OPERATOR);
+        let digests = Arc::new(Digests::default());
+        let d = &digests;
         Stores {
-            deployments: watch(api_for(client, namespace), &managed, trigger, controller_of, |_| {}),
-            pods: watch(api_for(client, namespace), &managed, trigger, instance_of, pod_gone),
-            services: watch(api_for(client, namespace), &managed, trigger, controller_of, |_| {}),
-            service_accounts: watch(api_for(client, namespace), &managed, trigger, controller_of, |_| {}),
-            roles: watch(api_for(client, namespace), &managed, trigger, controller_of, |_| {}),
-            role_bindings: watch(api_for(client, namespace), &managed, trigger, controller_of, |_| {}),
+            deployments: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
+            pods: watch(api_for(client, namespace), &managed, d, trigger, instance_of, pod_gone),
+            services: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
+            service_accounts: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
+            roles: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
+            role_bindings: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
+            digests,
         }
     }
 
@@ -77,11 +85,13 @@ where
     }
 }
 
-/// A store of `K` objects matching `labels`, fed by a watch this spawns. Every change wakes
-/// the reconcile of its `owner`; `gone` hears of deletions.
+/// A store of `K` objects matching `labels`, fed by a watch this spawns (each object's digest
+/// recorded in `digests`, then trimmed). Every change wakes the reconcile of its `owner`; `gone`
+/// hears of deletions.
 fn watch<K>(
     api: Api<K>,
     labels: &str,
+    digests: &Arc<Digests>,
     trigger: &Trigger,
     owner: fn(&K) -> Option<ObjectRef<InferenceDeployment>>,
     gone: impl Fn(&K) + Send + Sync + 'static,
@@ -91,7 +101,12 @@ where
 {
     let (reader, writer) = reflector::store();
     let trigger = trigger.clone();
-    let events = watcher(api, watcher::Config::default().labels(labels)).default_backoff().modify(cached::compact).reflect(writer);
+    let digests = digests.clone();
+    let events = watcher(api, watcher::Config::default().labels(labels)).default_backoff().map_ok(move |mut event| {
+        digests.observe(&mut event);
+        event
+    });
+    let events = events.reflect(writer);
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
