@@ -36,28 +36,34 @@ struct Seen {
 impl Digests {
     /// Records what `event` tells of the digests of `K`, and trims its objects for the cache.
     pub fn observe<K: Cached<DynamicType = ()>>(&self, event: &mut Event<K>) {
+        if !K::APPLIED {
+            return event_objects(event).for_each(cached::compact);
+        }
         let kind = std::any::type_name::<K>();
+        // Serialized before the lock is taken: reconciles read the table while watches fill it.
+        let applied = match event {
+            Event::InitApply(o) | Event::Apply(o) => Some(serde_json::to_value(&*o).ok().and_then(|v| owned::observed(&v, MANAGER))),
+            _ => None,
+        };
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let relist = inner.relists.get(kind).copied().unwrap_or_default();
-        match event {
-            Event::Init => *inner.relists.entry(kind).or_default() += 1,
-            Event::InitApply(o) | Event::Apply(o) => {
-                let digest = || serde_json::to_value(&*o).ok().and_then(|v| owned::observed(&v, MANAGER));
-                match (o.meta().uid.clone(), K::APPLIED.then(digest).flatten()) {
-                    (Some(uid), Some(digest)) => _ = inner.by_uid.insert(uid, Seen { digest, kind, relist }),
-                    (Some(uid), None) => _ = inner.by_uid.remove(&uid),
-                    (None, _) => {}
+        match (&*event, applied) {
+            (Event::Init, _) => *inner.relists.entry(kind).or_default() += 1,
+            (Event::InitDone, _) => inner.by_uid.retain(|_, seen| seen.kind != kind || seen.relist == relist),
+            (Event::InitApply(o) | Event::Apply(o), Some(Some(digest))) => {
+                if let Some(uid) = o.meta().uid.clone() {
+                    inner.by_uid.insert(uid, Seen { digest, kind, relist });
                 }
-                cached::compact(o);
             }
-            Event::Delete(o) => {
+            // Deleted, or no longer holding any field of this operator's applies.
+            (Event::InitApply(o) | Event::Apply(o) | Event::Delete(o), _) => {
                 if let Some(uid) = &o.meta().uid {
                     inner.by_uid.remove(uid);
                 }
-                cached::compact(o);
             }
-            Event::InitDone => inner.by_uid.retain(|_, seen| seen.kind != kind || seen.relist == relist),
         }
+        drop(inner);
+        event_objects(event).for_each(cached::compact);
     }
 
     /// Whether the cached `seen` holds exactly the fields of an object the operator would apply,
@@ -67,6 +73,15 @@ impl Digests {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         seen.meta().uid.as_ref().and_then(|uid| inner.by_uid.get(uid)).is_some_and(|s| s.digest == desired)
     }
+}
+
+/// The object an event carries, if any.
+fn event_objects<K>(event: &mut Event<K>) -> impl Iterator<Item = &mut K> {
+    match event {
+        Event::InitApply(o) | Event::Apply(o) | Event::Delete(o) => Some(o),
+        Event::Init | Event::InitDone => None,
+    }
+    .into_iter()
 }
 
 #[cfg(test)]

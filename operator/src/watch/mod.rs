@@ -102,11 +102,13 @@ where
     let (reader, writer) = reflector::store();
     let trigger = trigger.clone();
     let digests = digests.clone();
-    let events = watcher(api, watcher::Config::default().labels(labels)).default_backoff().map_ok(move |mut event| {
-        digests.observe(&mut event);
-        event
-    });
-    let events = events.reflect(writer);
+    let events = watcher(api, watcher::Config::default().labels(labels))
+        .default_backoff()
+        .map_ok(move |mut event| {
+            digests.observe(&mut event);
+            event
+        })
+        .reflect(writer);
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
