@@ -251,7 +251,7 @@ pub struct HandoffArgs {
 #[derive(Debug, Args, Clone)]
 pub struct FaultArgs {
     /// Make prefill break the handoff protocol in one way, to prove decode or the operator's
-    /// canary catches it (tests only; builds without the `testing` feature ignore it):
+    /// canary catches it (tests only; builds without the `testing` feature refuse it at start-up):
     /// truncate-transfer, corrupt-page, drop-page, duplicate-page, wrong-auth, wrong-fingerprint,
     /// die-mid-transfer, ignore-rejection, wrong-layout. Test images set it through the
     /// environment (KVGATE_INJECT_FAULT with KVGATE_ALLOW_FAULT_INJECTION=true).

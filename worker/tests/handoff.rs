@@ -83,9 +83,26 @@ async fn a_foreign_model_fingerprint_is_refused() {
     caught("wrong-fingerprint", "fingerprint", "kv_handoff_fingerprint").await;
 }
 
+// A prefill that dies mid-transfer fails before any byte reached the client: decode counts
+// the half transfer (`timeout`) and generates nothing from it, and the router tries the request
+// again on a fresh reservation, which this time is handed off whole.
 #[tokio::test]
-async fn a_prefill_that_dies_mid_transfer_is_a_timeout() {
-    caught("die-mid-transfer", "timeout", "closed the KV connection after 4 of 7 pages").await;
+async fn a_prefill_that_dies_mid_transfer_is_a_timeout_and_the_request_is_tried_again() {
+    let colocated = Worker::colocated(&[]);
+    let want = colocated.complete(&prompt(), 8).await;
+    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", "die-mid-transfer", "--fault-every", "2"]);
+    let (status, first) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
+    assert_eq!((status, &first["choices"][0]["text"]), (200, &Value::from(want.as_str())), "before the failure: {first}");
+    let honest_tokens = first["usage"]["completion_tokens"].as_f64().unwrap();
+    let (status, body) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], want.as_str(), "the retry's answer is the exact one");
+    assert_eq!(mismatches(&w, "timeout").await, 1.0, "the half transfer is counted");
+    assert_eq!(w.metric(r#"kvgate_router_retries_total{reason="prefill_failed",role="router"}"#).await, 1.0);
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="failed",role="decode"}"#).await, 1.0);
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 2.0);
+    assert_eq!(decode_tokens(&w).await, 2.0 * honest_tokens, "decode generated only from the two whole handoffs");
+    assert_pools_empty(&w).await;
 }
 
 #[tokio::test]

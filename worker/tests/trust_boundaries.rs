@@ -295,17 +295,34 @@ async fn the_kv_port_caps_connections_and_closes_slow_peers() {
     let d = decode(&[&secret.arg(), "--kv-max-unauthenticated-per-client", "4", "--kv-auth-timeout-ms", "300"]);
     let kv = KvClient::reserve(&d, &secret.signer(), 20, 4).await.holding(&secret.secret);
     let addr = kv.reservation.kv_addr.clone();
-    // Ten silent connections and one that sends half a header: four are taken as strangers
-    // (and then time out), the rest are closed at once.
+    // Ten connections, nine silent and one that sends half a header: four are taken as
+    // strangers, the rest wait and take over the places of those idle past the grace. None
+    // ever authenticates, so each is closed within the deadline, and counted once: evicted for
+    // a newcomer, timed out waiting for a place, or timed out reading.
     let mut held = Vec::new();
     for _ in 0..10 {
         held.push(TcpStream::connect(&addr).await.unwrap());
     }
     held[0].write_all(b"KVGF").await.unwrap();
-    eventually(&d, r#"kvgate_connections_refused_total{listener="kv",reason="client_limit",role="decode"}"#, 6.0).await;
-    eventually(&d, r#"kvgate_connections_refused_total{listener="kv",reason="unauthenticated",role="decode"}"#, 4.0).await;
-    eventually(&d, &kv_port("read_timeout"), 4.0).await;
-    drop(held);
+    let kv_refused = |reason: &str| format!(r#"kvgate_connections_refused_total{{listener="kv",reason="{reason}",role="decode"}}"#);
+    let mut closed = 0.0;
+    for _ in 0..100 {
+        closed = 0.0;
+        for reason in ["evicted", "client_limit", "unauthenticated"] {
+            closed += d.metric(&kv_refused(reason)).await;
+        }
+        if closed >= 10.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(closed, 10.0, "each silent connection is closed and counted once");
+    assert!(d.metric(&kv_refused("evicted")).await >= 1.0, "waiters took over idle strangers' places");
+    for mut s in held.drain(..) {
+        // Closed by the server (after its refusal, for one that was read).
+        let ended = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut Vec::new())).await;
+        assert!(ended.is_ok(), "the server closed every silent connection");
+    }
     // The port still serves an honest transfer, and none of it was an integrity event.
     let mut frames = kv.pages();
     frames.push(kv.commit(65));
@@ -324,8 +341,8 @@ async fn out_of_file_descriptors_the_kv_port_backs_off_instead_of_spinning() {
         .stderr(std::fs::File::create(&log).unwrap());
     let d = Worker::from_command(cmd);
     let kv = KvClient::reserve(&d, &secret.signer(), 20, 4).await;
-    // Eight strangers' connections per address are held (the rest closed at once): sixteen
-    // addresses hold more than the 64 descriptors.
+    // Eight strangers' connections per address are held and the rest wait for a place until
+    // the deadline: sixteen addresses hold more than the 64 descriptors.
     let addr = kv.reservation.kv_addr.parse().unwrap();
     let mut held = Vec::new();
     for i in 0..128 {

@@ -4,9 +4,11 @@
 //!
 //! The port is reachable by anyone on the network, so it is built to survive abuse. A new
 //! connection is a stranger's until it delivers an authentic frame: strangers share a small
-//! pool of slots, a few per client address, and must authenticate within a short deadline, so
-//! idle sockets from elsewhere never take the slots of prefill peers that hold the secret
-//! (refusals counted in `kvgate_connections_refused_total{listener="kv"}`). Then: a cap on
+//! pool of places, a few per client address, and must authenticate within a short deadline; a
+//! newcomer at a full pool that has sent its frame takes the place of a stranger idle past a
+//! grace or waits for one (`server/places.rs`), so neither a burst of a peer's own connections
+//! nor idle sockets at the peer's address keep a prefill peer that holds the secret out
+//! (refusals and evictions counted in `kvgate_connections_refused_total{listener="kv"}`). Then: a cap on
 //! authenticated connections, a deadline on every frame, bodies bounded before allocation,
 //! back-off (and rate-limited logs) when accepting fails, and every refusal of bytes nobody
 //! holding the secret sent counted in `kvgate_kv_port_rejected_total`, apart from integrity
@@ -26,7 +28,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::reservations::{PageClaim, Reservations, Verdict};
-use crate::server::listener::{Acceptor, Refusals, Saturation, Slot, Slots};
+use crate::server::listener::{self, Acceptor, Refusals, Saturation};
+use crate::server::places::{Caps, Place, Places};
 
 /// Room for a page frame's fixed fields on top of the page itself.
 const PAGE_FRAME_OVERHEAD: usize = 256;
@@ -37,7 +40,7 @@ pub struct PortLimits {
     /// Authenticated connections served at once; more are refused.
     pub max_connections: usize,
     /// Connections that have not yet sent an authentic frame, in all and per client address;
-    /// more are closed as soon as they are accepted.
+    /// a newcomer beyond them takes an idle one's place or waits for one (`server/places.rs`).
     pub max_unauthenticated: usize,
     pub max_unauthenticated_per_client: usize,
     /// Longest a new connection may take to deliver its first authentic frame.
@@ -47,9 +50,9 @@ pub struct PortLimits {
     pub frame_timeout: Duration,
 }
 
-/// What a connection holds: a stranger's slot until it authenticates, then one of the port's.
+/// What a connection holds: a stranger's place until it authenticates, then one of the port's.
 struct Admission {
-    stranger: Option<Slot>,
+    stranger: Option<Place>,
     authenticated: Arc<Semaphore>,
     held: Option<tokio::sync::OwnedSemaphorePermit>,
     refusals: Refusals,
@@ -70,13 +73,18 @@ impl Admission {
 
 pub async fn serve(listener: TcpListener, table: Arc<Reservations>, limits: PortLimits, refusals: Refusals) {
     let authenticated = Arc::new(Semaphore::new(limits.max_connections));
-    let strangers = Slots::new(limits.max_unauthenticated, limits.max_unauthenticated_per_client);
-    let mut acceptor = Acceptor::new(listener, strangers, refusals.clone(), "kv");
+    // As many newcomers may wait for a stranger's place as authenticated connections are
+    // served: a burst of a peer's handoffs is never larger than what decode would serve.
+    let caps = Caps { total: limits.max_unauthenticated, per_client: limits.max_unauthenticated_per_client, waiting: limits.max_connections };
+    let strangers = Places::new(caps);
+    let mut acceptor = Acceptor::new(listener, "kv");
     loop {
-        let (stream, peer, slot) = acceptor.accept().await;
-        let admission = Admission { stranger: Some(slot), authenticated: authenticated.clone(), held: None, refusals: refusals.clone() };
-        let table = table.clone();
+        let (stream, peer) = acceptor.accept().await;
+        let (table, strangers, authenticated, refusals) = (table.clone(), strangers.clone(), authenticated.clone(), refusals.clone());
         tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + limits.auth_timeout;
+            let Some(place) = listener::admit(&strangers, &refusals, "kv", &stream, peer, deadline).await else { return };
+            let admission = Admission { stranger: Some(place), authenticated, held: None, refusals };
             if let Err(e) = connection(stream, &table, limits, admission).await {
                 tracing::debug!(%peer, error = %e, "KV connection ended");
             }
@@ -284,7 +292,16 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
         };
         // A stranger has a short deadline to prove it holds the secret.
         let timeout = if bound.is_none() { limits.auth_timeout.min(limits.frame_timeout) } else { limits.frame_timeout };
-        let read = read_frame(&mut stream, table, &mut keys, max_body, timeout).await;
+        let read = match &admission.stranger {
+            // An idle stranger gives its place up to a newcomer (`strangers.rs`); a frame that
+            // has arrived is read first.
+            Some(place) => tokio::select! {
+                biased;
+                read = read_frame(&mut stream, table, &mut keys, max_body, timeout) => read,
+                _ = place.evicted() => return Ok(()),
+            },
+            None => read_frame(&mut stream, table, &mut keys, max_body, timeout).await,
+        };
         if bound.is_none() && matches!(read, Read::Refused(PortRefusal::ReadTimeout, _)) {
             admission.refusals.count("kv", Saturation::Unauthenticated);
         }

@@ -6,6 +6,7 @@ pub mod internal_auth;
 pub mod peers;
 pub mod prefill;
 pub mod prefill_rate;
+pub mod retry;
 pub mod router;
 
 /// Internal endpoints (not part of the public API); the operator's canary calls them too.

@@ -134,12 +134,19 @@ impl Peers {
 
     /// The least loaded decode peer, with the least loaded prefill peer that matches it.
     pub fn pick(&self) -> Option<(Arc<Peer>, Arc<Peer>)> {
+        self.pick_avoiding(&[])
+    }
+
+    /// As [`Peers::pick`], preferring peers not in `avoid` (a retry's failed ones): a peer in
+    /// it is taken only when no other of its role can make a pair.
+    pub fn pick_avoiding(&self, avoid: &[Arc<Peer>]) -> Option<(Arc<Peer>, Arc<Peer>)> {
         let decode = self.snapshot(PeerRole::Decode);
         let prefill = self.snapshot(PeerRole::Prefill);
+        let avoided = |p: &Arc<Peer>| avoid.iter().any(|a| Arc::ptr_eq(a, p));
         let mut decodes: Vec<(&Arc<Peer>, CapacityReport)> = decode.iter().filter_map(|d| d.report().map(|r| (d, r))).collect();
-        decodes.sort_by_key(|(d, _)| d.load());
+        decodes.sort_by_key(|(d, _)| (avoided(d), d.load()));
         for (d, dr) in decodes {
-            let prefill = prefill.iter().filter(|p| p.report().is_some_and(|pr| compatible(&pr, &dr))).min_by_key(|p| p.load());
+            let prefill = prefill.iter().filter(|p| p.report().is_some_and(|pr| compatible(&pr, &dr))).min_by_key(|p| (avoided(p), p.load()));
             if let Some(p) = prefill {
                 return Some((p.clone(), d.clone()));
             }
@@ -158,5 +165,41 @@ impl Peers {
             known(&decode),
             decode.len()
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(fingerprint: &str) -> CapacityReport {
+        CapacityReport {
+            capacity_tokens: 64,
+            page_size: 16,
+            num_pages: 4,
+            bytes_per_token: 8,
+            device: "cpu".into(),
+            dtype: "f32".into(),
+            model: "tiny".into(),
+            model_fingerprint: fingerprint.into(),
+            layout_fingerprint: "l".into(),
+            vocab_size: None,
+            instance: String::new(),
+            prefill_timings: None,
+        }
+    }
+
+    #[test]
+    fn a_retry_avoids_the_failed_peers_while_another_pair_exists() {
+        let peers = Peers::new(&["p1".into(), "p2".into()], &["d1".into(), "d2".into()]);
+        for p in peers.snapshot(PeerRole::Prefill).iter().chain(&peers.snapshot(PeerRole::Decode)) {
+            *p.report.lock().unwrap() = Some(report("m"));
+        }
+        let (p, d) = peers.pick().unwrap();
+        let (p2, d2) = peers.pick_avoiding(&[p.clone(), d.clone()]).unwrap();
+        assert!(!Arc::ptr_eq(&p, &p2) && !Arc::ptr_eq(&d, &d2), "another pair: {} {}", p2.base, d2.base);
+        // With every peer of a role avoided, the least loaded one serves all the same.
+        let everyone: Vec<_> = peers.snapshot(PeerRole::Prefill).into_iter().chain(peers.snapshot(PeerRole::Decode)).collect();
+        assert!(peers.pick_avoiding(&everyone).is_some());
     }
 }

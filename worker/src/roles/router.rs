@@ -1,6 +1,7 @@
 //! The router role: admits against the declared window, reserves on decode, has prefill fill the
 //! reservation, and streams decode's tokens back. Decode's verdict on the handoff is final: the
-//! router never trusts prefill's word that a transfer completed.
+//! router never trusts prefill's word that a transfer completed. A request whose peer failed
+//! before any byte reached the client is tried again on another pair (`retry.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use tracing::field::Empty;
 
 use super::internal_auth::{REFUSED_HEADER, Signer};
 use super::peers::{Peer, Peers};
+use super::retry::{self, ATTEMPTS, Failed, Retries, Retry};
 use crate::engine::admission::{self, Limits};
 use crate::engine::{Event, Failure, FinishReason, Rejection};
 use crate::metrics::Metrics;
@@ -50,6 +52,7 @@ pub struct Dispatcher {
     pub grace: Duration,
     /// Signs every call to a peer with the deployment's request key.
     pub signer: Signer,
+    pub retries: Retries,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -102,7 +105,8 @@ impl Dispatcher {
     pub fn new(peers: Arc<Peers>, window: usize, metrics: Metrics, signer: Signer) -> Arc<Self> {
         // Idle connections are dropped before the peers' idle deadline closes them under us.
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).pool_idle_timeout(Duration::from_secs(5)).build().expect("HTTP client");
-        Arc::new(Dispatcher { peers, http, window, metrics, grace: Duration::from_secs(2), signer })
+        let retries = Retries::new(&metrics.registry, &metrics.role);
+        Arc::new(Dispatcher { peers, http, window, metrics, grace: Duration::from_secs(2), signer, retries })
     }
 
     /// Keeps the peers' capacity reports fresh.
@@ -130,12 +134,20 @@ impl Dispatcher {
         let request = request.clone();
         // A child of the request's span, living as long as the dispatch does (a streamed
         // answer outlives the handler).
-        let span = tracing::info_span!("dispatch", handoff_id = Empty, prefill = Empty, decode = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
+        let span = tracing::info_span!(
+            "dispatch",
+            handoff_id = Empty,
+            prefill = Empty,
+            decode = Empty,
+            retries = Empty,
+            otel.status_code = Empty,
+            otel.status_description = Empty,
+            error.type = Empty
+        );
         tokio::spawn(
             async move {
                 let _running = Running::start(&this.metrics.running);
-                let arrived = Instant::now();
-                if let Err(event) = this.orchestrate(&tx, prompt, max_tokens, sampling, arrived, &request).await {
+                if let Err(event) = this.attempts(&tx, prompt, max_tokens, sampling, &request).await {
                     if let Event::Failed(f) = &event {
                         mark_failed(&tracing::Span::current(), &f.code);
                     }
@@ -145,6 +157,46 @@ impl Dispatcher {
             .instrument(span),
         );
         Ok(rx)
+    }
+
+    /// Up to [`ATTEMPTS`] attempts, each on a pair that avoids the peers that failed before;
+    /// when all fail, the client sees the first failure (what happened to its request; the
+    /// retries' failures are in the trace and the log).
+    async fn attempts(
+        &self,
+        tx: &UnboundedSender<Event>,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        request: &RequestContext,
+    ) -> Result<(), Event> {
+        let arrived = Instant::now();
+        let mut avoid: Vec<Arc<Peer>> = Vec::new();
+        let mut first: Option<Event> = None;
+        for attempt in 1..=ATTEMPTS {
+            let failed = match self.orchestrate(tx, prompt.clone(), max_tokens, sampling.clone(), arrived, &avoid, request).await {
+                Ok(()) => return Ok(()),
+                Err(failed) => failed,
+            };
+            let Failed { event, retry } = failed;
+            let first_event = first.get_or_insert(event);
+            match retry {
+                Some((why, failed_peers)) if attempt < ATTEMPTS => {
+                    self.retries.count(why);
+                    tracing::Span::current().record("retries", attempt as i64);
+                    let reason: &str = why.into();
+                    let detail = match &*first_event {
+                        Event::Failed(f) => f.message.as_str(),
+                        _ => "",
+                    };
+                    tracing::warn!(reason, attempt, detail, "a peer failed before any byte reached the client; trying another pair");
+                    avoid.extend(failed_peers);
+                    tokio::time::sleep(retry::backoff(attempt)).await;
+                }
+                _ => break,
+            }
+        }
+        Err(first.expect("at least one attempt"))
     }
 
     /// A signed POST to `peer`. A peer that restarted since its report was read refuses the
@@ -170,6 +222,8 @@ impl Dispatcher {
         let _ = self.call(decode, &super::cancel_path(id), &body).await;
     }
 
+    /// One attempt on one prefill/decode pair (avoiding `avoid` where another pair exists).
+    #[allow(clippy::too_many_arguments)]
     async fn orchestrate(
         &self,
         tx: &UnboundedSender<Event>,
@@ -177,12 +231,13 @@ impl Dispatcher {
         max_tokens: usize,
         sampling: SamplingParams,
         arrived: Instant,
+        avoid: &[Arc<Peer>],
         request: &RequestContext,
-    ) -> Result<(), Event> {
+    ) -> Result<(), Failed<Event>> {
         if self.peers.pick().is_none() {
             self.peers.refresh(&self.http).await;
         }
-        let (prefill, decode) = self.peers.pick().ok_or_else(|| fail(503, "no_peers", self.peers.explain_no_pair()))?;
+        let (prefill, decode) = self.peers.pick_avoiding(avoid).ok_or_else(|| Failed::last(fail(503, "no_peers", self.peers.explain_no_pair())))?;
         let (_p, _d) = (prefill.busy(), decode.busy());
         let dispatch = tracing::Span::current();
         dispatch.record("prefill", prefill.base.as_str());
@@ -192,7 +247,7 @@ impl Dispatcher {
         let reservation = async {
             let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens: max_tokens as u32, traceparent: Some(request.traceparent()) };
             let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
-            resp.json::<Reservation>().await.map_err(|e| fail(502, "peer_error", format!("decode reservation: {e}")))
+            resp.json::<Reservation>().await.map_err(|e| Failed::retry(fail(502, "peer_error", format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&decode]))
         }
         .instrument(tracing::info_span!("reserve", prompt_tokens = prompt.len() as i64, max_tokens = max_tokens as i64))
         .await?;
@@ -235,7 +290,7 @@ impl Dispatcher {
                     mark_failed(&prefill_span, &f.code);
                 }
                 self.cancel(&decode, &id, rejected, request).await;
-                return Err(failure);
+                return Err(Failed::last(failure));
             }
             Ok(r) if r.status().is_success() => {
                 prompt_logprobs = r.json::<PrefillResponse>().await.ok().and_then(|p| p.prompt_logprobs);
@@ -245,36 +300,64 @@ impl Dispatcher {
             Ok(r) => {
                 let status = r.status().as_u16();
                 let body = r.text().await.unwrap_or_default();
+                // A body with a `reason` is decode's refusal of the transfer, relayed: an
+                // integrity verdict, final. Anything else is prefill's own failure.
+                let relayed = serde_json::from_str::<Value>(&body).is_ok_and(|v| v["reason"].is_string());
                 tracing::warn!(status, body, "prefill peer failed; asking decode for the verdict");
-                Some(self.grace)
+                Some((self.grace, !relayed))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "prefill peer unreachable; asking decode for the verdict");
-                Some(self.grace)
+                Some((self.grace, true))
             }
         };
+        let prefill_failed = commit_wait.is_some_and(|(_, own)| own);
 
         // 3. Decode generates only from a verified handoff.
         let generate_span = tracing::info_span!("generate", completion_tokens = Empty, time_to_first_token = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
+        let mut delivered = false;
         let generated = async {
-            let commit_wait_ms = commit_wait.map(|d| d.as_millis() as u64);
+            let commit_wait_ms = commit_wait.map(|(d, _)| d.as_millis() as u64);
             let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms, traceparent: Some(request.traceparent()) };
             let resp = self.call_decode(&decode, &super::generate_path(&id), &generate).await?;
-            self.relay(tx, resp, arrived, prompt_logprobs).await
+            self.relay(tx, resp, arrived, prompt_logprobs, &mut delivered).await.map_err(|e| match e {
+                // Decode's stream broke before any token: nothing reached the client.
+                Relay::Broke(event) if !delivered => Failed::retry(event, Retry::DecodeStreamBroke, &[&decode]),
+                Relay::Broke(event) | Relay::Failed(event) => Failed::last(event),
+            })
         }
         .instrument(generate_span.clone())
         .await;
-        if let Err(Event::Failed(f)) = &generated {
-            mark_failed(&generate_span, &f.code);
+        match generated {
+            Err(Failed { event: Event::Failed(f), .. }) if f.code == "peer_unreachable" => {
+                mark_failed(&generate_span, &f.code);
+                let failed_peers: &[&Arc<Peer>] = if prefill_failed { &[&prefill, &decode] } else { &[&decode] };
+                Err(Failed::retry(Event::Failed(f), Retry::DecodeUnreachable, failed_peers))
+            }
+            Err(Failed { event, retry: None }) if prefill_failed && !delivered => {
+                if let Event::Failed(f) = &event {
+                    mark_failed(&generate_span, &f.code);
+                }
+                Err(Failed::retry(event, Retry::PrefillFailed, &[&prefill]))
+            }
+            Err(failed) => {
+                if let Event::Failed(f) = &failed.event {
+                    mark_failed(&generate_span, &f.code);
+                }
+                Err(failed)
+            }
+            Ok(()) => Ok(()),
         }
-        generated
     }
 
-    /// POSTs `body` to decode; any answer but success becomes the failure decode described.
-    async fn call_decode(&self, decode: &Peer, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Event> {
-        let resp = self.call(decode, path, body).await.map_err(|e| fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)))?;
+    /// POSTs `body` to decode; any answer but success becomes the failure decode described. A
+    /// decode that does not answer at all may be tried again elsewhere.
+    async fn call_decode(&self, decode: &Arc<Peer>, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Failed<Event>> {
+        let resp = self.call(decode, path, body).await.map_err(|e| {
+            Failed::retry(fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)), Retry::DecodeUnreachable, &[decode])
+        })?;
         if !resp.status().is_success() {
-            return Err(peer_error(resp, "decode").await);
+            return Err(Failed::last(peer_error(resp, "decode").await));
         }
         Ok(resp)
     }
@@ -282,22 +365,24 @@ impl Dispatcher {
     /// Forwards decode's NDJSON token stream as engine events.
     /// Relays decode's stream; prefill's prompt log-probabilities (when asked for) go just
     /// before the first token, as a colocated engine sends them.
+    /// `delivered` turns true once an event went to the client.
     async fn relay(
         &self,
         tx: &UnboundedSender<Event>,
         resp: reqwest::Response,
         arrived: Instant,
         mut prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
-    ) -> Result<(), Event> {
+        delivered: &mut bool,
+    ) -> Result<(), Relay> {
         let mut body = resp.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         let mut last: Option<Instant> = None;
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| fail(502, "peer_error", format!("decode stream broke: {e}")))?;
+            let chunk = chunk.map_err(|e| Relay::Broke(fail(502, "peer_error", format!("decode stream broke: {e}"))))?;
             buf.extend_from_slice(&chunk);
             while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=nl).collect();
-                let parsed: StreamLine = serde_json::from_slice(&line).map_err(|e| fail(502, "peer_error", format!("bad line from decode: {e}")))?;
+                let parsed: StreamLine = serde_json::from_slice(&line).map_err(|e| Relay::Failed(fail(502, "peer_error", format!("bad line from decode: {e}"))))?;
                 let event = match parsed {
                     StreamLine::Token(_) | StreamLine::Scored { .. } => {
                         let now = Instant::now();
@@ -313,6 +398,7 @@ impl Dispatcher {
                         if let Some(prompt) = prompt_logprobs.take() {
                             let _ = tx.send(Event::PromptLogprobs(prompt));
                         }
+                        *delivered = true;
                         match parsed {
                             StreamLine::Scored { token, logprobs } => Event::Token(token, Some(logprobs)),
                             StreamLine::Token(token) => Event::Token(token, None),
@@ -326,13 +412,21 @@ impl Dispatcher {
                         let _ = tx.send(Event::Done { finish, prompt_tokens: prompt_tokens as usize, completion_tokens: completion_tokens as usize });
                         return Ok(());
                     }
-                    StreamLine::Error { status, code, message } => return Err(fail(status, &code, message)),
+                    StreamLine::Error { status, code, message } => return Err(Relay::Failed(fail(status, &code, message))),
                 };
                 if tx.send(event).is_err() {
                     return Ok(()); // client left; dropping the stream tells decode
                 }
             }
         }
-        Err(fail(502, "peer_error", "decode ended the stream without finishing"))
+        Err(Relay::Broke(fail(502, "peer_error", "decode ended the stream without finishing")))
     }
+}
+
+/// How relaying decode's stream failed.
+enum Relay {
+    /// The stream broke or ended early (decode died or closed it).
+    Broke(Event),
+    /// Decode said it failed, or sent what is not a stream line.
+    Failed(Event),
 }

@@ -68,11 +68,35 @@ impl From<crate::engine::Failure> for ApiError {
     }
 }
 
+/// Seconds a client refused for load (429: over its share in flight; 503: no pages free in
+/// time, no peer pair) is told to wait before it tries again: the caps are of work in flight,
+/// which frees in about that long.
+pub const RETRY_AFTER_SECS: u32 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({
             "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code }
         });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if matches!(self.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_for_load_say_when_to_come_back_and_client_errors_do_not() {
+        let busy = ApiError { status: StatusCode::TOO_MANY_REQUESTS, ..ApiError::internal("busy") }.into_response();
+        assert_eq!(busy.headers()[axum::http::header::RETRY_AFTER], "1");
+        let unavailable = ApiError { status: StatusCode::SERVICE_UNAVAILABLE, ..ApiError::internal("no pages") }.into_response();
+        assert_eq!(unavailable.headers()[axum::http::header::RETRY_AFTER], "1");
+        let invalid = ApiError::invalid("prompt", "empty").into_response();
+        assert!(!invalid.headers().contains_key(axum::http::header::RETRY_AFTER));
     }
 }

@@ -1,23 +1,27 @@
 //! The workers' HTTP listeners: an accept loop of our own over axum's router, because every port
-//! is reachable by whoever is on the pod network. A connection needs a slot (a total cap and one
-//! per client address, so one peer cannot take them all); a connection that sends no request
-//! head within the idle deadline (an idle keep-alive, a slow header) is closed; refusals are
-//! counted in `kvgate_connections_refused_total`, not as failed requests; accepting backs off
-//! when it fails (out of descriptors) instead of spinning.
+//! is reachable by whoever is on the pod network. A connection needs a place (a total cap and
+//! one per client address, so one peer cannot take them all); at a full pool a newcomer that
+//! sent its request takes an idle connection's place or waits for one (`places.rs`), so a burst
+//! of a peer's calls is served, not refused; a connection that sends no request head within the
+//! idle deadline (an idle keep-alive, a slow header) is closed; refusals are counted in
+//! `kvgate_connections_refused_total`, not as failed requests; accepting backs off when it
+//! fails (out of descriptors) instead of spinning.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Body;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{IntCounterVec, Registry};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use super::shares::{Full, Share, Shares};
+use super::places::{Admitted, Caps, NoPlace, Place, Places};
 use crate::metrics::RoleRegistry;
 
 /// The client's address, as a request extension (per-client limits read it).
@@ -29,7 +33,8 @@ pub struct ClientAddr(pub SocketAddr);
 pub struct ConnLimits {
     /// Connections open at once; more are closed as soon as they are accepted.
     pub max_connections: usize,
-    /// Connections one client address may hold.
+    /// Connections one client address may hold (beyond it, a newcomer takes an idle one's place
+    /// or waits for one).
     pub per_client: usize,
     /// Longest a connection may wait for (or take to send) a request head.
     pub idle: Duration,
@@ -45,6 +50,9 @@ pub enum Saturation {
     ClientLimit,
     /// A KV connection sent no authentic frame in time (see `handoff::receiver`).
     Unauthenticated,
+    /// A KV connection that had sent nothing authentic was closed to make room for a newcomer
+    /// (see `handoff::strangers`).
+    Evicted,
 }
 
 /// The listeners a role has (`listener` of `kvgate_connections_refused_total`).
@@ -60,7 +68,7 @@ impl Refusals {
         let reasons: Vec<&str> = <Saturation as strum::VariantArray>::VARIANTS.iter().map(|s| s.into()).collect();
         Refusals(RoleRegistry { registry, role }.counter_grid(
             "kvgate_connections_refused_total",
-            "Connections a listener closed unserved: over its cap, over one client's share, or (KV port) silent past the authentication deadline.",
+            "Connections a listener closed unserved: over its cap, over one client's share, or (KV port) silent past the authentication deadline or evicted, idle, for a newcomer.",
             ["listener", "reason"],
             &LISTENERS,
             &reasons,
@@ -72,17 +80,31 @@ impl Refusals {
     }
 }
 
-/// Connection slots: a total and a share per client address.
-pub type Slots = Shares<IpAddr>;
-/// One connection's slot, returned when dropped.
-pub type Slot = Share<IpAddr>;
-
-/// Takes a connection's slot, or says which cap refused it.
-fn take_slot(slots: &Arc<Slots>, ip: IpAddr) -> Result<Slot, Saturation> {
-    slots.take(ip).map_err(|full| match full {
-        Full::Total => Saturation::ConnectionLimit,
-        Full::Key => Saturation::ClientLimit,
-    })
+/// A place for a newcomer on `listener` (`http` or `kv`), or none: then it is counted under
+/// the cap that refused it, and closed when dropped. Taking an idle connection's place is
+/// counted as `evicted`.
+pub async fn admit(places: &Arc<Places>, refusals: &Refusals, listener: &'static str, stream: &TcpStream, peer: SocketAddr, deadline: tokio::time::Instant) -> Option<Place> {
+    // A byte to read (or the peer's close), verified: `readable()` alone may wake spuriously.
+    let spoke = async {
+        let _ = stream.peek(&mut [0u8; 1]).await;
+    };
+    match places.admit(peer.ip(), spoke, deadline).await {
+        Ok((place, how)) => {
+            if how == Admitted::Evicted {
+                refusals.count(listener, Saturation::Evicted);
+            }
+            Some(place)
+        }
+        Err(why) => {
+            let why = match why {
+                NoPlace::Client => Saturation::ClientLimit,
+                NoPlace::Total => Saturation::ConnectionLimit,
+            };
+            refusals.count(listener, why);
+            tracing::debug!(%peer, listener, reason = <&str>::from(why), "connection closed unserved: no place for it");
+            None
+        }
+    }
 }
 
 /// Logs at most one line per interval, saying how many were held back.
@@ -106,14 +128,12 @@ impl RateLimitedLog {
     }
 }
 
-/// One listener's accepting: every connection it hands out holds a slot (refused ones are
-/// closed and counted under the listener's name), and when accepting fails (typically out of
-/// file descriptors) it backs off, 5 ms doubling to 1 s, logging once per 5 s, instead of
-/// spinning.
+/// One listener's accepting: when accepting fails (typically out of file descriptors) it backs
+/// off, 5 ms doubling to 1 s, logging once per 5 s, instead of spinning. What a connection
+/// needs to be served (a slot of the HTTP listener, a stranger's place on the KV port) is the
+/// caller's to take.
 pub struct Acceptor {
     listener: TcpListener,
-    slots: Arc<Slots>,
-    refusals: Refusals,
     /// `http` or `kv` (`listener` of `kvgate_connections_refused_total`).
     name: &'static str,
     log: RateLimitedLog,
@@ -121,33 +141,29 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
-    pub fn new(listener: TcpListener, slots: Arc<Slots>, refusals: Refusals, name: &'static str) -> Self {
-        Acceptor { listener, slots, refusals, name, log: RateLimitedLog::default(), backoff: Duration::from_millis(5) }
+    pub fn new(listener: TcpListener, name: &'static str) -> Self {
+        Acceptor { listener, name, log: RateLimitedLog::default(), backoff: Duration::from_millis(5) }
     }
 
-    /// The next connection that gets a slot (with TCP_NODELAY: a streamed token or a frame
-    /// goes out at once, not after the peer's delayed ACK).
-    pub async fn accept(&mut self) -> (TcpStream, SocketAddr, Slot) {
+    /// The next connection (with TCP_NODELAY: a streamed token or a frame goes out at once,
+    /// not after the peer's delayed ACK).
+    pub async fn accept(&mut self) -> (TcpStream, SocketAddr) {
         loop {
-            let (stream, peer) = match self.listener.accept().await {
-                Ok(accepted) => accepted,
+            match self.listener.accept().await {
+                Ok((stream, peer)) => {
+                    self.backoff = Duration::from_millis(5);
+                    let _ = stream.set_nodelay(true);
+                    return (stream, peer);
+                }
                 Err(e) => {
                     self.log.warn(&format!("accepting a {} connection failed; backing off", self.name.to_uppercase()), &e);
                     tokio::time::sleep(self.backoff).await;
                     self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
-                    continue;
                 }
-            };
-            self.backoff = Duration::from_millis(5);
-            match take_slot(&self.slots, peer.ip()) {
-                Ok(slot) => {
-                    let _ = stream.set_nodelay(true);
-                    return (stream, peer, slot);
-                }
-                Err(why) => self.refusals.count(self.name, why), // dropping the stream closes it
             }
         }
     }
+
 }
 
 /// Serves `app` on the connections `listener` accepts until `shutdown` resolves, then drains
@@ -161,46 +177,49 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     kvgate_telemetry::give_back_freed_memory();
-    let mut acceptor = Acceptor::new(listener, Slots::new(limits.max_connections, limits.per_client), refusals, "http");
+    // As many newcomers may wait for a place as the listener serves connections.
+    let places = Places::new(Caps { total: limits.max_connections, per_client: limits.per_client, waiting: limits.max_connections });
+    let mut acceptor = Acceptor::new(listener, "http");
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.idle);
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer, slot) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = acceptor.accept() => accepted,
             _ = &mut shutdown => break,
         };
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-            req.extensions_mut().insert(ClientAddr(peer));
-            app.clone().oneshot(req)
-        });
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let (app, places, refusals, http, watcher) = (app.clone(), places.clone(), refusals.clone(), http.clone(), graceful.watcher());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "HTTP connection ended");
+            let Some(place) = admit(&places, &refusals, "http", &stream, peer, tokio::time::Instant::now() + limits.idle).await else { return };
+            let activity = place.activity().clone();
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                // Busy from the request head until its response body is sent: a connection is
+                // idle (and may give its place up) only between requests.
+                let busy = activity.busy();
+                req.extensions_mut().insert(ClientAddr(peer));
+                let answer = app.clone().oneshot(req);
+                async move {
+                    let response = answer.await?;
+                    Ok::<_, std::convert::Infallible>(response.map(|body| {
+                        Body::new(body.map_err(move |e| {
+                            let _ = &busy;
+                            e
+                        }))
+                    }))
+                }
+            });
+            let conn = watcher.watch(http.serve_connection(TokioIo::new(stream), service));
+            tokio::select! {
+                served = conn => if let Err(e) = served {
+                    tracing::debug!(%peer, error = %e, "HTTP connection ended");
+                },
+                _ = place.evicted() => tracing::debug!(%peer, "idle HTTP connection closed for a newcomer from its address"),
             }
-            drop(slot);
         });
     }
     ready.store(false, Ordering::SeqCst);
     drop(acceptor);
     graceful.shutdown().await;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_slot_refused_names_the_cap_it_hit() {
-        let slots = Slots::new(2, 1);
-        let (a, b, c): (IpAddr, IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap());
-        let _a = take_slot(&slots, a).unwrap();
-        assert_eq!(take_slot(&slots, a).unwrap_err(), Saturation::ClientLimit);
-        let _b = take_slot(&slots, b).unwrap();
-        assert_eq!(take_slot(&slots, c).unwrap_err(), Saturation::ConnectionLimit);
-    }
 }

@@ -1,5 +1,5 @@
 //! Places held per key (a client's address, an API key) under a cap per key and a total cap:
-//! what connection slots and requests in flight both are. A place is given back when its
+//! what requests in flight per client are (connections have `places.rs`). A place is given back when its
 //! [`Share`] is dropped, however the work that held it ends.
 
 use std::collections::HashMap;
