@@ -130,7 +130,7 @@ INTEGRITY = dashboard("kvgate-integrity", "kvgate / Integrity", "KV handoff inte
     panel("Rollouts refused by reason", "Revisions the operator's rollout gate refused, by reason (KVPoolBelowContextWindow, FingerprintMismatch, HostPathNotAllowed). Cluster-wide: the operator's own series carry no namespace or deployment label, so the dashboard's variables do not filter this panel.", "short",
           [("sum by (reason) (increase(kvgate_operator_rollouts_refused_total[$__range]))", "{{reason}}")], kind="stat",
           thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]),
-    panel("Connections refused by listener and reason", "Saturation, not corruption: connections a worker's listener closed unserved: over its cap (connection_limit), over one client address's share (client_limit), or KV connections that never authenticated (unauthenticated). Clients within their share are still served. See the runbook KvgateListenerSaturated.", "ops",
+    panel("Connections refused by listener and reason", "Saturation, not corruption: connections a worker's listener closed unserved: over its cap (connection_limit), over one client address's share (client_limit: silent newcomers, or ones that found no idle connection to replace in time), KV connections that never authenticated (unauthenticated), or idle connections whose place a newcomer of the same address took (evicted). Clients within their share are still served. See the runbook KvgateListenerSaturated.", "ops",
           [(f"sum by (role, listener, reason) (rate(kvgate_connections_refused_total{{{W}}}[$__rate_interval]))", "{{role}} {{listener}} {{reason}}")], w=24),
 ])
 
@@ -157,6 +157,8 @@ SERVING = dashboard("kvgate-serving", "kvgate / Serving", "Requests, latency, th
           [(f"sum by (code) (rate(kvgate_requests_total{{{R}}}[$__rate_interval]))", "{{code}}")]),
     panel("Error ratio", "Share of requests answered with a non-2xx status.", "percentunit",
           [(f"sum(rate(kvgate_requests_total{{{R}, code!~\"2..\"}}[$__rate_interval])) / sum(rate(kvgate_requests_total{{{R}}}[$__rate_interval]))", "errors")]),
+    panel("Router retries by reason", "Requests a router sent to another prefill/decode pair because a peer failed before any byte reached the client: decode_unreachable, prefill_failed, decode_stream_broke. Retried requests are answered whole; a steady rate points at peers dying or refusing calls.", "reqps",
+          [(f"sum by (reason) (rate(kvgate_router_retries_total{{{W}}}[$__rate_interval]))", "{{reason}}")], w=24),
     panel("Time to first token by role", "From arrival to the first generated token, p50/p90/p99 per role: the router's is what clients see (admission, prefill, handoff and the first decode step); decode's starts when the verified handoff is handed to its scheduler.", "s",
           quantiles("kvgate_time_to_first_token_seconds", W, by="role"), w=8),
     panel("Inter-token latency by role", "Between consecutive tokens of one request, p50/p90/p99 per role: decode's step time, and what the router's clients see of it.", "s",

@@ -295,16 +295,19 @@ async fn the_kv_port_caps_connections_and_closes_slow_peers() {
     let d = decode(&[&secret.arg(), "--kv-max-unauthenticated-per-client", "4", "--kv-auth-timeout-ms", "300"]);
     let kv = KvClient::reserve(&d, &secret.signer(), 20, 4).await.holding(&secret.secret);
     let addr = kv.reservation.kv_addr.clone();
-    // Ten connections, nine silent and one that sends half a header: four are taken as
-    // strangers, the rest wait and take over the places of those idle past the grace. None
-    // ever authenticates, so each is closed within the deadline, and counted once: evicted for
-    // a newcomer, timed out waiting for a place, or timed out reading.
+    // Ten connections from one address: nine silent ones, four of which take the strangers'
+    // places while the five past the share are closed after the grace; then one that sends
+    // half a header, which takes the place of an idle one. None ever authenticates, so each
+    // is closed and counted once: silent past the share, evicted, or timed out reading.
+    let kv_refused = |reason: &str| format!(r#"kvgate_connections_refused_total{{listener="kv",reason="{reason}",role="decode"}}"#);
     let mut held = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..9 {
         held.push(TcpStream::connect(&addr).await.unwrap());
     }
-    held[0].write_all(b"KVGF").await.unwrap();
-    let kv_refused = |reason: &str| format!(r#"kvgate_connections_refused_total{{listener="kv",reason="{reason}",role="decode"}}"#);
+    eventually(&d, &kv_refused("client_limit"), 5.0).await;
+    let mut speaker = TcpStream::connect(&addr).await.unwrap();
+    speaker.write_all(b"KVGF").await.unwrap();
+    held.push(speaker);
     let mut closed = 0.0;
     for _ in 0..100 {
         closed = 0.0;
@@ -316,8 +319,10 @@ async fn the_kv_port_caps_connections_and_closes_slow_peers() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(closed, 10.0, "each silent connection is closed and counted once");
-    assert!(d.metric(&kv_refused("evicted")).await >= 1.0, "waiters took over idle strangers' places");
+    assert_eq!(closed, 10.0, "each connection is closed and counted once");
+    assert_eq!(d.metric(&kv_refused("client_limit")).await, 5.0, "the silent ones past the share");
+    assert_eq!(d.metric(&kv_refused("evicted")).await, 1.0, "the one that spoke took an idle stranger's place");
+    eventually(&d, &kv_port("read_timeout"), 4.0).await;
     for mut s in held.drain(..) {
         // Closed by the server (after its refusal, for one that was read).
         let ended = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut Vec::new())).await;
