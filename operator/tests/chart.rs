@@ -327,7 +327,11 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     let crd = "crd/inferencedeployments.kvgate.dev";
     cp.kubectl_ok(&["label", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite"]);
     cp.kubectl_ok(&["annotate", crd, "meta.helm.sh/release-name=kvgate", &format!("meta.helm.sh/release-namespace={release_ns}"), "--overwrite"]);
-    helm_ok(Some(cp), &["install", "kvgate", &chart, "-n", &release_ns, "--wait", "--timeout", "120s"]);
+    let (ok, notes, warnings) = helm(Some(cp), &["install", "kvgate", &chart, "-n", &release_ns, "--wait", "--timeout", "120s"]);
+    assert!(ok, "helm install failed:\n{notes}\n{warnings}");
+    // A clean install: nothing in the chart (the CRD's schema formats included) makes the API
+    // server or helm warn.
+    assert!(!warnings.contains("Warning") && !notes.contains("Warning"), "helm install warned:\n{warnings}\n{notes}");
     let owned = get_json(cp, &["get", crd]);
     assert_eq!(owned["metadata"]["annotations"]["helm.sh/resource-policy"], "keep", "{}", owned["metadata"]);
     // `helm test`: the operator image's `check` finds the operator pods through the Service's
@@ -335,7 +339,15 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     let out = helm_ok(Some(cp), &["test", "kvgate", "-n", &release_ns, "--timeout", "120s"]);
     assert!(out.contains("kvgate-test-ready") && out.contains("Succeeded"), "{out}");
     let ns = cp.restricted_namespace("demo");
-    cp.kubectl_ok(&["-n", &ns, "apply", "-f", repo("examples/tiny.yaml").to_str().unwrap(), "-f", repo("examples/incident.yaml").to_str().unwrap()]);
+    // The NOTES' example is whole in the NOTES (a user of the chart may have no clone): the
+    // lines between `<<'EOF'` and `EOF`, applied as they stand.
+    assert!(!notes.contains("https://"), "the NOTES point at nothing a user of the chart may lack:\n{notes}");
+    let example: Vec<&str> = notes.lines().skip_while(|l| !l.ends_with("<<'EOF'")).skip(1).take_while(|l| *l != "EOF").collect();
+    assert!(example.iter().any(|l| l.contains("kind: InferenceDeployment")), "no example in the NOTES:\n{notes}");
+    let file = std::env::temp_dir().join(format!("kvgate-notes-{}.yaml", std::process::id()));
+    std::fs::write(&file, example.join("\n")).unwrap();
+    cp.kubectl_ok(&["-n", &ns, "apply", "-f", file.to_str().unwrap(), "-f", repo("examples/incident.yaml").to_str().unwrap()]);
+    std::fs::remove_file(&file).unwrap();
     eventually(cp, &ns, "tiny Available and incident Refused by the chart's operator", Duration::from_secs(180), || {
         infd(cp, &ns, "tiny")["status"]["phase"] == "Available" && infd(cp, &ns, "incident")["status"]["phase"] == "Refused"
     });

@@ -85,7 +85,7 @@ fn an_operator_killed_mid_bake_resumes_it_and_rolls_back_once() {
     assert_eq!(d["status"]["currentRevision"], good.as_str(), "{d}");
     assert_eq!(d["status"]["refusedRevision"]["reason"], "HandoffIntegrityViolation", "{d}");
     std::thread::sleep(Duration::from_secs(3));
-    let answers = traffic.stop();
+    let answers = traffic.stop().answers;
     assert_eq!(events(cp, &ns, "RolledBack"), 1, "rolled back more than once");
     assert_eq!(events(cp, &ns, "RolloutVerified"), 2, "the first revision and the bad one, each promoted once");
     let (ok, _) = never_wrong(&answers, &reference);

@@ -185,7 +185,7 @@ fn both_nodes_are_ready_and_prefill_and_decode_land_on_different_machines() {
 }
 
 #[test]
-fn a_node_lost_with_a_client_running_fails_requests_only_with_codes_and_serving_recovers_on_the_other() {
+fn a_node_lost_with_a_client_running_loses_no_request_and_serving_recovers_on_the_other() {
     let (cp, _op, mut world) = world();
     let ns = cp.restricted_namespace("nodeloss");
     apply_yaml(cp, &ns, &pinned(&deployment("loss", 2), "router", "node-1"));
@@ -224,37 +224,23 @@ fn a_node_lost_with_a_client_running_fails_requests_only_with_codes_and_serving_
     // Serving holds once recovered.
     std::thread::sleep(Duration::from_secs(5));
     let attempts = traffic.stop_timed();
-    let recovered = killed + marks.last().unwrap().1;
 
     let unreachable = attempts.iter().filter(|(_, a)| a.is_none()).count();
     assert_eq!(unreachable, 0, "the router (on node-1) stopped answering");
     let answers: Vec<(u16, String)> = attempts.iter().filter_map(|(_, a)| a.clone()).collect();
     let (served, failed) = never_wrong(&answers, &reference);
     let codes = codes(&answers);
-    let failures: Vec<u128> = attempts
+    let failures: Vec<String> = attempts
         .iter()
-        .filter(|(_, a)| a.as_ref().is_some_and(|(s, _)| *s != 200))
-        .map(|(sent, _)| sent.saturating_duration_since(killed).as_millis())
+        .filter_map(|(sent, a)| a.as_ref().filter(|(s, _)| *s != 200).map(|(s, body)| (sent, s, body)))
+        .map(|(sent, s, body)| format!("{} ms after the kill: {s} {body}", sent.saturating_duration_since(killed).as_millis()))
         .collect();
-    let tail: Vec<&(u16, String)> = attempts.iter().filter(|(sent, _)| *sent > recovered).filter_map(|(_, a)| a.as_ref()).collect();
-    let tail_failed: Vec<&&(u16, String)> = tail.iter().filter(|(s, _)| *s != 200).collect();
-    // Recovered means served: at least 99 in 100 after the mark (one CI run saw a single coded
-    // 502 among 191 there, cause still open; `never_wrong` above already holds every failure
-    // to a named code), and the failures are printed with their bodies.
-    assert!(
-        tail.len() >= 20 && tail_failed.len() * 100 <= tail.len(),
-        "not serving after recovery: {} of {} failed: {tail_failed:?}",
-        tail_failed.len(),
-        tail.len()
-    );
-    if !tail_failed.is_empty() {
-        eprintln!("after recovery, {} of {} failed: {tail_failed:?}", tail_failed.len(), tail.len());
-    }
+    // Nothing lost: a request whose peer died before any byte reached the client is tried
+    // again on the survivors (worker/src/roles/retry.rs), so every one is served.
+    assert_eq!(failed, 0, "requests failed through the node loss ({marks:?}):\n{}", failures.join("\n"));
     eprintln!(
-        "node loss (heartbeat {NODE_HEARTBEAT_SECS} s, grace {NODE_MONITOR_GRACE_SECS} s, eviction after 30 s): {} requests, {served} served with the reference text, {failed} failed {codes:?} (first {:?} ms, last {:?} ms after the kill); {}",
+        "node loss (heartbeat {NODE_HEARTBEAT_SECS} s, grace {NODE_MONITOR_GRACE_SECS} s, eviction after 30 s): {} requests, {served} served with the reference text, {failed} failed {codes:?}; {}",
         answers.len(),
-        failures.first(),
-        failures.last(),
         marks.iter().map(|(w, t)| format!("{w} at {:.1} s", t.as_secs_f64())).collect::<Vec<_>>().join(", ")
     );
     no_pages_held(cp, &ns, "loss", "the survivors");
@@ -408,13 +394,17 @@ fn a_soak_through_rollouts_a_rollback_and_a_node_loss_never_answers_wrong() {
         world.node_2 = Some(start_node_2(cp));
     }
     std::thread::sleep(Duration::from_secs(2));
-    let answers = traffic.stop();
+    let Outcome { answers, unanswered } = traffic.stop();
     let (served, failed) = never_wrong(&answers, &reference);
     let codes = codes(&answers);
     no_pages_held(cp, &ns, "soak", "the end of the soak");
+    // The only failures are the bad revision's refused handoffs before its rollback: a node
+    // lost loses no request (its peers' requests are tried again on the survivors).
+    let unexpected: Vec<&String> = codes.keys().filter(|c| *c != "kv_handoff_checksum").collect();
+    assert!(unexpected.is_empty(), "failures other than the bad revision's refused handoffs: {codes:?}");
     let (operator_end, workers_end) = (operator_rss(), workers_rss(cp, &ns, &world));
     eprintln!(
-        "cluster soak: {rounds} round(s) in {:.0} s: {} requests, {served} 200s all equal to the reference, {failed} non-200 {codes:?}; \
+        "cluster soak: {rounds} round(s) in {:.0} s: {} requests, {served} 200s all equal to the reference, {failed} non-200 {codes:?}, {unanswered} reaching no router (routers replaced in rollouts); \
          pages in use at the end 0; operator RSS {operator_start} -> {operator_end} MiB; worker containers RSS (sum, largest) {workers_start:?} -> {workers_end:?} MiB",
         started.elapsed().as_secs_f64(),
         answers.len()

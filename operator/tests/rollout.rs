@@ -400,7 +400,7 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
     });
     eventually(cp, &ns, "the bad revision scaled away", LONG, || pod_uids(cp, &ns, &promoted).is_empty());
     std::thread::sleep(Duration::from_secs(2));
-    let answers = traffic.stop();
+    let answers = traffic.stop().answers;
     // After the rollback, the old revision answers again.
     let (status, body) = complete(&router_endpoints(cp, &ns, "bake").pop().unwrap(), &prompt, 8).unwrap();
     assert_eq!((status, completion_text(&body)), (200, Some(reference.clone())), "{body}");

@@ -254,6 +254,14 @@ pub struct Traffic {
 /// When a request was sent and what came back (`None`: no router could be reached).
 pub type Attempt = (Instant, Option<(u16, String)>);
 
+/// What the clients of a [`Traffic`] got.
+pub struct Outcome {
+    /// Every answer a router gave, in the order each client got them.
+    pub answers: Vec<(u16, String)>,
+    /// Attempts that reached no router at all.
+    pub unanswered: usize,
+}
+
 impl Traffic {
     pub fn start(ns: &str, name: &str, prompt: &str, clients: usize) -> Traffic {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -280,9 +288,15 @@ impl Traffic {
         Traffic { stop, clients }
     }
 
-    /// Stops every client; what each request that reached a router got.
-    pub fn stop(self) -> Vec<(u16, String)> {
-        self.stop_timed().into_iter().filter_map(|(_, answer)| answer).collect()
+    /// Stops every client; what each request that reached a router got, and how many reached
+    /// none (printed: a client dials router pods, not the Service, so a router replaced in a
+    /// rollout is an attempt with no answer).
+    pub fn stop(self) -> Outcome {
+        let attempts = self.stop_timed();
+        let unanswered = attempts.iter().filter(|(_, a)| a.is_none()).count();
+        let answers: Vec<(u16, String)> = attempts.into_iter().filter_map(|(_, answer)| answer).collect();
+        eprintln!("traffic: {} attempts answered, {unanswered} reached no router", answers.len());
+        Outcome { answers, unanswered }
     }
 
     /// Stops every client; every attempt, in the order each client made them.
