@@ -21,9 +21,8 @@ fn an_idle_operator_and_its_routers_send_no_get_or_list_and_every_pass_is_short(
     let op = Operator::start(cp, "operator-idle");
     let ns = cp.restricted_namespace("idle");
     let serving: String = (0..3).map(|i| tiny(&format!("live{i}"), 256, 1024, 1024, "") + "---\n").collect();
-    let idle: String = (0..7)
-        .map(|i| tiny(&format!("idle{i}"), 256, 1024, 1024, "").replace("replicas: 1", "replicas: 0") + "  router: { replicas: 0 }\n---\n")
-        .collect();
+    let idle: String =
+        (0..7).map(|i| tiny(&format!("idle{i}"), 256, 1024, 1024, "").replace("replicas: 1", "replicas: 0") + "  router: { replicas: 0 }\n---\n").collect();
     apply_yaml(cp, &ns, &(serving + &idle));
     eventually(cp, &ns, "every status written, the serving ones Available", Duration::from_secs(300), || {
         let list = get_json(cp, &["-n", &ns, "get", "infd"]);

@@ -247,7 +247,9 @@ impl Dispatcher {
         let reservation = async {
             let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens: max_tokens as u32, traceparent: Some(request.traceparent()) };
             let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
-            resp.json::<Reservation>().await.map_err(|e| Failed::retry(fail(502, "peer_error", format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&decode]))
+            resp.json::<Reservation>()
+                .await
+                .map_err(|e| Failed::retry(fail(502, "peer_error", format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&decode]))
         }
         .instrument(tracing::info_span!("reserve", prompt_tokens = prompt.len() as i64, max_tokens = max_tokens as i64))
         .await?;
@@ -353,9 +355,10 @@ impl Dispatcher {
     /// POSTs `body` to decode; any answer but success becomes the failure decode described. A
     /// decode that does not answer at all may be tried again elsewhere.
     async fn call_decode(&self, decode: &Arc<Peer>, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Failed<Event>> {
-        let resp = self.call(decode, path, body).await.map_err(|e| {
-            Failed::retry(fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)), Retry::DecodeUnreachable, &[decode])
-        })?;
+        let resp = self
+            .call(decode, path, body)
+            .await
+            .map_err(|e| Failed::retry(fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)), Retry::DecodeUnreachable, &[decode]))?;
         if !resp.status().is_success() {
             return Err(Failed::last(peer_error(resp, "decode").await));
         }
@@ -382,7 +385,8 @@ impl Dispatcher {
             buf.extend_from_slice(&chunk);
             while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=nl).collect();
-                let parsed: StreamLine = serde_json::from_slice(&line).map_err(|e| Relay::Failed(fail(502, "peer_error", format!("bad line from decode: {e}"))))?;
+                let parsed: StreamLine =
+                    serde_json::from_slice(&line).map_err(|e| Relay::Failed(fail(502, "peer_error", format!("bad line from decode: {e}"))))?;
                 let event = match parsed {
                     StreamLine::Token(_) | StreamLine::Scored { .. } => {
                         let now = Instant::now();

@@ -83,7 +83,14 @@ impl Refusals {
 /// A place for a newcomer on `listener` (`http` or `kv`), or none: then it is counted under
 /// the cap that refused it, and closed when dropped. Taking an idle connection's place is
 /// counted as `evicted`.
-pub async fn admit(places: &Arc<Places>, refusals: &Refusals, listener: &'static str, stream: &TcpStream, peer: SocketAddr, deadline: tokio::time::Instant) -> Option<Place> {
+pub async fn admit(
+    places: &Arc<Places>,
+    refusals: &Refusals,
+    listener: &'static str,
+    stream: &TcpStream,
+    peer: SocketAddr,
+    deadline: tokio::time::Instant,
+) -> Option<Place> {
     // A byte to read (or the peer's close), verified: `readable()` alone may wake spuriously.
     let spoke = async {
         let _ = stream.peek(&mut [0u8; 1]).await;
@@ -163,7 +170,6 @@ impl Acceptor {
             }
         }
     }
-
 }
 
 /// Serves `app` on the connections `listener` accepts until `shutdown` resolves, then drains

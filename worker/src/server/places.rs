@@ -128,12 +128,9 @@ impl Table {
         let found = match client {
             Some(ip) => self.by_client.get(&ip).and_then(|q| q.iter().position(Held::evictable)).map(|at| (ip, at)),
             // Oldest by id, which grows with each place taken.
-            None => self
-                .by_client
-                .iter()
-                .filter_map(|(ip, q)| q.iter().position(Held::evictable).map(|at| (q[at].id, *ip, at)))
-                .min()
-                .map(|(_, ip, at)| (ip, at)),
+            None => {
+                self.by_client.iter().filter_map(|(ip, q)| q.iter().position(Held::evictable).map(|at| (q[at].id, *ip, at))).min().map(|(_, ip, at)| (ip, at))
+            }
         };
         let Some((ip, at)) = found else { return false };
         let queue = self.by_client.get_mut(&ip).expect("found above");
@@ -192,7 +189,8 @@ impl Places {
         }
         let id = t.next_id;
         t.next_id += 1;
-        let activity = Arc::new(Activity { epoch: self.epoch, busy: AtomicUsize::new(0), idle_since_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64) });
+        let activity =
+            Arc::new(Activity { epoch: self.epoch, busy: AtomicUsize::new(0), idle_since_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64) });
         let evict = Arc::new(Notify::new());
         t.by_client.entry(client).or_default().push_back(Held { id, activity: activity.clone(), evict: evict.clone() });
         t.total += 1;
