@@ -255,7 +255,7 @@ fn a_node_lost_with_a_client_running_loses_no_request_and_serving_recovers_on_th
 }
 
 #[test]
-fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_requests_it_carries() {
+fn the_kv_link_between_machines_shaped_cut_and_partitioned_never_answers_wrong() {
     let (cp, _op, world) = world();
     let node_2 = world.node_2.as_ref().unwrap();
     let node_1 = node_1();
@@ -289,7 +289,11 @@ fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_reques
     assert_eq!(counted(), 0.0, "a slow but whole handoff was counted as failed");
 
     // 2. Slower still, and the link cut one second into the handoff (past decode's 3 s timeout),
-    // then back: that request fails with its reason, counted, and no page stays held.
+    // then back: decode counts the cut handoff and no page stays held. The request is answered
+    // whole when prefill failed itself and the router tried it again once the link was back
+    // (worker/src/roles/retry.rs), or fails with decode's reason when decode's refusal reached
+    // prefill first (an integrity verdict is never retried); which one depends on where the
+    // cut caught the transfer. Never anything but the reference.
     node_2.machine.shape(256, 16).unwrap();
     let request = std::thread::spawn({
         let router = router.clone();
@@ -301,8 +305,13 @@ fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_reques
     fabric::heal(&node_1.machine, &node_2.machine).unwrap();
     node_2.machine.unshape().unwrap();
     let (status, body) = request.join().unwrap().expect("an answer from the router");
-    assert_ne!(status, 200, "{body}");
-    assert!(error_code(&body).is_some_and(|c| c.starts_with("kv_handoff")), "the client is not told what failed: {status} {body}");
+    if status == 200 {
+        assert_eq!(completion_text(&body), Some(long_ref.clone()), "{body}");
+        let router_pod = pods_of(cp, &ns, "split", "router").pop().unwrap();
+        assert!(pod_metric(&router_pod, "kvgate_router_retries_total").unwrap_or(0.0) >= 1.0, "answered whole only by a retry: {body}");
+    } else {
+        assert!(error_code(&body).is_some_and(|c| c.starts_with("kv_handoff")), "the client is not told what failed: {status} {body}");
+    }
     eventually(cp, &ns, "decode to count the cut handoff", Duration::from_secs(15), || counted() >= 1.0);
     no_pages_held(cp, &ns, "split", "both machines");
 
@@ -321,7 +330,7 @@ fn the_kv_link_between_machines_shaped_cut_and_partitioned_fails_only_the_reques
     eprintln!(
         "partition: failed with {:?}; link cut mid-handoff: {}",
         during.iter().map(|(s, b)| format!("{s} {}", error_code(b).unwrap_or_default())).collect::<Vec<_>>(),
-        error_code(&body).unwrap_or_default()
+        if status == 200 { "answered whole after a retry".to_string() } else { error_code(&body).unwrap_or_default() }
     );
     cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
 }
