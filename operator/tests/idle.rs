@@ -1,7 +1,8 @@
-//! An idle operator asks the API server nothing: with 10 InferenceDeployments settled (3
-//! serving, each with a router, a prefill and a decode pod; 7 with no pods), the API server's
-//! own audit log shows no GET or LIST from the operator or any router over 60 s, and every
-//! reconcile pass in that window took under 1 s. The control plane of this binary writes the
+//! Settled deployments: an idle operator asks the API server nothing, and a burst through the
+//! pods is answered whole. With 10 InferenceDeployments settled (3 serving, each with a router,
+//! a prefill and a decode pod; 7 with no pods), the API server's own audit log shows no GET or
+//! LIST from the operator or any router over 60 s, and every reconcile pass in that window took
+//! under 1 s; then 16 requests at once through one router all get the same answer. The control plane of this binary writes the
 //! audit log (`Options::audit`), so this test has a binary of its own; `make bench` measures
 //! the same at 1,010 deployments (`operator/benches/operator.rs`).
 
@@ -15,7 +16,7 @@ use support::*;
 const QUIET: Duration = Duration::from_secs(60);
 
 #[test]
-fn an_idle_operator_and_its_routers_send_no_get_or_list_and_every_pass_is_short() {
+fn an_idle_operator_and_its_routers_send_no_get_or_list_every_pass_is_short_and_a_burst_is_served() {
     kvgate_testenv::ControlPlane::shared_with(kvgate_testenv::Options { crds: true, audit: true });
     let cp = cluster();
     let op = Operator::start(cp, "operator-idle");
@@ -53,10 +54,24 @@ fn an_idle_operator_and_its_routers_send_no_get_or_list_and_every_pass_is_short(
     // The leader Lease is renewed with a GET and an update when the chart runs replicas with
     // leader election; this operator runs alone, and a Lease read would be counted apart.
     let reads: Vec<&Request> = requests.iter().filter(ours).filter(|r| matches!(r.verb.as_str(), "get" | "list") && r.resource != "leases").collect();
-    let from_us = requests.iter().filter(ours).count();
+    let mut by_verb = std::collections::BTreeMap::<String, usize>::new();
+    for r in requests.iter().filter(ours) {
+        *by_verb.entry(format!("{} {} ({})", r.verb, r.resource, r.user_agent.split('/').next().unwrap_or_default())).or_default() += 1;
+    }
     let passes = after.0 - before.0;
-    eprintln!("idle for {QUIET:?}: {from_us} requests from the operator and the routers, {} GET/LIST; {passes} reconcile passes", reads.len());
+    eprintln!("idle for {QUIET:?}: requests from the operator and the routers {by_verb:?}, {} GET/LIST; {passes} reconcile passes", reads.len());
     assert!(reads.is_empty(), "GET or LIST while nothing changed: {reads:#?}");
     assert_eq!(after.1 - before.1, passes, "a reconcile pass in the quiet minute took 1 s or more");
+
+    // Then a burst through the pods: 16 requests at once (one client's share in flight at the
+    // router), so 16 handoffs at once from the one prefill pod's address into decode's KV port,
+    // twice the strangers' share per address there: every one answered, with the same text.
+    let router = router_endpoints(cp, &ns, "live0").pop().unwrap();
+    let reference = completion_text(&complete(&router, "Hello", 6).unwrap().1).unwrap();
+    let burst: Vec<(u16, String)> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..16).map(|_| s.spawn(|| complete(&router, "Hello", 6).expect("the router answers"))).collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert_eq!(never_wrong(&burst, &reference), (16, 0), "a burst of 16 through the pods: {burst:?}");
     cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
 }

@@ -103,6 +103,15 @@ impl Hostile {
     fn post(url: String, body: &Value) -> Hostile {
         Hostile { url, headers: Vec::new(), body: serde_json::to_vec(body).unwrap() }
     }
+
+    /// Sends it once; the status it got, when it got one.
+    async fn send(&self, http: &reqwest::Client) -> Option<u16> {
+        let mut req = http.post(&self.url).header("content-type", "application/json").body(self.body.clone());
+        for (name, value) in &self.headers {
+            req = req.header(*name, value);
+        }
+        req.send().await.ok().map(|r| r.status().as_u16())
+    }
 }
 
 /// Honest requests through `router` while an attacker from 127.0.0.2 sends `hostile` back to
@@ -116,12 +125,8 @@ async fn during(what: &str, router: &Worker, hostile: Vec<Hostile>) -> Vec<u16> 
         let http = reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, 2])).build().unwrap();
         while !stop.load(Ordering::SeqCst) {
             for h in &hostile {
-                let mut req = http.post(&h.url).header("content-type", "application/json").body(h.body.clone());
-                for (name, value) in &h.headers {
-                    req = req.header(*name, value);
-                }
-                if let Ok(r) = req.send().await {
-                    seen.lock().unwrap().push(r.status().as_u16());
+                if let Some(status) = h.send(&http).await {
+                    seen.lock().unwrap().push(status);
                 }
             }
         }
@@ -534,6 +539,100 @@ async fn one_client_cannot_hold_the_whole_pool() {
     drop(answers); // the greedy client leaves; its generations are cancelled
     assert_unharmed("4 x max_tokens 8190 from one client", &baseline, &under);
     eventually(&c.decode, r#"kvgate_kv_pool_pages_in_use{role="decode"}"#, 0.0).await;
+}
+
+// The review's attacks (issue 47), each back to back while an honest client is served:
+// malformed and oversized parameters and bodies, a 1 MB header and 10,000 headers, 20,000 chat
+// messages and a 200,000-character word. Each is refused up front, none with a 5xx.
+#[tokio::test]
+async fn malformed_and_oversized_requests_are_refused_up_front_while_honest_ones_are_served() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let c = cluster_with(&[], &[], &[]);
+    let completions = format!("{}/v1/completions", c.router.base);
+    let chat = format!("{}/v1/chat/completions", c.router.base);
+    let nested = (0..10_000).fold(String::from("1"), |inner, _| format!("[{inner}]"));
+    let mut hostile = vec![
+        Hostile::post(completions.clone(), &json!({"prompt": [[[[1, 2], [3]]]], "max_tokens": 4})),
+        Hostile::post(completions.clone(), &json!({"prompt": vec![5u32; 2_000_000], "max_tokens": 4})),
+        Hostile::post(completions.clone(), &json!({"prompt": [3, 4, 100_000_000u32], "max_tokens": 4})),
+        Hostile::post(completions.clone(), &json!({"prompt": "hi", "n": 1_000_000})),
+        Hostile::post(completions.clone(), &json!({"prompt": "hi", "stop": (0..10_000).map(|i| format!("s{i}")).collect::<Vec<_>>()})),
+        Hostile::post(
+            completions.clone(),
+            &json!({"prompt": "hi", "logit_bias": (0..50_000).map(|i| (i.to_string(), json!(1))).collect::<serde_json::Map<_, _>>()}),
+        ),
+        Hostile::post(chat, &json!({"messages": (0..20_000).map(|_| json!({"role": "user", "content": "hi"})).collect::<Vec<_>>()})),
+        Hostile::post(completions.clone(), &json!({"prompt": "w".repeat(200_000), "max_tokens": 4})),
+        Hostile { url: completions.clone(), headers: Vec::new(), body: br#"{"prompt": "\ud800 lone", "max_tokens": 4}"#.to_vec() },
+        Hostile { url: completions.clone(), headers: Vec::new(), body: format!(r#"{{"prompt": {nested}}}"#).into_bytes() },
+        Hostile { url: completions.clone(), headers: vec![("x-big", "h".repeat(1 << 20))], body: br#"{"prompt": "hi"}"#.to_vec() },
+    ];
+    let mut many = Hostile::post(completions, &json!({"prompt": "hi"}));
+    many.headers = (0..10_000).map(|_| ("x-many", "v".to_string())).collect();
+    hostile.push(many);
+    // Each once first: the allocator keeps what the first large bodies took, and what must not
+    // happen is memory that grows with the attack.
+    let warm = reqwest::Client::new();
+    for h in &hostile {
+        let _ = h.send(&warm).await;
+    }
+    let before = rss_mib(&c.router);
+    let statuses = during("malformed and oversized requests, back to back", &c.router, hostile).await;
+    let mut seen = statuses.clone();
+    seen.sort();
+    seen.dedup();
+    eprintln!("malformed and oversized requests: {} sent, statuses {seen:?}", statuses.len());
+    assert!(statuses.iter().all(|s| matches!(s, 400 | 413 | 431)), "each refused up front with a 4xx: {seen:?}");
+    assert_memory_returns("malformed and oversized requests (router)", &c.router, before).await;
+    assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
+}
+
+// The review's streaming attacks: 32 streaming clients that never read their answer, and
+// streams dropped right after their first bytes, 200 of them, while an honest client is served;
+// then every page is back on both sides.
+#[tokio::test]
+async fn streams_never_read_or_dropped_after_their_first_bytes_leave_honest_requests_served() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let c = cluster_with(&[], &[], &[]);
+    let baseline = honest(&c.router).await;
+    let url = format!("{}/v1/completions", c.router.base);
+    let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let attack = Attack::start(|stop| {
+        let dropped = dropped.clone();
+        async move {
+            let stream = json!({"prompt": "stream it all", "max_tokens": 512, "stream": true});
+            // 32 clients of their own, each holding a stream it never reads.
+            let mut held = Vec::new();
+            for i in 0..32u8 {
+                let http = reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, 20 + i])).build().unwrap();
+                if let Ok(r) = http.post(&url).json(&stream).send().await {
+                    held.push(r);
+                }
+            }
+            let http = reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, 2])).build().unwrap();
+            while !stop.load(Ordering::SeqCst) && dropped.load(Ordering::SeqCst) < 200 {
+                if let Ok(r) = http.post(&url).json(&stream).send().await {
+                    let mut body = r.bytes_stream();
+                    let _ = futures::StreamExt::next(&mut body).await;
+                    dropped.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            while !stop.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            drop(held);
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let under = honest(&c.router).await;
+    attack.end().await;
+    eprintln!("streams: {} dropped after their first bytes", dropped.load(Ordering::SeqCst));
+    assert_unharmed("32 streams never read and streams dropped after their first bytes", &baseline, &under);
+    assert!(dropped.load(Ordering::SeqCst) > 0, "the dropping client never ran");
+    for (w, role) in [(&c.prefill, "prefill"), (&c.decode, "decode")] {
+        eventually(w, &format!(r#"kvgate_kv_pool_pages_in_use{{role="{role}"}}"#), 0.0).await;
+    }
+    assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
 }
 
 // Row 12: the router's public capacity report names no internal address.
