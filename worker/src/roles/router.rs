@@ -174,7 +174,7 @@ impl Dispatcher {
         let mut avoid: Vec<Arc<Peer>> = Vec::new();
         let mut first: Option<Event> = None;
         for attempt in 1..=ATTEMPTS {
-            let failed = match self.orchestrate(tx, prompt.clone(), max_tokens, sampling.clone(), arrived, &avoid, request).await {
+            let failed = match self.orchestrate(tx, prompt.clone(), max_tokens, sampling, arrived, &avoid, request).await {
                 Ok(()) => return Ok(()),
                 Err(failed) => failed,
             };
