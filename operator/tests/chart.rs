@@ -182,8 +182,35 @@ fn the_chart_ships_the_generated_crds_rules_and_dashboards() {
     };
     same("crds/kvgate.dev_inferencedeployments.yaml", "charts/kvgate/files/crds/kvgate.dev_inferencedeployments.yaml");
     same("dashboards/alerts.yaml", "charts/kvgate/files/alerts.yaml");
+    same("docs/runbooks.md", "charts/kvgate/files/runbooks.md");
     for d in ["integrity", "capacity", "serving", "operator"] {
         same(&format!("dashboards/{d}.json"), &format!("charts/kvgate/files/dashboards/{d}.json"));
+    }
+}
+
+/// The alert rules link their runbooks where they are: the ConfigMap shipped beside them, or
+/// the URL a platform team serves its copy at.
+#[test]
+fn every_alert_links_a_runbook_the_chart_ships_or_the_url_it_is_given() {
+    let rules = |docs: &[Value]| -> Vec<Value> {
+        let rule = docs.iter().find(|d| d["kind"] == "PrometheusRule").expect("a PrometheusRule");
+        rule["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap().clone()).filter(|r| r["alert"].is_string()).collect()
+    };
+    let docs = render(None, &["prometheusRule.enabled=true"]);
+    let shipped = docs.iter().find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "kv-kvgate-runbooks").expect("the runbooks' ConfigMap");
+    let runbooks = shipped["data"]["runbooks.md"].as_str().unwrap();
+    let alerts = rules(&docs);
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    for r in &alerts {
+        let name = r["alert"].as_str().unwrap();
+        assert!(runbooks.contains(&format!("\n## {name}\n")), "the shipped runbooks have no section for {name}");
+        assert_eq!(r["annotations"]["runbook"], format!("ConfigMap kvgate-system/kv-kvgate-runbooks, key runbooks.md, section {name}"));
+    }
+    let served = rules(&render(None, &["prometheusRule.enabled=true", "prometheusRule.runbookBaseURL=https://runbooks.example/kvgate.md/"]));
+    for r in &served {
+        let name = r["alert"].as_str().unwrap();
+        assert_eq!(r["annotations"]["runbook_url"], format!("https://runbooks.example/kvgate.md#{}", name.to_lowercase()));
+        assert!(r["annotations"]["runbook"].is_null(), "{name}: one link, not two");
     }
 }
 

@@ -35,6 +35,7 @@ fn outputs() -> anyhow::Result<Vec<(String, String)>> {
     let crds = kvgate_operator::crdgen::yaml()?;
     let mut out = vec![(kvgate_operator::crdgen::FILE.to_string(), crds.clone()), (format!("charts/kvgate/files/{}", kvgate_operator::crdgen::FILE), crds)];
     out.push(("charts/kvgate/files/alerts.yaml".into(), read("dashboards/alerts.yaml")?));
+    out.push(("charts/kvgate/files/runbooks.md".into(), read("docs/runbooks.md")?));
     for d in DASHBOARDS {
         out.push((format!("charts/kvgate/files/dashboards/{d}.json"), read(&format!("dashboards/{d}.json"))?));
     }
