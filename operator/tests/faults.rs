@@ -14,8 +14,11 @@ use support::*;
 const LONG: Duration = Duration::from_secs(180);
 
 /// A deployment whose canary takes seconds: sixteen prompts up to nearly the whole window.
+/// A canary long enough to be caught running by a poll every 300 ms: the tiny model prefills
+/// 16 prompts of up to 2000 tokens in well under a second, so each also generates 256 tokens
+/// (the most the CRD allows), one at a time.
 fn slow_canary(name: &str) -> String {
-    format!("{}  rollout: {{ canary: {{ prompts: 16, maxPromptTokens: 2000 }}, bakeSeconds: 0 }}\n", tiny(name, 2048, 8192, 8192, ""))
+    format!("{}  rollout: {{ canary: {{ prompts: 16, maxPromptTokens: 1792, maxTokens: 256 }}, bakeSeconds: 0 }}\n", tiny(name, 2048, 8192, 8192, ""))
 }
 
 fn phase(cp: &ControlPlane, ns: &str, name: &str) -> String {

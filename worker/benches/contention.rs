@@ -6,8 +6,9 @@
 //!   alone and beside the handoffs, with the cores the process kept busy in each, and how long a
 //!   handoff takes beside the running model against the same handoff with the engine idle;
 //! - eight sequences decoding while a 16k-token prompt prefills in the same process: inter-token
-//!   latency p50/p99 against the same streams with no prompt, with chunk pacing on (the default,
-//!   `--decode-stall-limit 2`) and off (chunks of the whole `--max-batch-tokens`).
+//!   latency p50/p99 against the same streams decoding alone (their own prompts prefilled before
+//!   that window), with chunk pacing on (the default, `--decode-stall-limit 2`) and off (chunks
+//!   of the whole `--max-batch-tokens`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +30,9 @@ const WINDOW: usize = 20_000;
 /// Each stream's prompt and completion; a finished stream starts another at once.
 const PROMPT: usize = 128;
 const MAX_TOKENS: usize = 256;
+/// A held stream's one completion (`Streams::held`): long enough to outlast the idle window and
+/// the long prompt's prefill at this model's speed.
+const HELD_TOKENS: usize = WINDOW - PROMPT;
 const HANDOFF_TOKENS: usize = 8192;
 const LONG_PROMPT: usize = 16_384;
 /// One window of decode alone or beside handoffs.
@@ -37,14 +41,18 @@ const ROUND: Duration = Duration::from_millis(250);
 fn engine(stall_limit: f64) -> Engine {
     let model = Arc::new(Model::tiny(&Device::Cpu).unwrap());
     let layout = model.kv_layout(16, KvDtype::F32);
-    // The streams, a long prompt and four handoffs in flight, with room to spare.
-    let tokens = STREAMS * (PROMPT + MAX_TOKENS) + LONG_PROMPT + 4 * (HANDOFF_TOKENS + 1);
+    // The streams (held ones are the longest), a long prompt and four handoffs in flight, with
+    // room to spare.
+    let tokens = STREAMS * (PROMPT + HELD_TOKENS) + LONG_PROMPT + 4 * (HANDOFF_TOKENS + 1);
     let pool = KvPool::host(layout, layout.pages_for(tokens) + 64).unwrap();
     let config = SchedulerConfig { max_batch_tokens: 2048, admission_timeout: Duration::from_secs(60), stall_limit };
     Engine::start(model, pool, WINDOW, Metrics::new(&prometheus::Registry::new(), "bench"), config)
 }
 
 /// Eight greedy streams that keep decoding until stopped; every token's arrival time, per stream.
+/// Started with `start`, each begins a new request as soon as one ends (so prompts keep being
+/// prefilled); with `held`, each runs one long request, so once all are decoding no prompt of
+/// theirs is prefilled any more.
 struct Streams {
     stop: Arc<AtomicBool>,
     times: Vec<Arc<Mutex<Vec<Instant>>>>,
@@ -53,6 +61,14 @@ struct Streams {
 
 impl Streams {
     fn start(engine: &Engine) -> Streams {
+        Self::run(engine, false)
+    }
+
+    fn held(engine: &Engine) -> Streams {
+        Self::run(engine, true)
+    }
+
+    fn run(engine: &Engine, held: bool) -> Streams {
         let stop = Arc::new(AtomicBool::new(false));
         let times: Vec<_> = (0..STREAMS).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
         let tasks = times
@@ -62,8 +78,13 @@ impl Streams {
                 let (engine, stop, times) = (engine.clone(), stop.clone(), times.clone());
                 tokio::spawn(async move {
                     let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| (i * 7 + s as u32 * 13) % 256).collect();
-                    while !stop.load(Ordering::Relaxed) {
-                        let mut rx = engine.submit(prompt.clone(), MAX_TOKENS, SamplingParams::default()).unwrap();
+                    let (max_tokens, sampling) =
+                        if held { (HELD_TOKENS, SamplingParams { ignore_eos: true, ..Default::default() }) } else { (MAX_TOKENS, SamplingParams::default()) };
+                    // A held stream makes one request; the others one after another.
+                    let mut more = true;
+                    while more && !stop.load(Ordering::Relaxed) {
+                        more = !held;
+                        let mut rx = engine.submit(prompt.clone(), max_tokens, sampling).unwrap();
                         let mut last = None;
                         while let Some(e) = rx.recv().await {
                             match e {
@@ -87,6 +108,20 @@ impl Streams {
             })
             .collect();
         Streams { stop, times, tasks }
+    }
+
+    /// Once every stream has had two tokens: its prompt is prefilled and it is decoding.
+    async fn all_decoding(&self) {
+        loop {
+            let mut decoding = 0;
+            for t in &self.times {
+                decoding += usize::from(!t.lock().await.is_empty());
+            }
+            if decoding == self.times.len() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Tokens and inter-token gaps of every stream inside `from..to`.
@@ -212,14 +247,17 @@ async fn measure() {
     drop(rig);
     drop(e);
 
-    // Inter-token latency while a long prompt prefills, pacing on and off.
+    // Inter-token latency while a long prompt prefills, pacing on and off, against the same
+    // streams with nothing else to do: held streams, so once all are decoding (their prompts
+    // prefilled) the idle window holds decode steps only.
     let long: Vec<u32> = (0..LONG_PROMPT as u32).map(|i| (i * 31) % 256).collect();
     for (stall, name) in [(2.0, "pacing on (--decode-stall-limit 2)"), (f64::INFINITY, "pacing off (2048-token chunks)")] {
         let e = engine(stall);
-        let streams = Streams::start(&e);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let streams = Streams::held(&e);
+        streams.all_decoding().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
         let t0 = Instant::now();
-        tokio::time::sleep(span).await;
+        tokio::time::sleep(span / 2).await;
         let t1 = Instant::now();
         let mut rx = e.submit(long.clone(), 1, SamplingParams::default()).unwrap();
         while let Some(ev) = rx.recv().await {

@@ -179,17 +179,17 @@ impl Dispatcher {
                 Err(failed) => failed,
             };
             let Failed { event, retry } = failed;
-            let first_event = first.get_or_insert(event);
+            let detail = match &event {
+                Event::Failed(f) => f.message.clone(),
+                _ => String::new(),
+            };
+            first.get_or_insert(event);
             match retry {
                 Some((why, failed_peers)) if attempt < ATTEMPTS => {
                     self.retries.count(why);
                     tracing::Span::current().record("retries", attempt as i64);
                     let reason: &str = why.into();
-                    let detail = match &*first_event {
-                        Event::Failed(f) => f.message.as_str(),
-                        _ => "",
-                    };
-                    tracing::warn!(reason, attempt, detail, "a peer failed before any byte reached the client; trying another pair");
+                    tracing::warn!(reason, attempt, detail = detail.as_str(), "a peer failed before any byte reached the client; trying another pair");
                     avoid.extend(failed_peers);
                     tokio::time::sleep(retry::backoff(attempt)).await;
                 }
