@@ -160,15 +160,6 @@ async fn assert_memory_returns(attack: &str, w: &Worker, before: f64) {
     assert!(now <= before * 1.10, "{attack}: RSS {before:.1} MiB before, {now:.1} MiB after");
 }
 
-fn addr_of(w: &Worker) -> SocketAddr {
-    w.base.trim_start_matches("http://").parse().unwrap()
-}
-
-fn kv_addr_of(decode: &Worker) -> SocketAddr {
-    let at = decode.line.find("KV port ").expect("decode announces its KV port") + "KV port ".len();
-    decode.line[at..].split(|c: char| c == ')' || c.is_whitespace()).next().unwrap().parse().unwrap()
-}
-
 /// Runs `attack` in the background until dropped.
 struct Attack {
     stop: Arc<AtomicBool>,
@@ -227,7 +218,7 @@ async fn strangers_idling_on_the_kv_port_leave_the_handoff_to_its_peers() {
     let c = cluster_with(&[], &["--kv-auth-timeout-ms", "500"], &[]);
     let baseline = honest(&c.router).await;
     let before = rss_mib(&c.decode);
-    let kv = kv_addr_of(&c.decode);
+    let kv = c.decode.kv_addr();
     let attack = Attack::start(|stop| idle_sockets(2, kv, 256, b"", Some(Duration::from_millis(200)), stop));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let under = honest(&c.router).await;
@@ -266,7 +257,7 @@ async fn bodies_without_their_last_byte_hold_no_memory_past_their_deadline() {
     let c = cluster_with(&[], &[], &[]);
     let baseline = honest(&c.router).await;
     let (decode_before, router_before) = (rss_mib(&c.decode), rss_mib(&c.router));
-    let (decode, router) = (addr_of(&c.decode), addr_of(&c.router));
+    let (decode, router) = (c.decode.addr(), c.router.addr());
     let attack = Attack::start(|stop| async move {
         let mut tasks = Vec::new();
         for i in 0..800 {
@@ -310,7 +301,7 @@ async fn a_thousand_idle_http_connections_leave_room_for_honest_clients() {
     let c = cluster_with(&idle, &idle, &idle);
     let baseline = honest(&c.router).await;
     let before = rss_mib(&c.decode);
-    let (decode, router) = (addr_of(&c.decode), addr_of(&c.router));
+    let (decode, router) = (c.decode.addr(), c.router.addr());
     let attack = Attack::start(|stop| async move {
         let a = tokio::spawn(idle_sockets(2, decode, 500, b"", None, stop.clone()));
         let b = tokio::spawn(idle_sockets(3, router, 500, b"GET /healthz HTTP/1.1\r\n", None, stop));
@@ -713,7 +704,7 @@ async fn a_mixed_abuse_soak_leaves_honest_requests_served() {
     let c = cluster_with(&idle, &[&idle[..], &["--kv-auth-timeout-ms", "500"]].concat(), &router);
     let baseline = honest(&c.router).await;
     let before = [rss_mib(&c.router), rss_mib(&c.prefill), rss_mib(&c.decode)];
-    let (router, decode, prefill, kv) = (addr_of(&c.router), addr_of(&c.decode), addr_of(&c.prefill), kv_addr_of(&c.decode));
+    let (router, decode, prefill, kv) = (c.router.addr(), c.decode.addr(), c.prefill.addr(), c.decode.kv_addr());
     let router_base = c.router.base.clone();
     let attack = Attack::start(|stop| async move {
         let mut tasks = vec![

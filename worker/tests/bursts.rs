@@ -2,7 +2,7 @@
 //! loopback) never fail: every request of a burst of 24, 48 or 96, each from an address of its
 //! own, is answered 200, or 429/503 with `Retry-After` where a documented cap says so; never
 //! 502. One prefill opens one KV connection per handoff, so a burst is a burst of new
-//! connections from one address at decode's KV port (`handoff/strangers.rs`); a peer that fails
+//! connections from one address at decode's KV port (`server/places.rs`); a peer that fails
 //! before any byte reached the client is tried again (`roles/retry.rs`).
 
 mod support;
@@ -119,15 +119,6 @@ async fn idle_from_the_peers_address(to: SocketAddr, count: usize, stop: Arc<Ato
     }
 }
 
-fn kv_addr_of(decode: &Worker) -> SocketAddr {
-    let at = decode.line.find("KV port ").expect("decode announces its KV port") + "KV port ".len();
-    decode.line[at..].split(|c: char| c == ')' || c.is_whitespace()).next().unwrap().parse().unwrap()
-}
-
-fn addr_of(w: &Worker) -> SocketAddr {
-    w.base.trim_start_matches("http://").parse().unwrap()
-}
-
 // A stranger at the peers' own address (pods with `hostNetwork` on one node share one) holds
 // 300 idle sockets on each internal port (decode's KV port and HTTP port, prefill's HTTP port),
 // reopening each as it is closed: a burst is served all the same. Silent newcomers are closed
@@ -136,7 +127,7 @@ fn addr_of(w: &Worker) -> SocketAddr {
 async fn idle_sockets_from_the_peers_own_address_leave_every_internal_port_to_the_peers() {
     let c = cluster_with(&[], &["--kv-auth-timeout-ms", "500"], &[]);
     let stop = Arc::new(AtomicBool::new(false));
-    let ports = [kv_addr_of(&c.decode), addr_of(&c.decode), addr_of(&c.prefill)];
+    let ports = [c.decode.kv_addr(), c.decode.addr(), c.prefill.addr()];
     let attacks: Vec<_> = ports.into_iter().map(|to| tokio::spawn(idle_from_the_peers_address(to, 300, stop.clone()))).collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let answers = burst(&c.router, 24, 8).await;

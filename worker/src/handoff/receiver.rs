@@ -293,8 +293,8 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
         // A stranger has a short deadline to prove it holds the secret.
         let timeout = if bound.is_none() { limits.auth_timeout.min(limits.frame_timeout) } else { limits.frame_timeout };
         let read = match &admission.stranger {
-            // An idle stranger gives its place up to a newcomer (`strangers.rs`); a frame that
-            // has arrived is read first.
+            // An idle stranger gives its place up to a newcomer (`server/places.rs`); a frame
+            // that has arrived is read first.
             Some(place) => tokio::select! {
                 biased;
                 read = read_frame(&mut stream, table, &mut keys, max_body, timeout) => read,

@@ -12,6 +12,7 @@ use prometheus::IntCounterVec;
 use strum::VariantArray;
 
 use super::peers::Peer;
+use crate::engine::Event;
 use crate::metrics::RoleRegistry;
 
 /// Attempts per request, the first included.
@@ -32,17 +33,17 @@ pub enum Retry {
 
 /// A failed attempt: the failure the client would see, and whether (and why) it may be tried
 /// again, with the peers to avoid next time.
-pub struct Failed<E> {
-    pub event: E,
+pub struct Failed {
+    pub event: Event,
     pub retry: Option<(Retry, Vec<Arc<Peer>>)>,
 }
 
-impl<E> Failed<E> {
-    pub fn last(event: E) -> Self {
+impl Failed {
+    pub fn last(event: Event) -> Self {
         Failed { event, retry: None }
     }
 
-    pub fn retry(event: E, why: Retry, avoid: &[&Arc<Peer>]) -> Self {
+    pub fn retry(event: Event, why: Retry, avoid: &[&Arc<Peer>]) -> Self {
         Failed { event, retry: Some((why, avoid.iter().map(|p| Arc::clone(p)).collect())) }
     }
 }

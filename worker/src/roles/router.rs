@@ -233,7 +233,7 @@ impl Dispatcher {
         arrived: Instant,
         avoid: &[Arc<Peer>],
         request: &RequestContext,
-    ) -> Result<(), Failed<Event>> {
+    ) -> Result<(), Failed> {
         if self.peers.pick().is_none() {
             self.peers.refresh(&self.http).await;
         }
@@ -354,7 +354,7 @@ impl Dispatcher {
 
     /// POSTs `body` to decode; any answer but success becomes the failure decode described. A
     /// decode that does not answer at all may be tried again elsewhere.
-    async fn call_decode(&self, decode: &Arc<Peer>, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Failed<Event>> {
+    async fn call_decode(&self, decode: &Arc<Peer>, path: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, Failed> {
         let resp = self
             .call(decode, path, body)
             .await

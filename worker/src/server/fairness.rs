@@ -43,7 +43,7 @@ pub type InFlight = Shares<ClientKey>;
 
 /// Most requests in flight per client, with no total (the pool's admission bounds that).
 pub fn in_flight(per_client: usize) -> Arc<InFlight> {
-    Shares::new(usize::MAX, per_client)
+    Shares::new(per_client)
 }
 
 fn refused(per_client: usize) -> ApiError {

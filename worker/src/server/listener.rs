@@ -50,8 +50,8 @@ pub enum Saturation {
     ClientLimit,
     /// A KV connection sent no authentic frame in time (see `handoff::receiver`).
     Unauthenticated,
-    /// A KV connection that had sent nothing authentic was closed to make room for a newcomer
-    /// (see `handoff::strangers`).
+    /// An idle connection (no request in flight; on the KV port, not yet authenticated) was
+    /// closed to make room for a newcomer of its address that had sent something (`places.rs`).
     Evicted,
 }
 

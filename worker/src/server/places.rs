@@ -230,7 +230,8 @@ impl Places {
     }
 
     /// Places held now.
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    fn held(&self) -> usize {
         self.lock().total
     }
 }

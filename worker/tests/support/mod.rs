@@ -117,6 +117,17 @@ impl Worker {
         (status, value)
     }
 
+    /// Where it listens.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.base.trim_start_matches("http://").parse().unwrap()
+    }
+
+    /// A decode worker's KV port, as it announced it.
+    pub fn kv_addr(&self) -> std::net::SocketAddr {
+        let at = self.line.find("KV port ").expect("decode announces its KV port") + "KV port ".len();
+        self.line[at..].split(|c: char| c == ')' || c.is_whitespace()).next().unwrap().parse().unwrap()
+    }
+
     /// The process this worker runs as (its capacity report names it; signed calls are for it).
     pub async fn instance(&self) -> kvgate_proto::auth::Instance {
         let (status, report) = self.get(kvgate_proto::KV_POOL_PATH).await;
