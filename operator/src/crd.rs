@@ -67,10 +67,15 @@ use crate::rollout_state::{Phase, RefusalReason};
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.prefill) || !has(self.decode) || self.prefill.kvPool.pageSize == self.decode.kvPool.pageSize").message("spec.prefill.kvPool.pageSize must equal spec.decode.kvPool.pageSize: decode stores the pages prefill sends").reason(Reason::FieldValueInvalid).field_path(".prefill.kvPool.pageSize"))]
-#[x_kube(validation = Rule::new("self.engine != 'kvgate' || (has(self.prefill) && has(self.decode))").message("spec.prefill and spec.decode are required with engine kvgate").reason(Reason::FieldValueRequired).field_path(".prefill"))]
-#[x_kube(validation = Rule::new("self.engine == 'kvgate' || (!has(self.prefill) && !has(self.decode))").message("spec.prefill and spec.decode are kvgate's own roles: an external engine serves whole requests from spec.server").reason(Reason::FieldValueForbidden).field_path(".prefill"))]
-#[x_kube(validation = Rule::new("self.engine == 'kvgate' ? !has(self.server) : has(self.server)").message("spec.server is the external engine's container: required with engine llamacpp, vllm or sglang, not allowed with kvgate").reason(Reason::FieldValueInvalid).field_path(".server"))]
+#[x_kube(validation = Rule::new("!has(self.prefill) || !has(self.decode) || !has(self.prefill.kvPool) || !has(self.decode.kvPool) || self.prefill.kvPool.pageSize == self.decode.kvPool.pageSize").message("spec.prefill.kvPool.pageSize must equal spec.decode.kvPool.pageSize: decode stores the pages prefill sends").reason(Reason::FieldValueInvalid).field_path(".prefill.kvPool.pageSize"))]
+#[x_kube(validation = Rule::new("self.engine != 'kvgate' || (has(self.prefill) && has(self.decode) && has(self.prefill.kvPool) && has(self.decode.kvPool))").message("spec.prefill.kvPool and spec.decode.kvPool are required with engine kvgate").reason(Reason::FieldValueRequired).field_path(".prefill"))]
+#[x_kube(validation = Rule::new("self.engine != 'kvgate' || ((!has(self.prefill) || !has(self.prefill.container)) && (!has(self.decode) || !has(self.decode.container)) && !has(self.router.container))").message("spec.prefill.container, spec.decode.container and spec.router.container are an external engine's: engine kvgate runs its own workers").reason(Reason::FieldValueForbidden).field_path(".prefill"))]
+#[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.server)").message("spec.server is an external engine's single serving role, not allowed with engine kvgate").reason(Reason::FieldValueForbidden).field_path(".server"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || has(self.server) != (has(self.prefill) || has(self.decode))").message("an external engine serves from spec.server (one serving role) or from spec.prefill, spec.decode and spec.router (disaggregated): set exactly one of the two").reason(Reason::FieldValueInvalid).field_path(".server"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || has(self.prefill) == has(self.decode)").message("a disaggregated engine needs both spec.prefill and spec.decode").reason(Reason::FieldValueRequired).field_path(".decode"))]
+#[x_kube(validation = Rule::new("self.engine != 'llamacpp' || !has(self.prefill)").message("llama.cpp has no disaggregated prefill/decode serving: use spec.server").reason(Reason::FieldValueForbidden).field_path(".prefill"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.prefill) || (has(self.prefill.container) && has(self.decode.container) && has(self.router.container))").message("a disaggregated engine's roles are containers: spec.prefill.container, spec.decode.container and spec.router.container are required").reason(Reason::FieldValueRequired).field_path(".router.container"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.prefill) || (!has(self.prefill.kvPool) && !has(self.decode.kvPool) && !has(self.prefill.resources) && !has(self.decode.resources) && !has(self.router.resources))").message("kvPool and resources are kvgate's worker settings: an external engine sizes its KV cache with its own flags and sets resources in its container").reason(Reason::FieldValueForbidden).field_path(".prefill"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.model.name)").message("spec.model.name (a built-in model) is kvgate's: an external engine loads spec.model.path").reason(Reason::FieldValueForbidden).field_path(".model.name"))]
 #[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.model.path) || has(self.model.volume)").message("spec.model.path needs spec.model.volume: the volume the checkpoint is on").reason(Reason::FieldValueRequired).field_path(".model.volume"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.image)").message("spec.image is kvgate's worker image: an external engine's image is spec.server.container.image").reason(Reason::FieldValueForbidden).field_path(".image"))]
@@ -93,17 +98,25 @@ pub struct InferenceDeploymentSpec {
     /// version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// Prefill workers (engine kvgate): compute prompts' KV and stream it to decode.
+    /// Prefill pods: compute prompts' KV and hand it to decode. Engine kvgate: its workers
+    /// (`kvPool`). Engines vllm and sglang, disaggregated: the engine's prefill servers
+    /// (`container`, e.g. SGLang's `--disaggregation-mode prefill`), each read and gated on its
+    /// own numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill: Option<WorkerRole>,
-    /// Decode workers (engine kvgate): reserve KV pages, verify each handoff, generate.
+    /// Decode pods: take prefill's KV and generate. Engine kvgate: its workers (reserve pages,
+    /// verify each handoff). Engines vllm and sglang, disaggregated: the engine's decode servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode: Option<WorkerRole>,
-    /// The router (engine kvgate; ignored otherwise): the deployment's API; admits requests and
-    /// pairs prefill with decode.
+    /// The router: the deployment's API, which pairs prefill with decode. Engine kvgate: its own
+    /// router, one for every revision. Engines vllm and sglang, disaggregated: the engine's
+    /// router (`container`, e.g. `sglang_router.launch_router --pd-disaggregation`), one per
+    /// revision, sent only that revision's prefill and decode pods (env `KVGATE_PREFILL_HOST`,
+    /// `KVGATE_DECODE_HOST`, ...) and Ready once they are verified. Ignored with spec.server.
     #[serde(default)]
     pub router: RouterRole,
-    /// The external engine's pods (engines llamacpp, vllm, sglang).
+    /// The external engine's pods when one server does all the work (engines llamacpp, vllm,
+    /// sglang); disaggregated engines use spec.prefill, spec.decode and spec.router instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerRole>,
     /// Handoff between prefill and decode.
@@ -135,32 +148,50 @@ impl InferenceDeployment {
 
 /// The settings of a kvgate role the spec leaves out (the CRD requires both with engine kvgate).
 static ABSENT_WORKER: std::sync::LazyLock<WorkerRole> =
-    std::sync::LazyLock::new(|| WorkerRole { replicas: 0, kv_pool: KvPoolSpec::default(), resources: None, placement: Placement::default() });
+    std::sync::LazyLock::new(|| WorkerRole { replicas: 0, kv_pool: None, resources: None, container: None, port: None, placement: Placement::default() });
 
 impl InferenceDeploymentSpec {
-    /// The prefill or decode settings (engine kvgate).
+    /// The prefill or decode settings.
     pub fn worker(&self, role: Role) -> &WorkerRole {
         let w = match role {
             Role::Prefill => &self.prefill,
             Role::Decode => &self.decode,
-            Role::Server => &None,
+            Role::Server | Role::Router => &None,
         };
         w.as_ref().unwrap_or(&ABSENT_WORKER)
     }
 
-    /// The roles whose pods the gate verifies: prefill and decode, or the engine's server.
+    /// The engine behind this spec.
+    pub fn engine(&self) -> &'static dyn crate::engines::EngineKind {
+        crate::engines::of(self.engine)
+    }
+
+    /// The roles rendered for every revision (the gate verifies every pod of them).
     pub fn roles(&self) -> &'static [Role] {
-        match self.engine {
-            Engine::Kvgate => &[Role::Prefill, Role::Decode],
-            _ => &[Role::Server],
-        }
+        self.engine().roles(self)
+    }
+
+    /// The engine's container of `role` (external engines), and what the spec says around it.
+    pub fn external(&self, role: Role) -> Option<ExternalRole<'_>> {
+        let (replicas, container, port, placement) = match role {
+            Role::Server => self.server.as_ref().map(|s| (s.replicas, &s.container, s.port, &s.placement))?,
+            Role::Router => (self.router.replicas, self.router.container.as_ref()?, self.router.port, &self.router.placement),
+            Role::Prefill | Role::Decode => {
+                let w = self.worker(role);
+                (w.replicas, w.container.as_ref()?, w.port, &w.placement)
+            }
+        };
+        Some(ExternalRole { replicas, container, port: port.and_then(|p| u16::try_from(p).ok()), placement })
     }
 
     /// The HTTP port of `role`'s pods: the worker's, or the engine's.
     pub fn port(&self, role: Role) -> u16 {
-        match role.worker() {
-            Some(worker) => worker.port(),
-            None => self.server.as_ref().and_then(|s| s.port).and_then(|p| u16::try_from(p).ok()).unwrap_or_else(|| crate::engines::default_port(self.engine)),
+        match self.external(role) {
+            Some(e) => e.port.unwrap_or_else(|| self.engine().default_port()),
+            None => match role.worker() {
+                Some(worker) => worker.port(),
+                None => self.engine().default_port(),
+            },
         }
     }
 
@@ -168,9 +199,19 @@ impl InferenceDeploymentSpec {
     pub fn replicas(&self, role: Role) -> i32 {
         match role {
             Role::Server => self.server.as_ref().map_or(0, |s| s.replicas),
+            Role::Router => self.router.replicas,
             _ => self.worker(role).replicas,
         }
     }
+}
+
+/// One role of an external engine: the user's container and where its pods run.
+#[derive(Debug, Clone, Copy)]
+pub struct ExternalRole<'a> {
+    pub replicas: i32,
+    pub container: &'a k8s_openapi::api::core::v1::Container,
+    pub port: Option<u16>,
+    pub placement: &'a Placement,
 }
 
 /// What serves requests.
@@ -253,7 +294,8 @@ pub struct ModelVolume {
     pub host_path: Option<String>,
 }
 
-/// Prefill or decode workers.
+/// Prefill or decode pods: kvgate's workers (`kvPool`, `resources`) or a disaggregated
+/// engine's servers (`container`, `port`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerRole {
@@ -261,11 +303,23 @@ pub struct WorkerRole {
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
-    /// The worker's KV pool.
-    pub kv_pool: KvPoolSpec,
-    /// CPU, memory and accelerator requests and limits of the worker container.
+    /// The worker's KV pool (engine kvgate, required there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_pool: Option<KvPoolSpec>,
+    /// CPU, memory and accelerator requests and limits of the worker container (engine kvgate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// The engine's container for this role (engines vllm and sglang, disaggregated), as in
+    /// spec.server.container: the operator adds the model volume, a port named `http`, health
+    /// probes and the restricted security context where the container sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "terse::<Option<k8s_openapi::api::core::v1::Container>>")]
+    pub container: Option<k8s_openapi::api::core::v1::Container>,
+    /// The port the engine's container serves HTTP on (its capacity is read there). Default:
+    /// the engine's (vllm 8000, sglang 30000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
     /// Where the pods run.
     #[serde(flatten)]
     pub placement: Placement,
@@ -357,9 +411,19 @@ pub struct RouterRole {
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
-    /// Requests and limits of the router container.
+    /// Requests and limits of the router container (engine kvgate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// A disaggregated engine's router container (engines vllm and sglang with spec.prefill):
+    /// it reaches its revision's pods at `$(KVGATE_PREFILL_HOST):$(KVGATE_PREFILL_PORT)` and
+    /// `$(KVGATE_DECODE_HOST):$(KVGATE_DECODE_PORT)` (headless Services of that revision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "terse::<Option<k8s_openapi::api::core::v1::Container>>")]
+    pub container: Option<k8s_openapi::api::core::v1::Container>,
+    /// The port the router serves HTTP on. Default: the engine's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
     /// Where the pods run.
     #[serde(flatten)]
     pub placement: Placement,
@@ -367,7 +431,7 @@ pub struct RouterRole {
 
 impl Default for RouterRole {
     fn default() -> Self {
-        RouterRole { replicas: 1, resources: None, placement: Placement::default() }
+        RouterRole { replicas: 1, resources: None, container: None, port: None, placement: Placement::default() }
     }
 }
 

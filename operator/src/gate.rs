@@ -8,13 +8,18 @@ use crate::engines::EngineCapacity;
 /// The readiness gate the operator owns on every prefill and decode pod.
 pub const CONDITION: &str = "kvgate.dev/kv-pool-verified";
 
-/// A role whose pods the gate verifies: kvgate's prefill and decode workers, or an external
-/// engine's server.
+/// A role of a deployment's pods: prefill and decode (kvgate's workers, or a disaggregated
+/// engine's servers), an external engine's single server, or a router.
+///
+/// The gate reads the KV capacity of every prefill, decode and server pod. A router holds no KV:
+/// kvgate's runs outside the revisions and is not gated; a disaggregated engine's router is part
+/// of its revision and passes the gate once every pod it routes to has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
     Prefill,
     Decode,
     Server,
+    Router,
 }
 
 impl Role {
@@ -24,7 +29,13 @@ impl Role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
             Role::Server => "server",
+            Role::Router => "router",
         }
+    }
+
+    /// Whether its pods hold KV (and are read for their capacity).
+    pub const fn holds_kv(self) -> bool {
+        !matches!(self, Role::Router)
     }
 
     /// The kvgate worker role (its subcommand and port), for prefill and decode.
@@ -32,7 +43,7 @@ impl Role {
         match self {
             Role::Prefill => Some(kvgate_proto::contract::Role::Prefill),
             Role::Decode => Some(kvgate_proto::contract::Role::Decode),
-            Role::Server => None,
+            Role::Server | Role::Router => None,
         }
     }
 
@@ -41,13 +52,13 @@ impl Role {
         match self {
             Role::Prefill => Some(Role::Decode),
             Role::Decode => Some(Role::Prefill),
-            Role::Server => None,
+            Role::Server | Role::Router => None,
         }
     }
 
     /// The role a pod's component label names.
     pub fn from_component(label: &str) -> Option<Role> {
-        [Role::Prefill, Role::Decode, Role::Server].into_iter().find(|r| r.as_str() == label)
+        [Role::Prefill, Role::Decode, Role::Server, Role::Router].into_iter().find(|r| r.as_str() == label)
     }
 }
 
@@ -76,11 +87,13 @@ impl Measured {
         }
     }
 
-    /// `prefill pod P measured N tokens` or `llamacpp pod P: n_ctx per slot N`.
+    /// `prefill pod P measured N tokens`, `llamacpp pod P: n_ctx per slot N` or, for a role of
+    /// a disaggregated engine, `sglang prefill pod P: max_total_num_tokens N`.
     fn describe(&self, role: Role, pod: &str) -> String {
         match self {
             Measured::Kvgate(r) => format!("{} pod {pod} measured {} tokens", role.as_str(), r.capacity_tokens),
-            Measured::Engine(c) => format!("{} pod {pod}: {} {}", c.engine.as_str(), c.field, c.tokens),
+            Measured::Engine(c) if role == Role::Server => format!("{} pod {pod}: {} {}", c.engine.as_str(), c.field, c.tokens),
+            Measured::Engine(c) => format!("{} {} pod {pod}: {} {}", c.engine.as_str(), role.as_str(), c.field, c.tokens),
         }
     }
 }
@@ -126,7 +139,7 @@ pub enum Verdict {
 /// computes). With no pod of the other role reporting yet, the fingerprint check waits.
 pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdict) {
     let fingerprints = |role: Role| -> Option<(&str, &str)> { pods.iter().filter(|p| p.role == role).find_map(|p| p.report.as_ref()?.fingerprints()) };
-    let verdicts: Vec<PodVerdict> = pods
+    let mut verdicts: Vec<PodVerdict> = pods
         .iter()
         .map(|p| {
             let Some(r) = &p.report else { return PodVerdict::Pending };
@@ -152,6 +165,16 @@ pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdi
             }
         })
         .collect();
+    // A router holds no KV: it passes once every pod it routes to has.
+    let routed: Vec<&PodVerdict> = pods.iter().zip(&verdicts).filter(|(p, _)| p.role.holds_kv()).map(|(_, v)| v).collect();
+    if !routed.is_empty() && routed.iter().all(|v| matches!(v, PodVerdict::Verified { .. })) {
+        let message = format!("routes to {} verified pods of its revision", routed.len());
+        for (p, v) in pods.iter().zip(verdicts.iter_mut()) {
+            if !p.role.holds_kv() {
+                *v = PodVerdict::Verified { message: message.clone() };
+            }
+        }
+    }
     let verdict = if let Some((failure, message)) = verdicts.iter().find_map(|v| match v {
         PodVerdict::Failed { failure, message } => Some((*failure, message.clone())),
         _ => None,
@@ -236,6 +259,35 @@ mod tests {
         assert_eq!(per_pod.len(), 1);
         // No peer role, no fingerprints: a pool that holds the window is verified on its own.
         assert_eq!(judge(4096, &[pod(Role::Server, "s-0", engine(4096))]).1, Verdict::Verified);
+    }
+
+    #[test]
+    fn a_disaggregated_engines_roles_are_named_and_its_router_waits_for_them() {
+        let engine = |tokens: u64| {
+            Some(Measured::Engine(EngineCapacity {
+                engine: crate::crd::Engine::Sglang,
+                tokens,
+                field: "max_total_num_tokens".into(),
+                model: "m".into(),
+                detail: String::new(),
+            }))
+        };
+        let pods = |prefill: u64| [pod(Role::Prefill, "p-0", engine(prefill)), pod(Role::Decode, "d-0", engine(2_000_000)), pod(Role::Router, "r-0", None)];
+        let (per_pod, verdict) = judge(1_048_576, &pods(681_280));
+        assert_eq!(
+            verdict,
+            Verdict::Refused {
+                failure: Failure::KVPoolBelowContextWindow,
+                message: "sglang prefill pod p-0: max_total_num_tokens 681280 < contextWindow 1048576".into()
+            }
+        );
+        assert_eq!(per_pod[2], PodVerdict::Pending, "the router never passes over a refused pod");
+        let (per_pod, verdict) = judge(1_048_576, &pods(1_048_576));
+        assert_eq!(verdict, Verdict::Verified);
+        assert_eq!(per_pod[2], PodVerdict::Verified { message: "routes to 2 verified pods of its revision".into() });
+        // With one pod still unread the router waits too.
+        let (per_pod, verdict) = judge(1024, &[pod(Role::Prefill, "p-0", engine(4096)), pod(Role::Decode, "d-0", None), pod(Role::Router, "r-0", None)]);
+        assert_eq!((verdict, &per_pod[2]), (Verdict::Pending, &PodVerdict::Pending));
     }
 
     #[test]

@@ -139,11 +139,21 @@ fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
     let rows = [
         (
             base.replace("  engine: llamacpp\n", "  engine: llamacpp\n  prefill: { kvPool: { tokens: 8 } }\n"),
-            "spec.prefill and spec.decode are kvgate's own roles",
+            "llama.cpp has no disaggregated prefill/decode serving",
+        ),
+        (
+            base.replace("engine: llamacpp", "engine: sglang")
+                .replace("  rollout:", "  prefill: { container: { name: p } }\n  decode: { container: { name: d } }\n  rollout:"),
+            "set exactly one of the two",
+        ),
+        (
+            format!("{}  prefill: {{ container: {{ name: p }} }}\n  decode: {{ kvPool: {{ tokens: 8 }} }}\n", &base[..base.find("  server:").unwrap()])
+                .replace("engine: llamacpp", "engine: vllm"),
+            "spec.router.container are required",
         ),
         (base.replace("  model: { path: tiny.gguf,", "  model: { name: tiny, path: tiny.gguf,"), "spec.model"),
         (base.replace("  engine: llamacpp\n", "  engine: llamacpp\n  image: x\n"), "spec.image is kvgate's worker image"),
-        (base[..base.find("  server:").unwrap()].to_string(), "spec.server is the external engine's container"),
+        (base[..base.find("  server:").unwrap()].to_string(), "an external engine serves from spec.server"),
         (base.replace("engine: llamacpp", "engine: tgi"), "spec.engine"),
     ];
     for (yaml, want) in rows {
@@ -154,6 +164,98 @@ fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
     apply_yaml(cp, &ns, &base);
     let (ok, err) = try_apply(cp, &ns, &base.replace("engine: llamacpp", "engine: vllm"));
     assert!(!ok && err.contains("spec.engine is immutable"), "{err}");
+}
+
+/// `examples/sglang-pd-incident.yaml` as the engine tests run it: each container (SGLang needs
+/// CUDA) swapped for `tests/engines/sglang_server_info.py`, which answers SGLang's
+/// `/get_server_info` for the same flags with `--max-total-tokens` as the pool a GPU measured;
+/// one pod per role, the model on the tests' hostPath.
+fn sglang_pd(cp: &ControlPlane, name: &str, prefill_pool: u64, decode_pool: u64, canary: bool) -> String {
+    let dir = models(cp);
+    std::fs::copy(repo("tests/engines/sglang_server_info.py"), dir.join("sglang_server_info.py")).unwrap();
+    let mut d: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(repo("examples/sglang-pd-incident.yaml")).unwrap()).unwrap();
+    d["metadata"]["name"] = name.into();
+    d["spec"]["model"]["volume"] = serde_json::json!({ "hostPath": dir.display().to_string() });
+    for (role, pool) in [("prefill", prefill_pool), ("decode", decode_pool), ("router", 1)] {
+        let r = &mut d["spec"][role];
+        r["replicas"] = 1.into();
+        let c = &mut r["container"];
+        let mut args: Vec<serde_json::Value> = c["args"].as_array().unwrap().clone();
+        if role == "router" {
+            args = ["--model-path", "router", "--port", "30000"].map(serde_json::Value::from).to_vec();
+        }
+        args.extend(["--max-total-tokens".into(), pool.to_string().into()]);
+        c["args"] = args.into();
+        c["image"] = kvgate_testenv::images::llamacpp().into();
+        c["command"] = serde_json::json!(["/usr/bin/python3.11", "/models/sglang_server_info.py"]);
+        c.as_object_mut().unwrap().remove("resources");
+    }
+    if !canary {
+        d["spec"]["rollout"] = serde_json::json!({ "canary": { "prompts": 0 }, "bakeSeconds": 0 });
+    }
+    serde_json::to_string(&d).unwrap()
+}
+
+/// The incident's own topology: SGLang prefill and decode disaggregated behind SGLang's router,
+/// a 1,048,576-token window over prefill pools of 681,280. Refused before any request, naming the
+/// role, the pod, SGLang's field and both numbers; a decode pool too small is named as decode's;
+/// both large enough, the router takes traffic only once every pod it routes to is verified.
+#[test]
+fn the_incidents_disaggregated_sglang_is_refused_naming_its_prefill_pool() {
+    let (cp, op) = env();
+    let ns = models_namespace(cp, "sglang-pd");
+    apply_yaml(cp, &ns, &sglang_pd(cp, "incident", 681_280, 2_000_000, true));
+    apply_yaml(cp, &ns, &sglang_pd(cp, "small-decode", 2_000_000, 500_000, true));
+    apply_yaml(cp, &ns, &sglang_pd(cp, "holds", 1_048_576, 1_048_576, false));
+    let refused = |name: &str, role: &str, numbers: &str| {
+        eventually(cp, &ns, &format!("{name} refused"), LONG, || condition_true(&infd(cp, &ns, name), "RolloutRefused"));
+        let d = infd(cp, &ns, name);
+        let r = &d["status"]["refusedRevision"];
+        assert_eq!(r["reason"], "KVPoolBelowContextWindow", "{d}");
+        let message = r["message"].as_str().unwrap();
+        let pod = format!("sglang {role} pod {name}-{role}-{}-", r["revision"].as_str().unwrap());
+        assert!(message.starts_with(&pod) && message.ends_with(&format!(": {numbers}")), "{message}");
+        assert_eq!(d["status"]["phase"], "Refused");
+        d
+    };
+    let d = refused("incident", "prefill", "max_total_num_tokens 681280 < contextWindow 1048576");
+    assert_eq!(
+        (d["status"]["prefill"]["minMeasuredTokens"].as_u64(), d["status"]["decode"]["minMeasuredTokens"].as_u64()),
+        (Some(681_280), Some(1_048_576)),
+        "{d}"
+    );
+    refused("small-decode", "decode", "max_total_num_tokens 500000 < contextWindow 1048576");
+    // The refused revisions never took traffic: their routers were never Ready.
+    for name in ["incident", "small-decode"] {
+        assert!(service_endpoints(cp, &ns, name).is_empty(), "{name}");
+    }
+    assert!(op.metric(r#"kvgate_operator_rollouts_refused_total{reason="KVPoolBelowContextWindow"}"#).unwrap_or(0.0) >= 2.0);
+
+    // Both pools hold the window: the router passes the gate after its revision's pods did.
+    eventually(cp, &ns, "holds Available", LONG, || infd(cp, &ns, "holds")["status"]["phase"] == "Available");
+    let d = infd(cp, &ns, "holds");
+    let rev = d["status"]["currentRevision"].as_str().unwrap().to_string();
+    assert_eq!(d["status"]["ready"], "1/1/1", "{d}");
+    let router = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=holds,app.kubernetes.io/component=router"]);
+    let router = &router["items"][0];
+    let gate = router["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "kvgate.dev/kv-pool-verified").cloned().unwrap();
+    assert_eq!((gate["status"].as_str(), gate["message"].as_str()), (Some("True"), Some("routes to 2 verified pods of its revision")), "{gate}");
+    let ip = router["status"]["podIP"].as_str().unwrap();
+    assert_eq!(service_endpoints(cp, &ns, "holds"), [format!("{ip}:30000")], "the Service fronts the router only");
+    // It is told where its own revision's pods are: headless Services that publish them.
+    let env = &router["spec"]["containers"][0]["env"];
+    let host = env.as_array().unwrap().iter().find(|e| e["name"] == "KVGATE_PREFILL_HOST").unwrap()["value"].as_str().unwrap();
+    assert_eq!(host, format!("holds-prefill-{rev}.{ns}.svc"));
+    let svc = get_json(cp, &["-n", &ns, "get", "service", &format!("holds-prefill-{rev}")]);
+    assert_eq!((svc["spec"]["clusterIP"].as_str(), svc["spec"]["selector"]["kvgate.dev/revision"].as_str()), (Some("None"), Some(rev.as_str())));
+
+    // Deleted, the deployment's objects go; applied again, it comes back the same.
+    cp.kubectl_ok(&["-n", &ns, "delete", "infd", "holds", "--wait=true"]);
+    eventually(cp, &ns, "the revision's Services gone", LONG, || {
+        get_json(cp, &["-n", &ns, "get", "services", "-l", "app.kubernetes.io/instance=holds"])["items"].as_array().is_some_and(|a| a.is_empty())
+    });
+    apply_yaml(cp, &ns, &sglang_pd(cp, "holds", 1_048_576, 1_048_576, false));
+    eventually(cp, &ns, "holds Available again", LONG, || infd(cp, &ns, "holds")["status"]["phase"] == "Available");
 }
 
 /// Every example is an object the API server accepts as written (each engine's among them).
@@ -169,7 +271,7 @@ fn every_example_passes_the_api_servers_validation() {
         checked.push(entry.file_name().to_string_lossy().into_owned());
     }
     checked.sort();
-    for want in ["llamacpp.yaml", "sglang-gpu.yaml", "tiny.yaml", "vllm.yaml"] {
+    for want in ["llamacpp.yaml", "sglang-gpu.yaml", "sglang-pd-incident.yaml", "tiny.yaml", "vllm.yaml"] {
         assert!(checked.iter().any(|c| c == want), "{want} not among {checked:?}");
     }
 }

@@ -2,8 +2,39 @@
 //! is unified: `GET /props` says what one request may use, `default_generation_settings.n_ctx`
 //! (with `-c 4096 -np 4`: 1024), and how many slots there are. `/metrics` has no capacity.
 
-use super::{EngineCapacity, count, ids, json};
+use futures::future::BoxFuture;
+
+use super::{EngineCapacity, EngineKind, count, get_text, ids, json, unreadable};
+use crate::capacity::NoReport;
 use crate::crd::Engine;
+
+pub struct Llamacpp;
+
+impl EngineKind for Llamacpp {
+    fn engine(&self) -> Engine {
+        Engine::Llamacpp
+    }
+
+    fn default_port(&self) -> u16 {
+        8080
+    }
+
+    fn read<'a>(&'a self, http: &'a reqwest::Client, base: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>> {
+        Box::pin(async move {
+            let url = format!("{base}{PROPS}");
+            let body = get_text(http, &url).await?;
+            capacity(&body).map_err(|why| unreadable(url, why))
+        })
+    }
+
+    fn greedy(&self, _: &str, prompt: &[u32], max_tokens: u32) -> Option<(&'static str, serde_json::Value)> {
+        Some((COMPLETION, greedy(prompt, max_tokens)))
+    }
+
+    fn tokens(&self, body: &str) -> Result<Vec<u32>, String> {
+        tokens(body)
+    }
+}
 
 pub const PROPS: &str = "/props";
 /// The native completion endpoint: it returns the generated token ids.

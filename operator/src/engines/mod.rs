@@ -6,14 +6,76 @@
 //! An engine's answer is not signed (the operator believes the pod's HTTP answer); handoff
 //! integrity is a property of kvgate's own workers only.
 
+mod kvgate;
 pub mod llamacpp;
 pub mod sglang;
 pub mod vllm;
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+
 use crate::capacity::NoReport;
-use crate::crd::Engine;
+use crate::crd::{Engine, InferenceDeploymentSpec};
+use crate::gate::Role;
+
+/// An engine as the operator's core sees it: which roles a deployment runs, where its pods
+/// serve, how to read one pod's capacity and ask it a greedy question, and whether kvgate's
+/// handoff integrity (a handoff Secret, signed capacity reports, mismatch counters a bake
+/// judges) comes with it. kvgate's workers and each external engine implement it; nothing
+/// outside this module matches on [`Engine`].
+pub trait EngineKind: Sync {
+    fn engine(&self) -> Engine;
+
+    /// The port its pods serve HTTP on unless the spec says otherwise.
+    fn default_port(&self) -> u16;
+
+    /// The health endpoint its pods' readiness probes ask by default.
+    fn health_path(&self) -> &'static str {
+        "/health"
+    }
+
+    /// The roles rendered for every revision of `spec`. External engines: one server, or
+    /// prefill, decode and their router when the spec disaggregates them.
+    fn roles(&self, spec: &InferenceDeploymentSpec) -> &'static [Role] {
+        if spec.prefill.is_some() { &[Role::Prefill, Role::Decode, Role::Router] } else { &[Role::Server] }
+    }
+
+    /// The role whose pods serve the deployment's API (its Service, its InferencePool, the
+    /// canary's questions).
+    fn api_role(&self, spec: &InferenceDeploymentSpec) -> Role {
+        if spec.prefill.is_some() { Role::Router } else { Role::Server }
+    }
+
+    /// kvgate's handoff integrity: a handoff Secret, capacity reports signed with it, the
+    /// shared router, and handoff mismatch counters a bake judges.
+    fn integrity(&self) -> bool {
+        false
+    }
+
+    /// Whether its servers pass tensors in shared memory (a `/dev/shm` beyond 64 MiB).
+    fn shared_memory(&self) -> bool {
+        false
+    }
+
+    /// What one pod says one request may use (external engines; kvgate's workers report
+    /// through their signed capacity report instead).
+    fn read<'a>(&'a self, http: &'a reqwest::Client, base: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>>;
+
+    /// The request for a greedy completion of `prompt` (token ids): its path and body.
+    fn greedy(&self, model: &str, prompt: &[u32], max_tokens: u32) -> Option<(&'static str, serde_json::Value)>;
+
+    /// The generated token ids in an answer to [`EngineKind::greedy`].
+    fn tokens(&self, body: &str) -> Result<Vec<u32>, String>;
+}
+
+/// Every engine, found by the name its spec gives.
+static ENGINES: [&dyn EngineKind; 4] = [&kvgate::Kvgate, &llamacpp::Llamacpp, &vllm::Vllm, &sglang::Sglang];
+
+/// The engine `engine` names.
+pub fn of(engine: Engine) -> &'static dyn EngineKind {
+    *ENGINES.iter().find(|e| e.engine() == engine).expect("every Engine has an EngineKind")
+}
 
 /// What an engine says one request may use, and where it says it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,24 +96,6 @@ pub struct EngineCapacity {
 /// but not with something its engine's adapter can read.
 pub const UNREADABLE: &str = "CapacityUnreadable";
 
-/// The port an engine serves HTTP on by default.
-pub fn default_port(engine: Engine) -> u16 {
-    match engine {
-        Engine::Kvgate => kvgate_proto::contract::ROUTER_PORT,
-        Engine::Llamacpp => 8080,
-        Engine::Vllm => 8000,
-        Engine::Sglang => 30000,
-    }
-}
-
-/// The engine's health endpoint (its probes' default).
-pub fn health_path(engine: Engine) -> &'static str {
-    match engine {
-        Engine::Kvgate => "/healthz",
-        _ => "/health",
-    }
-}
-
 /// How long one read or one canary completion may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const GENERATE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -64,39 +108,22 @@ async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, NoReport>
     resp.text().await.map_err(|e| NoReport::waiting(format!("GET {url}: {}", crate::capacity::cause(&e))))
 }
 
+/// An answer the adapter cannot read: `CapacityUnreadable`, naming the endpoint and what is
+/// missing.
+fn unreadable(url: String, why: String) -> NoReport {
+    NoReport { reason: UNREADABLE, message: format!("GET {url}: {why}") }
+}
+
 /// Reads an external engine pod's capacity: unreachable is `AwaitingCapacityReport`, an answer
 /// the adapter cannot read is `CapacityUnreadable` naming the endpoint and what is missing.
 pub async fn read(http: &reqwest::Client, engine: Engine, ip: &str, port: u16) -> Result<EngineCapacity, NoReport> {
-    let base = format!("http://{ip}:{port}");
-    let unreadable = |url: String, why: String| NoReport { reason: UNREADABLE, message: format!("GET {url}: {why}") };
-    match engine {
-        Engine::Llamacpp => {
-            let url = format!("{base}{}", llamacpp::PROPS);
-            let body = get_text(http, &url).await?;
-            llamacpp::capacity(&body).map_err(|why| unreadable(url, why))
-        }
-        Engine::Vllm => {
-            let (metrics, models) = (format!("{base}{}", vllm::METRICS), format!("{base}{}", vllm::MODELS));
-            let (m, v) = (get_text(http, &metrics).await?, get_text(http, &models).await?);
-            vllm::capacity(&m, &v).map_err(|why| unreadable(format!("{metrics} and {models}"), why))
-        }
-        Engine::Sglang => {
-            let url = format!("{base}{}", sglang::SERVER_INFO);
-            let body = get_text(http, &url).await?;
-            sglang::capacity(&body).map_err(|why| unreadable(url, why))
-        }
-        Engine::Kvgate => Err(NoReport::waiting("a kvgate worker reports through its signed capacity report")),
-    }
+    of(engine).read(http, format!("http://{ip}:{port}")).await
 }
 
 /// The tokens an engine pod generates greedily for `prompt` (token ids), through its own API.
 pub async fn generate(http: &reqwest::Client, engine: Engine, ip: &str, port: u16, model: &str, prompt: &[u32], max_tokens: u32) -> Result<Vec<u32>, String> {
-    let (path, body) = match engine {
-        Engine::Llamacpp => (llamacpp::COMPLETION, llamacpp::greedy(prompt, max_tokens)),
-        Engine::Vllm => (vllm::COMPLETIONS, vllm::greedy(model, prompt, max_tokens)),
-        Engine::Sglang => (sglang::GENERATE, sglang::greedy(prompt, max_tokens)),
-        Engine::Kvgate => return Err("kvgate's canary drives prefill x decode pairs".into()),
-    };
+    let kind = of(engine);
+    let (path, body) = kind.greedy(model, prompt, max_tokens).ok_or("kvgate's canary drives prefill x decode pairs")?;
     let url = format!("http://{ip}:{port}{path}");
     let resp = http.post(&url).timeout(GENERATE_TIMEOUT).json(&body).send().await.map_err(|e| format!("POST {url}: {}", crate::capacity::cause(&e)))?;
     let status = resp.status();
@@ -104,12 +131,7 @@ pub async fn generate(http: &reqwest::Client, engine: Engine, ip: &str, port: u1
     if !status.is_success() {
         return Err(format!("POST {url}: HTTP {}: {}", status.as_u16(), text.trim()));
     }
-    let tokens = match engine {
-        Engine::Llamacpp => llamacpp::tokens(&text),
-        Engine::Vllm => vllm::tokens(&text),
-        _ => sglang::tokens(&text),
-    };
-    tokens.map_err(|why| format!("POST {url}: {why}"))
+    kind.tokens(&text).map_err(|why| format!("POST {url}: {why}"))
 }
 
 /// A JSON body, or why it is not one.

@@ -7,8 +7,43 @@
 //! `max_req_input_len + 1` tokens, which is never more than either of the other two. Read at
 //! sgl-project/sglang, SGLang 0.5.x (the v0.5.22 that fixed the incident keeps these fields).
 
-use super::{EngineCapacity, count, ids, json};
+use futures::future::BoxFuture;
+
+use super::{EngineCapacity, EngineKind, count, get_text, ids, json, unreadable};
+use crate::capacity::NoReport;
 use crate::crd::Engine;
+
+pub struct Sglang;
+
+impl EngineKind for Sglang {
+    fn engine(&self) -> Engine {
+        Engine::Sglang
+    }
+
+    fn default_port(&self) -> u16 {
+        30000
+    }
+
+    fn shared_memory(&self) -> bool {
+        true
+    }
+
+    fn read<'a>(&'a self, http: &'a reqwest::Client, base: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>> {
+        Box::pin(async move {
+            let url = format!("{base}{SERVER_INFO}");
+            let body = get_text(http, &url).await?;
+            capacity(&body).map_err(|why| unreadable(url, why))
+        })
+    }
+
+    fn greedy(&self, _: &str, prompt: &[u32], max_tokens: u32) -> Option<(&'static str, serde_json::Value)> {
+        Some((GENERATE, greedy(prompt, max_tokens)))
+    }
+
+    fn tokens(&self, body: &str) -> Result<Vec<u32>, String> {
+        tokens(body)
+    }
+}
 
 pub const SERVER_INFO: &str = "/get_server_info";
 pub const GENERATE: &str = "/generate";

@@ -3,8 +3,43 @@
 //! labels `num_gpu_blocks` and `block_size`; one block is reserved, so (blocks - 1) x block_size
 //! tokens are usable). A request can use the smaller.
 
-use super::{EngineCapacity, ids, json};
+use futures::future::BoxFuture;
+
+use super::{EngineCapacity, EngineKind, get_text, ids, json, unreadable};
+use crate::capacity::NoReport;
 use crate::crd::Engine;
+
+pub struct Vllm;
+
+impl EngineKind for Vllm {
+    fn engine(&self) -> Engine {
+        Engine::Vllm
+    }
+
+    fn default_port(&self) -> u16 {
+        8000
+    }
+
+    fn shared_memory(&self) -> bool {
+        true
+    }
+
+    fn read<'a>(&'a self, http: &'a reqwest::Client, base: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>> {
+        Box::pin(async move {
+            let (metrics, models) = (format!("{base}{METRICS}"), format!("{base}{MODELS}"));
+            let (m, v) = (get_text(http, &metrics).await?, get_text(http, &models).await?);
+            capacity(&m, &v).map_err(|why| unreadable(format!("{metrics} and {models}"), why))
+        })
+    }
+
+    fn greedy(&self, model: &str, prompt: &[u32], max_tokens: u32) -> Option<(&'static str, serde_json::Value)> {
+        Some((COMPLETIONS, greedy(model, prompt, max_tokens)))
+    }
+
+    fn tokens(&self, body: &str) -> Result<Vec<u32>, String> {
+        tokens(body)
+    }
+}
 
 pub const METRICS: &str = "/metrics";
 pub const MODELS: &str = "/v1/models";

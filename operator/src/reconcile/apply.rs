@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::decide::Plan;
 use super::{Context, Error, MANAGER, event, inference_pool};
-use crate::crd::{Engine, InferenceDeployment, InferenceDeploymentStatus};
+use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
 use crate::render::{engine, router, secret, workers};
 use crate::watch::{self, owned};
@@ -69,7 +69,8 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     let ns = d.namespace().unwrap_or_else(|| "default".into());
     let name = d.name_any();
     let telemetry = &ctx.settings.worker_telemetry;
-    if d.spec.engine == Engine::Kvgate {
+    let integrity = d.spec.engine().integrity();
+    if integrity {
         ensure_secret(ctx, d, &ns, secret_missing).await?;
         for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
             apply(ctx, d, &stores.services, &svc).await?;
@@ -81,14 +82,25 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         apply(ctx, d, &stores.services, &engine::api_service(d)).await?;
     }
     for w in &plan.workers {
-        let dep = match w.role {
-            Role::Server => engine::deployment(d, &w.revision, w.replicas),
-            role => workers::deployment(d, role, &w.revision, image, w.replicas, telemetry),
+        let dep = if integrity {
+            workers::deployment(d, w.role, &w.revision, image, w.replicas, telemetry)
+        } else {
+            if w.role == Role::Router {
+                // A disaggregated revision: its router reaches prefill and decode through these.
+                for role in [Role::Prefill, Role::Decode] {
+                    apply(ctx, d, &stores.services, &engine::revision_service(d, role, &w.revision)).await?;
+                }
+            }
+            engine::deployment(d, w.role, &w.revision, w.replicas)
         };
         apply(ctx, d, &stores.deployments, &dep).await?;
     }
     for dep in &plan.delete {
         delete::<Deployment>(&ctx.client, &ns, dep).await?;
+        if !integrity && stores.services.state().iter().any(|s| s.namespace().as_deref() == Some(&ns) && s.name_any() == *dep) {
+            // A disaggregated revision's headless Service goes with its Deployment.
+            delete::<k8s_openapi::api::core::v1::Service>(&ctx.client, &ns, dep).await?;
+        }
     }
     if let Some(window) = plan.router_window {
         apply(ctx, d, &stores.deployments, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window, telemetry)).await?;

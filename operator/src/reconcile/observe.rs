@@ -11,7 +11,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::Context;
 use super::pod_problems::{self, StuckPod};
-use crate::crd::{CanaryStatus, Engine, InferenceDeployment};
+use crate::crd::{CanaryStatus, InferenceDeployment};
 use crate::gate::{self, Measured, Role};
 use crate::render::{labels, router};
 use crate::tasks::probes::{Source, Target};
@@ -107,10 +107,7 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
             Some(StuckPod { pod: p.name_any(), revision: p.labels().get(labels::REVISION).cloned(), reason, message })
         })
         .collect();
-    let source = match d.spec.engine {
-        Engine::Kvgate => Source::Kvgate(ctx.root.deployment_key(&uid)),
-        engine => Source::Engine(engine),
-    };
+    let source = if d.spec.engine().integrity() { Source::Kvgate(ctx.root.deployment_key(&uid)) } else { Source::Engine(d.spec.engine) };
     let mut unread = Vec::new();
     let workers: Vec<WorkerPod> = pods
         .iter()
@@ -121,6 +118,8 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
             let ip = status.and_then(|s| s.pod_ip.clone());
             let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
             let report = match &ip {
+                // A router holds no KV: nothing to read; the gate judges it by its revision.
+                _ if !role.holds_kv() => Err(NoReport::waiting("a router holds no KV: it passes the gate once its revision's prefill and decode pods have")),
                 _ if phase != "Running" => Err(NoReport::waiting(format!("the pod is {phase}, not Running"))),
                 None => Err(NoReport::waiting("the pod has no IP yet")),
                 Some(ip) => match ctx.probes.read(&Target {
@@ -147,7 +146,7 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
 
     let canary = ctx.canaries.result(&uid, revision);
     let mismatches = mismatches_wanted(d, revision, canary.as_ref()).then(|| {
-        let targets = workers.iter().filter_map(|p| Some((p.ip.clone()?, d.spec.port(p.role)))).collect();
+        let targets = workers.iter().filter(|p| p.role.holds_kv()).filter_map(|p| Some((p.ip.clone()?, d.spec.port(p.role)))).collect();
         let counters = ctx.scrapes.want(&owner, &uid, targets)?;
         // A promotion's baseline must cover every pod; a bake judges on whatever answered.
         let baking = d.status.as_ref().is_some_and(|s| s.bake.is_some());
@@ -172,7 +171,7 @@ fn restarts(p: &Pod) -> i32 {
 /// The mismatch counters matter during a bake, and when a promotion over a serving revision may
 /// start one (its baseline). External engines have none: their bake watches nothing but time.
 fn mismatches_wanted(d: &InferenceDeployment, revision: &str, canary: Option<&CanaryStatus>) -> bool {
-    if d.spec.engine != Engine::Kvgate {
+    if !d.spec.engine().integrity() {
         return false;
     }
     let status = d.status.clone().unwrap_or_default();

@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::Instrument;
 
 use super::{Context, Error, apply, decide, observe};
-use crate::crd::{Engine, InferenceDeployment};
+use crate::crd::InferenceDeployment;
 use crate::render::{revision, secret};
 
 pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Action, Error> {
@@ -55,12 +55,12 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     apply::plan(ctx, &d, &image, &plan, secret_missing).instrument(writes).await?;
     if let Some(run) = &plan.canary {
         let uid = d.uid().unwrap_or_default();
-        let key = (d.spec.engine == Engine::Kvgate).then(|| ctx.root.deployment_key(&uid));
+        let key = d.spec.engine().integrity().then(|| ctx.root.deployment_key(&uid));
         ctx.canaries.start(&ObjectRef::from_obj(&d), &uid, run, key);
     }
     // Passes that wait on time come back soon: a bake's clock, a pod whose report is retried, a
     // rollout whose pods exist but are not all verified. Everything else is woken by the watches
     // and the background tasks, and otherwise looked at every 30 s (re-verification).
-    let waiting = plan.status.bake.is_some() || world.pods.iter().any(|p| p.report.is_err()) || (!plan.settled && !world.pods.is_empty());
+    let waiting = plan.status.bake.is_some() || world.pods.iter().any(|p| p.role.holds_kv() && p.report.is_err()) || (!plan.settled && !world.pods.is_empty());
     Ok(Action::requeue(Duration::from_secs(if waiting { 2 } else { 30 })))
 }

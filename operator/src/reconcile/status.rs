@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PREFILL_WITHIN_DEADLINE, PROGRESSING, ROLLOUT_REFUSED};
-use crate::crd::{BakeStatus, CanaryStatus, Engine, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
+use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
 use crate::gate::{Role, Verdict};
 use crate::rollout_state::{Phase, RefusalReason};
 
@@ -88,7 +88,9 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     let generation = d.metadata.generation;
     let refused_now = o.refused.as_ref().filter(|r| r.revision == o.spec_revision);
     let rolled_out = o.serving.as_ref() == Some(&o.spec_revision);
-    let kvgate = d.spec.engine == Engine::Kvgate;
+    // kvgate's router fronts every revision; a disaggregated engine's is one of its roles.
+    let kvgate = d.spec.engine().integrity();
+    let split = d.spec.roles().contains(&Role::Router);
     let ready = |role: Role| o.ready.get(&role).copied().unwrap_or(0);
     let role = |role: Role, prev: &Option<RoleStatus>| -> Option<RoleStatus> {
         d.spec.roles().contains(&role).then(|| {
@@ -104,13 +106,17 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         })
     };
     let (prefill, decode, server) = (role(Role::Prefill, &prev.prefill), role(Role::Decode, &prev.decode), role(Role::Server, &prev.server));
-    let router = kvgate.then_some(RoleStatus {
-        revision: None,
-        desired_replicas: d.spec.router.replicas,
-        ready_replicas: o.router_ready,
-        verified_replicas: 0,
-        min_measured_tokens: None,
-    });
+    let router = if split {
+        role(Role::Router, &prev.router)
+    } else {
+        kvgate.then_some(RoleStatus {
+            revision: None,
+            desired_replicas: d.spec.router.replicas,
+            ready_replicas: o.router_ready,
+            verified_replicas: 0,
+            min_measured_tokens: None,
+        })
+    };
     let stuck = |pods: &[String]| pods.join("; ");
 
     let mut conds = prev.conditions.clone();
@@ -118,6 +124,8 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     let available = o.serving.is_some() && all_ready && (!kvgate || o.router_ready > 0);
     let counts = if kvgate {
         format!("{} router, {} prefill, {} decode pods ready", o.router_ready, ready(Role::Prefill), ready(Role::Decode))
+    } else if split {
+        format!("{} router, {} prefill, {} decode {} pods ready", ready(Role::Router), ready(Role::Prefill), ready(Role::Decode), d.spec.engine.as_str())
     } else {
         format!("{} {} server pods ready", ready(Role::Server), d.spec.engine.as_str())
     };
@@ -198,7 +206,11 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     InferenceDeploymentStatus {
         observed_generation: generation,
         phase: Some(phase),
-        ready: Some(if kvgate { format!("{}/{}/{}", o.router_ready, ready(Role::Prefill), ready(Role::Decode)) } else { ready(Role::Server).to_string() }),
+        ready: Some(match (kvgate, split) {
+            (true, _) => format!("{}/{}/{}", o.router_ready, ready(Role::Prefill), ready(Role::Decode)),
+            (false, true) => format!("{}/{}/{}", ready(Role::Router), ready(Role::Prefill), ready(Role::Decode)),
+            (false, false) => ready(Role::Server).to_string(),
+        }),
         conditions: conds,
         current_revision: o.serving.clone(),
         current_context_window: o.serving_window,

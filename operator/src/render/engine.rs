@@ -1,26 +1,30 @@
-//! An external engine's pods (llama.cpp, vLLM, SGLang): one Deployment per revision running
-//! the user's container behind the same readiness gate as kvgate's workers, and the
-//! deployment's Service in front of every revision's pods (only verified ones are ready).
+//! An external engine's pods (llama.cpp, vLLM, SGLang): one Deployment per role and revision
+//! running the user's container behind the same readiness gate as kvgate's workers, and the
+//! deployment's Service in front of every revision's serving pods (only verified ones are
+//! ready). A disaggregated engine (prefill, decode and router) also gets one headless Service
+//! per revision for prefill and for decode: its router reaches only its own revision's pods.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Capabilities, ContainerPort, EmptyDirVolumeSource, SecurityContext, Service, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ContainerPort, EmptyDirVolumeSource, EnvVar, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::MODEL_DIR;
-use super::workers::{gated, http_probe, model_flag};
-use crate::crd::{Engine, InferenceDeployment};
-use crate::engines;
+use super::workers::{deployment_name, gated, http_probe, model_flag};
+use super::{MODEL_DIR, labels, name, owned_meta};
+use crate::crd::InferenceDeployment;
 use crate::gate::Role;
 
-/// The Deployment of the engine's pods at one revision, with `replicas` pods.
-pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Deployment {
-    let server = d.spec.server.as_ref();
-    let mut c = server.map(|s| s.container.clone()).unwrap_or_default();
+/// The Deployment of the engine's `role` pods at one revision, with `replicas` pods.
+pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, replicas: i32) -> Deployment {
+    let spec = d.spec.external(role);
+    let mut c = spec.map(|s| s.container.clone()).unwrap_or_default();
     if c.name.is_empty() {
         c.name = "engine".into();
     }
     // The gate and the Service reach the engine on a port named `http`.
-    let port = i32::from(d.spec.port(Role::Server));
+    let port = i32::from(d.spec.port(role));
     let ports = c.ports.get_or_insert_with(Vec::new);
     if !ports.iter().any(|p| p.name.as_deref() == Some("http")) {
         match ports.iter_mut().find(|p| p.container_port == port) {
@@ -29,7 +33,7 @@ pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Dep
         }
     }
     // Ready only once it answers its health endpoint (and, through the gate, once verified).
-    c.readiness_probe.get_or_insert_with(|| http_probe(engines::health_path(d.spec.engine), 2));
+    c.readiness_probe.get_or_insert_with(|| http_probe(d.spec.engine().health_path(), 2));
     // The restricted profile, unless the container sets its own; engines write caches next to
     // their binaries, so their root filesystem stays writable.
     c.security_context.get_or_insert_with(|| SecurityContext {
@@ -37,6 +41,13 @@ pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Dep
         capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
         ..Default::default()
     });
+    if role != Role::Server {
+        // Every role of a disaggregated revision knows where the others of its revision are:
+        // set before the user's own env, so `$(KVGATE_PREFILL_HOST)` expands in its args.
+        let mut env = peers(d, revision);
+        env.extend(c.env.take().unwrap_or_default());
+        c.env = Some(env);
+    }
     let (_, model_volume) = model_flag(d);
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
@@ -50,16 +61,58 @@ pub fn deployment(d: &InferenceDeployment, revision: &str, replicas: i32) -> Dep
     scratch("tmp", "/tmp", EmptyDirVolumeSource { size_limit: Some(Quantity("1Gi".into())), ..Default::default() });
     // vLLM and SGLang pass tensors between their processes in shared memory, more than a
     // container's default 64 MiB /dev/shm holds (vLLM: "Increase /dev/shm").
-    if matches!(d.spec.engine, Engine::Vllm | Engine::Sglang) {
+    if d.spec.engine().shared_memory() && role != Role::Router {
         scratch("dshm", "/dev/shm", EmptyDirVolumeSource { medium: Some("Memory".into()), ..Default::default() });
     }
-    let placement = server.map(|s| s.placement.clone()).unwrap_or_default();
-    gated(d, Role::Server, revision, replicas, c, volumes, &placement)
+    let placement = spec.map(|s| s.placement.clone()).unwrap_or_default();
+    gated(d, role, revision, replicas, c, volumes, &placement)
 }
 
-/// The deployment's API: `<name>` port 80 -> the engine's verified pods, every revision.
+/// `KVGATE_PREFILL_HOST`/`_PORT` and `KVGATE_DECODE_HOST`/`_PORT`: the revision's headless
+/// Services, by DNS name within the namespace.
+fn peers(d: &InferenceDeployment, revision: &str) -> Vec<EnvVar> {
+    let ns = d.metadata.namespace.as_deref().unwrap_or("default");
+    let var = |name: String, value: String| EnvVar { name, value: Some(value), ..Default::default() };
+    [Role::Prefill, Role::Decode]
+        .into_iter()
+        .flat_map(|role| {
+            let upper = role.as_str().to_uppercase();
+            [
+                var(format!("KVGATE_{upper}_HOST"), format!("{}.{ns}.svc", deployment_name(d, role, revision))),
+                var(format!("KVGATE_{upper}_PORT"), d.spec.port(role).to_string()),
+            ]
+        })
+        .collect()
+}
+
+/// The headless Service of a disaggregated revision's prefill or decode pods, named like their
+/// Deployment. Not-ready pods are published: the router of a candidate revision carries the
+/// integrity canary's questions before any of them takes traffic.
+pub fn revision_service(d: &InferenceDeployment, role: Role, revision: &str) -> Service {
+    let n = name(d);
+    let selector = labels::revision_selector(n, role.as_str(), revision);
+    Service {
+        metadata: owned_meta(d, deployment_name(d, role, revision), labels::with(labels::common(n), selector.clone())),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: d.spec.port(role).into(),
+                target_port: Some(IntOrString::String("http".into())),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The deployment's API: `<name>` port 80 -> the verified pods of the role that serves it (the
+/// engine's servers, or a disaggregated engine's routers), every revision.
 pub fn api_service(d: &InferenceDeployment) -> Service {
-    super::api_service(d, Role::Server.as_str())
+    super::api_service(d, d.spec.engine().api_role(&d.spec).as_str())
 }
 
 #[cfg(test)]
@@ -83,6 +136,7 @@ mod tests {
     fn the_users_container_gets_the_gate_a_named_port_the_model_and_a_health_probe() {
         let dep = deployment(
             &d(serde_json::json!({ "replicas": 2, "container": { "name": "llama", "image": "llama:1", "args": ["-c", "4096", "-np", "4"] } })),
+            Role::Server,
             "abc",
             2,
         );
@@ -110,7 +164,7 @@ mod tests {
             "readinessProbe": { "httpGet": { "path": "/ready", "port": 9000 } },
             "securityContext": { "readOnlyRootFilesystem": true, "runAsUser": 1000 },
         }});
-        let pod = deployment(&d(server), "abc", 1).spec.template.spec.unwrap();
+        let pod = deployment(&d(server), Role::Server, "abc", 1).spec.template.spec.unwrap();
         let c = &pod.containers[0];
         assert_eq!((c.ports.as_ref().unwrap().len(), c.ports.as_ref().unwrap()[0].name.as_deref()), (1, Some("http")), "its port named, not added");
         assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().path.as_deref(), Some("/ready"));
@@ -126,7 +180,11 @@ mod tests {
 
     #[test]
     fn vllm_gets_shared_memory_beyond_a_containers_64_mib() {
-        let pod = deployment(&engine_d("vllm", serde_json::json!({ "container": { "name": "vllm", "image": "v" } })), "abc", 1).spec.template.spec.unwrap();
+        let pod = deployment(&engine_d("vllm", serde_json::json!({ "container": { "name": "vllm", "image": "v" } })), Role::Server, "abc", 1)
+            .spec
+            .template
+            .spec
+            .unwrap();
         let shm = pod.volumes.unwrap().into_iter().find(|v| v.name == "dshm").expect("a /dev/shm volume");
         assert_eq!(shm.empty_dir.unwrap().medium.as_deref(), Some("Memory"));
         assert_eq!(pod.containers[0].ports.as_ref().unwrap()[0].container_port, 8000, "vLLM's default port");

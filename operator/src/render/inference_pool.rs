@@ -9,9 +9,8 @@
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
-use super::{ROUTER_PORT, labels, name, owned_meta};
-use crate::crd::{Engine, InferenceDeployment};
-use crate::gate::Role;
+use super::{labels, name, owned_meta};
+use crate::crd::InferenceDeployment;
 
 pub const GROUP: &str = "inference.networking.k8s.io";
 pub const VERSION: &str = "v1";
@@ -21,23 +20,13 @@ pub fn api_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, KIND), "inferencepools")
 }
 
-/// The component label of the pods behind the deployment's API.
-fn serving_component(d: &InferenceDeployment) -> &'static str {
-    match d.spec.engine {
-        Engine::Kvgate => super::router::COMPONENT,
-        _ => Role::Server.as_str(),
-    }
-}
-
 /// The pool `spec.inferencePool` asks for, named like the deployment; `None` when it asks none.
 pub fn pool(d: &InferenceDeployment) -> Option<DynamicObject> {
     let wanted = d.spec.inference_pool.as_ref()?;
     let n = name(d);
-    let component = serving_component(d);
-    let port = match d.spec.engine {
-        Engine::Kvgate => ROUTER_PORT,
-        _ => i32::from(d.spec.port(Role::Server)),
-    };
+    let role = d.spec.engine().api_role(&d.spec);
+    let component = role.as_str();
+    let port = i32::from(d.spec.port(role));
     let picker = &wanted.endpoint_picker;
     let mut obj = DynamicObject::new(n, &api_resource());
     obj.metadata = owned_meta(d, n.to_string(), labels::with(labels::common(n), labels::role_selector(n, component)));
@@ -56,6 +45,7 @@ pub fn pool(d: &InferenceDeployment) -> Option<DynamicObject> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ROUTER_PORT;
     use super::*;
 
     fn deployment(spec: serde_json::Value) -> InferenceDeployment {

@@ -139,7 +139,7 @@ pub fn handoff_secret(d: &InferenceDeployment) -> (Volume, VolumeMount, String) 
 /// tells prefill its pod IP for the KV port (`$(POD_IP)` is expanded by the kubelet).
 pub fn worker_args(d: &InferenceDeployment, role: Role, telemetry: &Telemetry) -> Vec<String> {
     let r = d.spec.worker(role);
-    let pool = &r.kv_pool;
+    let pool = r.kv_pool.clone().unwrap_or_default();
     let (model, _) = model_flag(d);
     let mut args =
         vec![role.as_str().to_string(), flag::arg(flag::LISTEN, format!("0.0.0.0:{}", d.spec.port(role))), flag::arg(flag::LOG_FORMAT, telemetry.log.as_str())];

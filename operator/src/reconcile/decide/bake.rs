@@ -14,7 +14,7 @@ use crate::rollout_state::RollbackReason;
 /// judge it on; an external engine has no such counter, so its previous revision is retired at
 /// once.
 pub(super) fn bakes(d: &crate::crd::InferenceDeployment) -> bool {
-    d.spec.rollout.bake_seconds > 0 && d.spec.engine == crate::crd::Engine::Kvgate
+    d.spec.rollout.bake_seconds > 0 && d.spec.engine().integrity()
 }
 
 /// Starts a bake at a promotion over a serving revision; judges the bake in progress.

@@ -85,7 +85,21 @@ fn target(i: &Inputs<'_>, rev: &str, report: &Measured, keep: impl Fn(&WorkerPod
     };
     let target = match report {
         Measured::Kvgate(_) => Target::Pairs { prefill: of(Role::Prefill), decode: of(Role::Decode) },
-        Measured::Engine(e) => Target::Servers { engine: e.engine, port: i.d.spec.port(Role::Server), model: e.model.clone(), pods: of(Role::Server) },
+        Measured::Engine(e) => {
+            // A disaggregated engine is asked through its revision's router: it holds no KV
+            // (nothing to compare), so the revision's KV-holding pods must pass `keep`.
+            let api = i.d.spec.engine().api_role(&i.d.spec);
+            let pods = if api.holds_kv() {
+                of(api)
+            } else if i.world.pods_of(rev).filter(|p| p.role.holds_kv()).all(&keep) {
+                let routers = i.world.pods_of(rev).filter(|p| p.role == api && (!one || p.condition.as_ref().is_some_and(|c| c.status == "True")));
+                let routers = routers.filter_map(endpoint);
+                if one { routers.take(1).collect() } else { routers.collect() }
+            } else {
+                Vec::new()
+            };
+            Target::Servers { engine: e.engine, port: i.d.spec.port(api), model: e.model.clone(), pods }
+        }
     };
     let empty = match &target {
         Target::Pairs { prefill, decode } => prefill.is_empty() || decode.is_empty(),

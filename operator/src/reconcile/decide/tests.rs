@@ -311,7 +311,7 @@ fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_referen
     let (mut d, world) = serving_r1();
     let mut world = world_with_conditions(&world, &pass(&mut d.clone(), "r1", &world));
     canary_on(&mut d);
-    d.spec.decode.as_mut().unwrap().kv_pool.tokens = Some(16_384);
+    d.spec.decode.as_mut().unwrap().kv_pool.as_mut().unwrap().tokens = Some(16_384);
     revision(&mut world, &d, "r2", Ok(report(8192, "l")), false);
     let plan = pass(&mut d, "r2", &world);
     let run = plan.canary.clone().expect("a canary to run");
@@ -335,7 +335,7 @@ fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_referen
     let (mut d, world) = serving_r1();
     canary_on(&mut d);
     let mut world = world_with_conditions(&world, &pass(&mut d.clone(), "r1", &world));
-    d.spec.prefill.as_mut().unwrap().kv_pool.dtype = "bf16".into();
+    d.spec.prefill.as_mut().unwrap().kv_pool.as_mut().unwrap().dtype = "bf16".into();
     revision(&mut world, &d, "r3", Ok(report(8192, "l-bf16")), false);
     for p in world.pods.iter_mut().filter(|p| p.revision == "r3") {
         p.report = Ok(report(8192, "l-bf16"));
@@ -373,7 +373,7 @@ pub(super) fn bake_from_r1(window: u64) -> (InferenceDeployment, World) {
     let (mut d, mut world) = serving_r1();
     d.spec.rollout.bake_seconds = 60;
     d.spec.rollout.max_handoff_mismatches = 0;
-    d.spec.decode.as_mut().unwrap().kv_pool.tokens = Some(16_384);
+    d.spec.decode.as_mut().unwrap().kv_pool.as_mut().unwrap().tokens = Some(16_384);
     d.spec.context_window = window;
     revision(&mut world, &d, "r2", Ok(report(8192, "l")), true);
     world.mismatches = Some(BTreeMap::from([("timeout".to_string(), 1)]));

@@ -43,8 +43,9 @@ pub(super) fn plan(i: &Inputs<'_>, r: &Rollout) -> Workloads {
     // The router admits what the serving revision was verified for, and runs its image.
     let router_window = r.serving_window.unwrap_or(i.window());
     let router_image = r.serving.as_ref().and_then(|s| i.world.deployments.iter().filter(|dep| &dep.revision == s).find_map(|dep| dep.image.clone()));
-    // External engines serve requests themselves: no router.
-    let routed = i.host_path_refusal.is_none() && i.d.spec.engine == crate::crd::Engine::Kvgate;
+    // kvgate's router fronts every revision; an external engine's router, if any, is one of
+    // its revision's roles.
+    let routed = i.host_path_refusal.is_none() && i.d.spec.engine().integrity();
     Workloads { workers, delete, router_window: routed.then_some(router_window), router_image }
 }
 
