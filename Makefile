@@ -34,12 +34,14 @@ test-vllm: test-vllm-deps controlplane tools
 test-vllm-deps: test-deps
 	bash scripts/images.sh --fetch-vllm
 
-## Formatting (rustfmt.toml) and clippy with warnings as errors; .ci/run runs it before the tests.
+## Formatting (rustfmt.toml), clippy with warnings as errors, and no circle among the modules of a
+## crate (xtask/tests/module_circles.rs); .ci/run runs it before the tests.
 lint:
 	@$(CARGO) fmt --version >/dev/null 2>&1 || { echo "cargo fmt not found: rustup component add rustfmt"; exit 1; }
 	@$(CARGO) clippy --version >/dev/null 2>&1 || { echo "cargo clippy not found: rustup component add clippy"; exit 1; }
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) test -q -p xtask --test module_circles --locked
 
 ## Every generated file: the CRD YAML (crds/ and the chart's copy), the dashboards and the chart's
 ## copies of them and of the alert rules, the refusal-reason table of docs/handoff-protocol.md.

@@ -15,7 +15,7 @@ use kvgate_proto::contract;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::gate::Role;
+use crate::role::Role;
 use crate::rollout_state::{Phase, RefusalReason};
 
 /// A disaggregated LLM deployment: a router, prefill workers and decode workers, rolled out only
@@ -161,16 +161,6 @@ impl InferenceDeploymentSpec {
         w.as_ref().unwrap_or(&ABSENT_WORKER)
     }
 
-    /// The engine behind this spec.
-    pub fn engine(&self) -> &'static dyn crate::engines::EngineKind {
-        crate::engines::of(self.engine)
-    }
-
-    /// The roles rendered for every revision (the gate verifies every pod of them).
-    pub fn roles(&self) -> &'static [Role] {
-        self.engine().roles(self)
-    }
-
     /// The engine's container of `role` (external engines), and what the spec says around it.
     pub fn external(&self, role: Role) -> Option<ExternalRole<'_>> {
         let (replicas, container, port, placement) = match role {
@@ -182,17 +172,6 @@ impl InferenceDeploymentSpec {
             }
         };
         Some(ExternalRole { replicas, container, port: port.and_then(|p| u16::try_from(p).ok()), placement })
-    }
-
-    /// The HTTP port of `role`'s pods: the worker's, or the engine's.
-    pub fn port(&self, role: Role) -> u16 {
-        match self.external(role) {
-            Some(e) => e.port.unwrap_or_else(|| self.engine().default_port()),
-            None => match role.worker() {
-                Some(worker) => worker.port(),
-                None => self.engine().default_port(),
-            },
-        }
     }
 
     /// Pods the spec asks for in `role`.

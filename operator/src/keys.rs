@@ -65,14 +65,14 @@ pub async fn load_or_create(client: &kube::Client, namespace: &str, name: &str) 
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some(name.into()),
-                labels: Some([(crate::render::labels::MANAGED_BY.to_string(), crate::render::labels::OPERATOR.to_string())].into()),
+                labels: Some([(crate::labels::MANAGED_BY.to_string(), crate::labels::OPERATOR.to_string())].into()),
                 ..Default::default()
             },
             data: Some([(ROOT_KEY_FIELD.to_string(), ByteString(bytes.to_vec()))].into()),
             type_: Some("Opaque".into()),
             ..Default::default()
         };
-        match api.create(&PostParams { field_manager: Some(crate::reconcile::MANAGER.into()), ..Default::default() }, &secret).await {
+        match api.create(&PostParams { field_manager: Some(crate::labels::MANAGER.into()), ..Default::default() }, &secret).await {
             Ok(_) => {
                 tracing::info!(namespace, name, "created the operator's root key");
                 return Ok(RootKey(bytes));

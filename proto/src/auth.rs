@@ -24,7 +24,7 @@
 
 use std::fmt;
 
-use crate::handoff::HandoffId;
+use crate::handoff_id::HandoffId;
 use crate::page_tag::PageTagKey;
 
 /// Length of every key, tag and MAC here (BLAKE3's output).

@@ -28,25 +28,7 @@ pub const PAGE_FIELDS_LEN: usize = 32;
 /// A page body's tag and MAC, between its fields and its payload.
 pub const PAGE_SEAL_LEN: usize = TAG_LEN + MAC_LEN;
 
-/// A handoff id: random, 128 bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HandoffId(pub u128);
-
-impl fmt::Display for HandoffId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
-    }
-}
-
-impl std::str::FromStr for HandoffId {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.len() != 32 {
-            return Err(format!("handoff id must be 32 hex digits, got {} characters", s.len()));
-        }
-        u128::from_str_radix(s, 16).map(HandoffId).map_err(|e| format!("handoff id: {e}"))
-    }
-}
+pub use crate::handoff_id::HandoffId;
 
 /// One page of KV on its way from prefill to decode.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,6 +7,7 @@ pub mod auth;
 mod capacity;
 pub mod contract;
 pub mod handoff;
+pub mod handoff_id;
 pub mod logprobs;
 pub mod page_tag;
 pub mod polyval;

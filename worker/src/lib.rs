@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod engine;
 pub mod handoff;
 pub mod kv;
+pub mod listener;
 pub mod metrics;
 pub mod model;
 pub mod roles;

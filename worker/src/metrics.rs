@@ -3,7 +3,9 @@
 
 use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
-use crate::engine::admission::Rejection;
+/// Why the engine turns a request away before generating (`engine::admission::Rejection`):
+/// the reasons `kvgate_requests_rejected_total` counts, each from zero.
+pub const REJECTION_REASONS: [&str; 4] = ["context_length_exceeded", "prompt_too_large", "pool_busy", "invalid_request"];
 
 /// HTTP status codes the worker answers with (the `code` label).
 pub const CODES: [&str; 10] = ["200", "400", "404", "408", "413", "429", "500", "502", "503", "504"];
@@ -100,7 +102,7 @@ impl Metrics {
             role: role.to_string(),
             context_window_tokens: r.gauge("kvgate_context_window_tokens", "Declared context window, in tokens."),
             requests: r.counter_vec("kvgate_requests_total", "Completion requests answered, by HTTP status code.", "code", &CODES),
-            rejected: r.counter_vec("kvgate_requests_rejected_total", "Requests rejected before generation, by reason.", "reason", &Rejection::REASONS),
+            rejected: r.counter_vec("kvgate_requests_rejected_total", "Requests rejected before generation, by reason.", "reason", &REJECTION_REASONS),
             abandoned: r.counter(
                 "kvgate_requests_abandoned_total",
                 "Requests whose client disconnected before the answer; their prefill, reservation and decode were cancelled.",

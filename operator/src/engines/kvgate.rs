@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use super::{EngineCapacity, EngineKind};
 use crate::capacity::NoReport;
 use crate::crd::{Engine, InferenceDeploymentSpec};
-use crate::gate::Role;
+use crate::role::Role;
 
 pub struct Kvgate;
 

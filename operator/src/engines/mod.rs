@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 
 use crate::capacity::NoReport;
 use crate::crd::{Engine, InferenceDeploymentSpec};
-use crate::gate::Role;
+use crate::role::Role;
 
 /// An engine as the operator's core sees it: which roles a deployment runs, where its pods
 /// serve, how to read one pod's capacity and ask it a greedy question, and whether kvgate's
@@ -75,6 +75,29 @@ static ENGINES: [&dyn EngineKind; 4] = [&kvgate::Kvgate, &llamacpp::Llamacpp, &v
 /// The engine `engine` names.
 pub fn of(engine: Engine) -> &'static dyn EngineKind {
     *ENGINES.iter().find(|e| e.engine() == engine).expect("every Engine has an EngineKind")
+}
+
+impl InferenceDeploymentSpec {
+    /// The engine behind this spec.
+    pub fn engine(&self) -> &'static dyn EngineKind {
+        of(self.engine)
+    }
+
+    /// The roles rendered for every revision (the gate verifies every pod of them).
+    pub fn roles(&self) -> &'static [Role] {
+        self.engine().roles(self)
+    }
+
+    /// The HTTP port of `role`'s pods: the worker's, or the engine's.
+    pub fn port(&self, role: Role) -> u16 {
+        match self.external(role) {
+            Some(e) => e.port.unwrap_or_else(|| self.engine().default_port()),
+            None => match role.worker() {
+                Some(worker) => worker.port(),
+                None => self.engine().default_port(),
+            },
+        }
+    }
 }
 
 /// What an engine says one request may use, and where it says it.

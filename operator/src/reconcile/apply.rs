@@ -17,9 +17,10 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::decide::Plan;
-use super::{Context, Error, MANAGER, event, inference_pool};
+use super::{Context, Error, event, inference_pool};
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
+use crate::labels::MANAGER;
 use crate::render::{engine, router, secret, workers};
 use crate::watch::{self, owned};
 

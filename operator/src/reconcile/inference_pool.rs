@@ -10,9 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 
-use super::{Context, Error, MANAGER};
+use super::{Context, Error};
 use crate::conditions;
 use crate::crd::InferenceDeployment;
+use crate::labels::MANAGER;
 use crate::render::inference_pool::{self, GROUP, KIND, VERSION};
 
 pub const CONDITION: &str = "InferencePoolReady";

@@ -9,7 +9,6 @@ pub mod memory;
 pub mod observe;
 pub mod pod_problems;
 pub mod rollout;
-pub mod status;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,9 +28,6 @@ use crate::tasks::scrapes::Scrapes;
 use crate::watch::Stores;
 
 pub use memory::Memory;
-
-/// The field manager of everything the operator writes.
-pub const MANAGER: &str = "kvgate-operator";
 
 /// How the operator renders the pods it owns.
 #[derive(Debug, Clone)]

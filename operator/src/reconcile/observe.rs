@@ -13,7 +13,8 @@ use super::Context;
 use super::pod_problems::{self, StuckPod};
 use crate::crd::{CanaryStatus, InferenceDeployment};
 use crate::gate::{self, Measured, Role};
-use crate::render::{labels, router};
+use crate::labels;
+use crate::render::router;
 use crate::tasks::probes::{Source, Target};
 use crate::watch::cached;
 

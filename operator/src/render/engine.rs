@@ -12,9 +12,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::workers::{deployment_name, gated, http_probe, model_flag};
-use super::{MODEL_DIR, labels, name, owned_meta};
+use super::{MODEL_DIR, name, owned_meta};
 use crate::crd::InferenceDeployment;
 use crate::gate::Role;
+use crate::labels;
 
 /// The Deployment of the engine's `role` pods at one revision, with `replicas` pods.
 pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, replicas: i32) -> Deployment {

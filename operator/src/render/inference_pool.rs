@@ -9,8 +9,9 @@
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
-use super::{labels, name, owned_meta};
+use super::{name, owned_meta};
 use crate::crd::InferenceDeployment;
+use crate::labels;
 
 pub const GROUP: &str = "inference.networking.k8s.io";
 pub const VERSION: &str = "v1";

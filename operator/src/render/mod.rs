@@ -2,13 +2,13 @@
 
 pub mod engine;
 pub mod inference_pool;
-pub mod labels;
 pub mod placement;
 pub mod revision;
 pub mod router;
 pub mod secret;
 pub mod workers;
 
+use crate::labels;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;

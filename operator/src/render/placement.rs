@@ -15,9 +15,9 @@
 use k8s_openapi::api::core::v1::{PodSpec, Toleration, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
-use super::labels;
 use crate::crd::{InferenceDeployment, Placement};
 use crate::gate::Role;
+use crate::labels;
 
 pub const HOSTNAME: &str = "kubernetes.io/hostname";
 
@@ -62,7 +62,7 @@ fn spread(d: &InferenceDeployment, components: &[&str], revision: Option<&str>) 
 fn default_spread(d: &InferenceDeployment, role: Option<Role>, revision: Option<&str>) -> TopologySpreadConstraint {
     match role {
         Some(role) => spread(d, &[role.as_str()], revision),
-        None => spread(d, &[super::router::COMPONENT], None),
+        None => spread(d, &[crate::role::Role::Router.as_str()], None),
     }
 }
 

@@ -8,9 +8,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kvgate_proto::contract::flag;
 
 use super::workers::{Telemetry, handoff_secret, http_probe, model_flag, restricted, service_name, worker_env};
-use super::{ROUTER_PORT, labels, name, owned_meta, placement};
+use super::{ROUTER_PORT, name, owned_meta, placement};
 use crate::crd::InferenceDeployment;
 use crate::gate::Role;
+use crate::labels;
 
 pub const COMPONENT: &str = "router";
 

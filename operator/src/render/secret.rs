@@ -6,9 +6,10 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
-use super::{labels, name, owned_meta};
+use super::{name, owned_meta};
 use crate::crd::InferenceDeployment;
 use crate::keys::RootKey;
+use crate::labels;
 
 /// Key of the secret's bytes in the Secret.
 pub const KEY: &str = "secret";

@@ -13,9 +13,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvgate_proto::contract::flag;
 use kvgate_telemetry::LogFormat;
 
-use super::{KV_PORT, MODEL_DIR, SECRET_DIR, labels, name, owned_meta, secret};
+use super::{KV_PORT, MODEL_DIR, SECRET_DIR, name, owned_meta, secret};
 use crate::crd::InferenceDeployment;
 use crate::gate::{self, Role};
+use crate::labels;
 
 pub fn deployment_name(d: &InferenceDeployment, role: Role, revision: &str) -> String {
     format!("{}-{}-{revision}", name(d), role.as_str())

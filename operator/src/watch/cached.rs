@@ -104,7 +104,7 @@ pub(super) mod tests {
         let mut stored = body.clone();
         stored["metadata"]["resourceVersion"] = json!("5");
         stored["metadata"]["uid"] = json!("u-1");
-        stored["metadata"]["managedFields"] = json!([{ "manager": crate::reconcile::MANAGER, "operation": "Apply", "apiVersion": "apps/v1", "fieldsType": "FieldsV1", "fieldsV1": {
+        stored["metadata"]["managedFields"] = json!([{ "manager": crate::labels::MANAGER, "operation": "Apply", "apiVersion": "apps/v1", "fieldsType": "FieldsV1", "fieldsV1": {
             "f:metadata": { "f:labels": { "f:kvgate.dev/revision": {} } },
             "f:spec": { "f:replicas": {}, "f:selector": {}, "f:template": { "f:metadata": { "f:labels": { "f:a": {} } },
                 "f:spec": { "f:containers": { "k:{\"name\":\"w\"}": { ".": {}, "f:name": {}, "f:image": {}, "f:args": {} } } } } } } }]);

@@ -13,7 +13,7 @@ use kube::runtime::watcher::Event;
 
 use super::cached::{self, Cached};
 use super::owned;
-use crate::reconcile::MANAGER;
+use crate::labels::MANAGER;
 
 #[derive(Default)]
 pub struct Digests {

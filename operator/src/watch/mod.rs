@@ -26,7 +26,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::crd::InferenceDeployment;
-use crate::render::labels;
+use crate::labels;
 use crate::tasks::Trigger;
 use cached::Cached;
 use digests::Digests;

@@ -51,7 +51,7 @@ impl Rig {
             auth_timeout: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(10),
         };
-        let refusals = kvgate_worker::server::listener::Refusals::new(&registry, "bench");
+        let refusals = kvgate_worker::listener::Refusals::new(&registry, "bench");
         tokio::spawn(receiver::serve(listener, table.clone(), port, refusals));
         let lease = prefill_pool.lease(tokens).unwrap();
         let page: Vec<u8> = (0..l.page_bytes()).map(|i| (i * 31 % 251) as u8).collect();

@@ -14,6 +14,7 @@ use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, LocalArgs, PrefillArgs, Rout
 use crate::engine::Engine;
 use crate::handoff::reservations::{Limits, TableConfig};
 use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
+use crate::listener::{self, ConnLimits, Refusals};
 use crate::metrics::{self, Metrics};
 use crate::model::ModelSource;
 use crate::model::checkpoint::Checkpoint;
@@ -23,7 +24,6 @@ use crate::roles::internal_auth::{self, Signer, Verifier};
 use crate::roles::peers::Peers;
 use crate::roles::prefill::{self, PrefillRole};
 use crate::roles::router::Dispatcher;
-use crate::server::listener::{self, ConnLimits, Refusals};
 use crate::server::tokenize::SpecialTokens;
 use crate::server::{self, AppState, Backend, limits};
 use crate::setup;

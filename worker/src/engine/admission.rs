@@ -28,7 +28,8 @@ pub enum Rejection {
 impl Rejection {
     /// The reason of a prompt the pool can never hold (`NeverFits`).
     pub const PROMPT_TOO_LARGE: &'static str = "prompt_too_large";
-    pub const REASONS: [&'static str; 4] = ["context_length_exceeded", "prompt_too_large", "pool_busy", "invalid_request"];
+    /// Every reason: the label values of `kvgate_requests_rejected_total`.
+    pub const REASONS: [&'static str; 4] = crate::metrics::REJECTION_REASONS;
 
     pub fn reason(&self) -> &'static str {
         match self {

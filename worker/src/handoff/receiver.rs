@@ -6,7 +6,7 @@
 //! connection is a stranger's until it delivers an authentic frame: strangers share a small
 //! pool of places, a few per client address, and must authenticate within a short deadline; a
 //! newcomer at a full pool that has sent its frame takes the place of a stranger idle past a
-//! grace or waits for one (`server/places.rs`), so neither a burst of a peer's own connections
+//! grace or waits for one (`listener/places.rs`), so neither a burst of a peer's own connections
 //! nor idle sockets at the peer's address keep a prefill peer that holds the secret out
 //! (refusals and evictions counted in `kvgate_connections_refused_total{listener="kv"}`). Then: a cap on
 //! authenticated connections, a deadline on every frame, bodies bounded before allocation,
@@ -28,8 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::reservations::{PageClaim, Reservations, Verdict};
-use crate::server::listener::{self, Acceptor, Refusals, Saturation};
-use crate::server::places::{Caps, Place, Places};
+use crate::listener::{self, Acceptor, Caps, Place, Places, Refusals, Saturation};
 
 /// Room for a page frame's fixed fields on top of the page itself.
 const PAGE_FRAME_OVERHEAD: usize = 256;
@@ -40,7 +39,7 @@ pub struct PortLimits {
     /// Authenticated connections served at once; more are refused.
     pub max_connections: usize,
     /// Connections that have not yet sent an authentic frame, in all and per client address;
-    /// a newcomer beyond them takes an idle one's place or waits for one (`server/places.rs`).
+    /// a newcomer beyond them takes an idle one's place or waits for one (`listener/places.rs`).
     pub max_unauthenticated: usize,
     pub max_unauthenticated_per_client: usize,
     /// Longest a new connection may take to deliver its first authentic frame.
@@ -293,7 +292,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
         // A stranger has a short deadline to prove it holds the secret.
         let timeout = if bound.is_none() { limits.auth_timeout.min(limits.frame_timeout) } else { limits.frame_timeout };
         let read = match &admission.stranger {
-            // An idle stranger gives its place up to a newcomer (`server/places.rs`); a frame
+            // An idle stranger gives its place up to a newcomer (`listener/places.rs`); a frame
             // that has arrived is read first.
             Some(place) => tokio::select! {
                 biased;

@@ -83,13 +83,6 @@ fn default_theta() -> f64 {
 }
 
 impl ModelConfig {
-    /// Reads a `config.json` (v4 or v5 layout) completely, refusing what is not implemented.
-    pub fn from_json(text: &str) -> Result<Self, ModelError> {
-        let cfg = super::config_reader::read(text)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
     pub fn num_kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }

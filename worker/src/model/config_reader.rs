@@ -79,6 +79,15 @@ impl Fields {
     }
 }
 
+impl ModelConfig {
+    /// Reads a `config.json` (v4 or v5 layout) completely, refusing what is not implemented.
+    pub fn from_json(text: &str) -> Result<Self, ModelError> {
+        let cfg = read(text)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
 pub fn read(text: &str) -> Result<ModelConfig, ModelError> {
     let map: Map<String, Value> = serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
     let mut f = Fields(map);

@@ -15,8 +15,8 @@ use futures::StreamExt;
 
 use super::AppState;
 use super::error::ApiError;
-use super::listener::ClientAddr;
 use super::shares::Shares;
+use crate::listener::ClientAddr;
 
 /// Who a request is from, for fairness. An API key is kept as its hash only.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

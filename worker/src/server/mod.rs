@@ -7,8 +7,6 @@ pub mod fairness;
 mod fields;
 mod generate;
 pub mod limits;
-pub mod listener;
-pub mod places;
 pub mod report;
 pub mod request_context;
 mod shares;

@@ -1,5 +1,5 @@
 //! Places held per key (a client's address, an API key) under a cap per key: what requests in
-//! flight per client are (connections have `places.rs`). A place is given back when its
+//! flight per client are (connections have `listener/places.rs`). A place is given back when its
 //! [`Share`] is dropped, however the work that held it ends.
 
 use std::collections::HashMap;

@@ -13,7 +13,9 @@ use crate::conditions;
 use crate::crd::InferenceDeploymentStatus;
 use crate::gate::{self, PodReport, PodVerdict, Role, Verdict};
 use crate::reconcile::observe::{WorkerPod, World};
-use crate::reconcile::status;
+
+/// The `Degraded` condition's reason when a serving pod fails the gate.
+pub const SERVING_POD_UNVERIFIED: &str = "ServingPodUnverified";
 
 /// What the gate found for one revision.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,20 +76,20 @@ pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout
     let was = prev.conditions.iter().find(|c| c.type_ == conditions::DEGRADED && c.status == "True");
     let stuck: Vec<String> = i.world.stuck.iter().filter(|s| s.revision.as_deref() == Some(shown.as_str())).map(|s| s.describe()).collect();
     if !unverified.is_empty() && r.serving.is_some() {
-        if was.map(|c| c.message.as_str()) != Some(status::degraded_message(&shown, &unverified, &stuck).as_str()) {
+        if was.map(|c| c.message.as_str()) != Some(degraded_message(&shown, &unverified, &stuck).as_str()) {
             events.push(warning(
                 "ServingPodUnverified",
                 "RolloutGate",
                 format!("serving revision {shown}: {}; out of the Service's endpoints until it passes again", unverified.join("; ")),
             ));
         }
-    } else if was.is_some_and(|c| c.reason == status::SERVING_POD_UNVERIFIED) {
+    } else if was.is_some_and(|c| c.reason == SERVING_POD_UNVERIFIED) {
         events.push(normal("ServingPodsVerified", "RolloutGate", format!("every pod of serving revision {shown} passes the gate again")));
     }
     // Advisory: a window the prefill pods cannot prefill before the handoff deadline is said
     // once, when it becomes so (the condition keeps saying it).
     if let Some(p) = &shown_pods.slowest_prefill {
-        let (ok, reason, message) = status::prefill_deadline(p, i.window(), i.d.spec.handoff.timeout_ms);
+        let (ok, reason, message) = prefill_deadline(p, i.window(), i.d.spec.handoff.timeout_ms);
         let said = prev.conditions.iter().any(|c| c.type_ == conditions::PREFILL_WITHIN_DEADLINE && c.reason == reason);
         if !ok && !said {
             events.push(warning("PrefillSlowerThanHandoffTimeout", "RolloutGate", message));
@@ -151,6 +153,36 @@ fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[Pod
             Some(PodGate { pod: pod.name.clone(), status, reason, message, since })
         })
         .collect()
+}
+
+/// The `Degraded` condition's message: the serving revision, why each pod fails the gate, and
+/// which cannot start.
+pub fn degraded_message(serving: &str, unverified: &[String], stuck: &[String]) -> String {
+    let problems: Vec<&str> = unverified.iter().chain(stuck).map(String::as_str).collect();
+    format!("serving revision {serving}: {}; those pods take no traffic", problems.join("; "))
+}
+
+/// Whether the slowest prefill pod, at the rate it measured, prefills a prompt of the whole
+/// window before the handoff deadline; the condition's status, reason and message.
+pub fn prefill_deadline(p: &PrefillEstimate, window: u64, timeout_ms: u64) -> (bool, &'static str, String) {
+    let t = &p.timings;
+    let measured =
+        format!("prefill pod {} measured {} tokens in {} ms and {} in {} ms", p.pod, t.tokens[0], t.micros[0] / 1000, t.tokens[1], t.micros[1] / 1000);
+    if p.window_ms <= timeout_ms {
+        let message = format!(
+            "{measured}: a prompt of the whole contextWindow ({window} tokens) takes about {} s, within the handoff timeout of {} s",
+            p.window_ms / 1000,
+            timeout_ms / 1000
+        );
+        return (true, "WithinHandoffTimeout", message);
+    }
+    let fits = t.tokens_within(timeout_ms as f64);
+    let message = format!(
+        "{measured}: a prompt of the whole contextWindow ({window} tokens) would take about {} s, past the handoff timeout of {} s; prompts over about {fits} tokens will be answered 504 prefill_deadline_exceeded. Raise spec.handoff.timeoutMs, give prefill more compute, or declare a smaller contextWindow",
+        p.window_ms / 1000,
+        timeout_ms / 1000
+    );
+    (false, "WindowExceedsHandoffTimeout", message)
 }
 
 #[cfg(test)]

@@ -17,12 +17,13 @@
 //! 3. `bake` — start a bake at a promotion, judge it on every pass after;
 //! 4. `workloads` — the Deployments each revision should have, those to delete, the router;
 //! 5. `gates` — the readiness-gate condition every pod should carry, and what serving pods fail;
-//! 6. `status` (`reconcile/status.rs`) — the status and conditions that say all of it.
+//! 6. `status` — the status and conditions that say all of it.
 
 mod bake;
 mod canary;
 mod candidate;
 mod gates;
+mod status;
 mod workloads;
 
 #[cfg(test)]
@@ -33,11 +34,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::observe::World;
-use super::status::{self, Observed};
 use crate::canary::CanaryRun;
 use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
 use crate::gate::PodVerdict;
 use crate::rollout_state::{RefusalReason, RollbackReason};
+use status::Observed;
 
 pub use gates::{PodGate, PrefillEstimate, Verification};
 pub use workloads::WorkerDeployment;

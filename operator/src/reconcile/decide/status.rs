@@ -1,4 +1,4 @@
-//! The status an InferenceDeployment gets from what one reconcile observed and decided. Pure.
+//! Step 6: the status an InferenceDeployment gets from what one reconcile observed and decided. Pure.
 //! It says only what was observed: a canary runs only once every pod was verified, and a pod
 //! that cannot start is named with its own reason and message.
 
@@ -9,10 +9,8 @@ use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploym
 use crate::gate::{Role, Verdict};
 use crate::rollout_state::{Phase, RefusalReason};
 
-use super::decide::{PrefillEstimate, Verification};
+use super::gates::{SERVING_POD_UNVERIFIED, Verification, degraded_message, prefill_deadline};
 
-/// The `Degraded` condition's reason when a serving pod fails the gate.
-pub const SERVING_POD_UNVERIFIED: &str = "ServingPodUnverified";
 /// A condition's reason when pods cannot start (image, configuration, crash loop, OOM).
 pub const PODS_CANNOT_START: &str = "PodsCannotStart";
 
@@ -52,36 +50,6 @@ impl Observed {
     pub fn shown(&self) -> &str {
         self.serving.as_deref().unwrap_or(&self.spec_revision)
     }
-}
-
-/// The `Degraded` condition's message: the serving revision, why each pod fails the gate, and
-/// which cannot start.
-pub fn degraded_message(serving: &str, unverified: &[String], stuck: &[String]) -> String {
-    let problems: Vec<&str> = unverified.iter().chain(stuck).map(String::as_str).collect();
-    format!("serving revision {serving}: {}; those pods take no traffic", problems.join("; "))
-}
-
-/// Whether the slowest prefill pod, at the rate it measured, prefills a prompt of the whole
-/// window before the handoff deadline; the condition's status, reason and message.
-pub fn prefill_deadline(p: &PrefillEstimate, window: u64, timeout_ms: u64) -> (bool, &'static str, String) {
-    let t = &p.timings;
-    let measured =
-        format!("prefill pod {} measured {} tokens in {} ms and {} in {} ms", p.pod, t.tokens[0], t.micros[0] / 1000, t.tokens[1], t.micros[1] / 1000);
-    if p.window_ms <= timeout_ms {
-        let message = format!(
-            "{measured}: a prompt of the whole contextWindow ({window} tokens) takes about {} s, within the handoff timeout of {} s",
-            p.window_ms / 1000,
-            timeout_ms / 1000
-        );
-        return (true, "WithinHandoffTimeout", message);
-    }
-    let fits = t.tokens_within(timeout_ms as f64);
-    let message = format!(
-        "{measured}: a prompt of the whole contextWindow ({window} tokens) would take about {} s, past the handoff timeout of {} s; prompts over about {fits} tokens will be answered 504 prefill_deadline_exceeded. Raise spec.handoff.timeoutMs, give prefill more compute, or declare a smaller contextWindow",
-        p.window_ms / 1000,
-        timeout_ms / 1000
-    );
-    (false, "WindowExceedsHandoffTimeout", message)
 }
 
 pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Observed) -> InferenceDeploymentStatus {

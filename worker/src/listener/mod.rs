@@ -21,8 +21,11 @@ use prometheus::{IntCounterVec, Registry};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use super::places::{Admitted, Caps, NoPlace, Place, Places};
+pub mod places;
+
 use crate::metrics::RoleRegistry;
+use places::{Admitted, NoPlace};
+pub use places::{Caps, Place, Places};
 
 /// The client's address, as a request extension (per-client limits read it).
 #[derive(Debug, Clone, Copy)]

@@ -9,6 +9,8 @@ pub const REVISION: &str = "kvgate.dev/revision";
 pub const DEPLOYMENT_UID: &str = "kvgate.dev/deployment-uid";
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const OPERATOR: &str = "kvgate-operator";
+/// The field manager of everything the operator applies (server-side apply).
+pub const MANAGER: &str = OPERATOR;
 
 /// Labels of all objects of one deployment.
 pub fn common(name: &str) -> BTreeMap<String, String> {
