@@ -496,12 +496,49 @@ pub struct RolloutSpec {
     /// bake tolerates before it rolls back.
     #[serde(default)]
     pub max_handoff_mismatches: u64,
+    /// The request that broke production, asked of every candidate pair or pod by the canary.
+    #[serde(default)]
+    pub boundary_probe: BoundaryProbeSpec,
 }
 
 impl Default for RolloutSpec {
     fn default() -> Self {
-        RolloutSpec { canary: CanarySpec::default(), bake_seconds: bake_seconds(), max_handoff_mismatches: 0 }
+        RolloutSpec { canary: CanarySpec::default(), bake_seconds: bake_seconds(), max_handoff_mismatches: 0, boundary_probe: BoundaryProbeSpec::default() }
     }
+}
+
+/// Boundary probes: an engine must refuse what it cannot hold, never answer it 200. With the
+/// canary on, every candidate pair or pod is sent a prompt of contextWindow + 1 tokens, which
+/// must be refused with a 4xx; and, when the window is at most maxPromptTokens, a prompt of the
+/// whole window (less canary.maxTokens), which must be served with the same tokens everywhere,
+/// and one of contextWindow - 1 tokens asking for more, which must be refused or stop at the
+/// window. An answer past the window (truncation, context shift, a placeholder for a rejected
+/// prompt) refuses the revision: BoundaryProbeAnswered.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BoundaryProbeSpec {
+    /// Whether the canary sends the probes.
+    #[serde(default = "yes")]
+    pub canary: bool,
+    /// The longest window the probes prefill in full (tokens). A longer window gets only the
+    /// contextWindow + 1 probe, which an honest engine refuses without computing anything.
+    #[serde(default = "probe_max_prompt_tokens")]
+    #[schemars(range(min = 1))]
+    pub max_prompt_tokens: u64,
+}
+
+impl Default for BoundaryProbeSpec {
+    fn default() -> Self {
+        BoundaryProbeSpec { canary: true, max_prompt_tokens: probe_max_prompt_tokens() }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn probe_max_prompt_tokens() -> u64 {
+    131_072
 }
 
 fn bake_seconds() -> u64 {
@@ -672,10 +709,13 @@ pub struct BakeStatus {
 pub struct CanaryStatus {
     /// The revision the canary ran on.
     pub revision: String,
-    /// Whether every pair answered, agreed and counted no mismatch.
+    /// Whether every pair answered, agreed, counted no mismatch and refused past the window.
     pub passed: bool,
     /// What ran and what it found (the failing pair, prompt length and first differing token).
     pub message: String,
+    /// Why it failed: CanaryFailed, or BoundaryProbeAnswered (an answer past the window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<RefusalReason>,
 }
 
 /// Pods of one role.

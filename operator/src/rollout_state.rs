@@ -52,6 +52,8 @@ pub enum RefusalReason {
     FingerprintMismatch,
     // The integrity canary found a pair that failed, disagreed or counted a mismatch.
     CanaryFailed,
+    // A pair or pod answered a prompt beyond spec.contextWindow instead of refusing it with a 4xx.
+    BoundaryProbeAnswered,
     // Rolled back: handoff mismatches during the bake.
     HandoffIntegrityViolation,
     // spec.model.volume.hostPath is outside --allowed-host-paths; no pod was created.
@@ -97,6 +99,6 @@ mod tests {
             assert_eq!(RefusalReason::from(*r).as_str(), r.as_str());
         }
         assert_eq!(serde_json::to_value(RefusalReason::KVPoolBelowContextWindow).unwrap(), "KVPoolBelowContextWindow");
-        assert_eq!(RefusalReason::ALL.len(), 5);
+        assert_eq!(RefusalReason::ALL.len(), 6);
     }
 }

@@ -87,6 +87,13 @@ fn a_unified_cache_holds_the_window_passes_the_canary_and_serves_and_a_smaller_s
     let canary = &d["status"]["canary"];
     assert_eq!(canary["passed"], true, "{d}");
     assert!(canary["message"].as_str().unwrap().contains("through 1 llamacpp pods"), "{canary}");
+    // The boundary probes ran: llama.cpp refuses a prompt of the window + 1 and stops at the window.
+    assert!(
+        canary["message"].as_str().unwrap().contains(
+            "boundary: a prompt of contextWindow + 1 tokens was refused (HTTP 400) by every one, one of 4095 tokens was refused or stopped at the window"
+        ),
+        "{canary}"
+    );
     let gate = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=server"])["items"][0]["status"]["conditions"]
         .as_array()
         .unwrap()
@@ -256,6 +263,46 @@ fn the_incidents_disaggregated_sglang_is_refused_naming_its_prefill_pool() {
     });
     apply_yaml(cp, &ns, &sglang_pd(cp, "holds", 1_048_576, 1_048_576, false));
     eventually(cp, &ns, "holds Available again", LONG, || infd(cp, &ns, "holds")["status"]["phase"] == "Available");
+}
+
+/// The request that broke production, asked before any traffic: engines that answer past their
+/// window are refused `BoundaryProbeAnswered`, naming what came back. llama.cpp with
+/// `--context-shift` keeps generating past `n_ctx` by dropping the prompt's oldest tokens; a front
+/// end that answers a prompt its engine rejected with a one-token placeholder's tokens (the
+/// incident's prefill) says 200 to a prompt of the window + 1.
+#[test]
+fn engines_that_answer_past_their_window_are_refused_by_the_boundary_probes() {
+    let (cp, op) = env();
+    let ns = models_namespace(cp, "boundary");
+    let dir = models(cp);
+    std::fs::copy(repo("tests/engines/placeholder_front.py"), dir.join("placeholder_front.py")).unwrap();
+    apply_yaml(cp, &ns, &llamacpp(cp, "shift", 4096, &["-c", "4096", "--context-shift"]));
+    let front = llamacpp(cp, "placeholder", 4096, &["-c", "4096"]).replace(
+        "      args: [",
+        "      command: [\"/usr/bin/python3.11\", \"/models/placeholder_front.py\", \"--port\", \"8080\", \"--upstream-port\", \"8081\", \"--\", \"/usr/local/bin/llama-server\"]\n      args: [",
+    );
+    apply_yaml(cp, &ns, &front.replace("\"--port\", \"8080\", \"-c\"", "\"--port\", \"8081\", \"-c\""));
+    let refused = |name: &str| {
+        eventually(cp, &ns, &format!("{name} refused"), LONG, || condition_true(&infd(cp, &ns, name), "RolloutRefused"));
+        let d = infd(cp, &ns, name);
+        assert_eq!(d["status"]["refusedRevision"]["reason"], "BoundaryProbeAnswered", "{d}");
+        assert_eq!((d["status"]["canary"]["passed"].as_bool(), d["status"]["canary"]["reason"].as_str()), (Some(false), Some("BoundaryProbeAnswered")), "{d}");
+        assert!(service_endpoints(cp, &ns, name).is_empty(), "{name} never took traffic");
+        d["status"]["refusedRevision"]["message"].as_str().unwrap().to_string()
+    };
+    let shifted = refused("shift");
+    assert!(
+        shifted.starts_with("llamacpp pod shift-server-")
+            && shifted.contains(": a prompt of 4095 tokens asking for 8 more was answered with 8 tokens, 7 past contextWindow 4096"),
+        "{shifted}"
+    );
+    let placeholder = refused("placeholder");
+    assert!(placeholder.contains(": a prompt of 4097 tokens (contextWindow 4096 + 1) was answered with 1 tokens ["), "{placeholder}");
+    assert!(op.metric(r#"kvgate_operator_rollouts_refused_total{reason="BoundaryProbeAnswered"}"#).unwrap_or(0.0) >= 2.0);
+    eventually(cp, &ns, "a BoundaryProbeAnswered Event", Duration::from_secs(30), || {
+        let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=BoundaryProbeAnswered"]);
+        evs["items"].as_array().is_some_and(|a| a.len() >= 2)
+    });
 }
 
 /// Every example is an object the API server accepts as written (each engine's among them).

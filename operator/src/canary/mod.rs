@@ -19,6 +19,8 @@ use kvgate_proto::auth::DeploymentKey;
 use kvgate_proto::contract::{DECODE_PORT, PREFILL_PORT};
 
 use crate::crd::{CanaryStatus, Engine};
+use crate::engines::{Greedy, NoAnswer};
+use crate::rollout_state::RefusalReason;
 use crate::{engines, scrape};
 
 /// One canary run, as decided from what a reconcile observed (pure data).
@@ -34,6 +36,19 @@ pub struct CanaryRun {
     pub max_prompt_tokens: u64,
     pub vocab: u32,
     pub max_tokens: u32,
+    /// The boundary probes, when `spec.rollout.boundaryProbe.canary` asks for them.
+    pub boundary: Option<Boundary>,
+}
+
+/// The request that broke production, asked of every pair or pod before any traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Boundary {
+    /// The declared window: a prompt of one token more must be refused with a 4xx.
+    pub window: u64,
+    /// The window is within the probes' budget: a prompt of the whole window (less the answer)
+    /// must be served, and one of `window - 1` tokens asking for more must be refused or stop
+    /// at the window.
+    pub full: bool,
 }
 
 /// What a canary drives.
@@ -91,18 +106,38 @@ impl Unit<'_> {
         }
     }
 
-    async fn generate(&self, http: &reqwest::Client, key: Option<&DeploymentKey>, prompt: &[u32], max_tokens: u32) -> Result<Vec<u32>, String> {
+    async fn generate(&self, http: &reqwest::Client, key: Option<&DeploymentKey>, q: &Greedy<'_>) -> Result<Vec<u32>, NoAnswer> {
         match self {
-            Unit::Pair(p, d) => pair::generate(http, key.ok_or("no handoff key to sign the canary's calls")?, p, d, prompt, max_tokens).await,
-            Unit::Server { engine, port, model, pod } => engines::generate(http, *engine, &pod.ip, *port, model, prompt, max_tokens).await,
+            Unit::Pair(p, d) => pair::generate(http, key.ok_or_else(|| NoAnswer::failed("no handoff key to sign the canary's calls"))?, p, d, q).await,
+            Unit::Server { engine, port, model, pod } => engines::generate(http, *engine, &pod.ip, *port, model, q).await,
         }
+    }
+
+    /// A greedy question as the canary asks it.
+    async fn ask(&self, http: &reqwest::Client, key: Option<&DeploymentKey>, prompt: &[u32], max_tokens: u32) -> Result<Vec<u32>, NoAnswer> {
+        self.generate(http, key, &Greedy { prompt, max_tokens, ignore_eos: false }).await
+    }
+}
+
+/// Why a canary run failed: the refusal's reason and its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Failure {
+    reason: RefusalReason,
+    message: String,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure { reason: RefusalReason::CanaryFailed, message }
     }
 }
 
 /// Runs the canary (`key` signs kvgate's internal calls); the status to record for the revision.
 pub async fn run(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> CanaryStatus {
-    let result = check(http, key, run).await;
-    CanaryStatus { revision: run.revision.clone(), passed: result.is_ok(), message: result.unwrap_or_else(|e| e) }
+    match check(http, key, run).await {
+        Ok(message) => CanaryStatus { revision: run.revision.clone(), passed: true, message, reason: None },
+        Err(f) => CanaryStatus { revision: run.revision.clone(), passed: false, message: f.message, reason: Some(f.reason) },
+    }
 }
 
 /// Where two outputs first differ.
@@ -114,10 +149,14 @@ fn token_at(tokens: &[u32], i: usize) -> String {
     tokens.get(i).map_or_else(|| "the end of its output".to_string(), |t| format!("token id {t}"))
 }
 
-async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> Result<String, String> {
+async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> Result<String, Failure> {
     let counted = run.target.counted();
     let before = mismatches(http, &counted).await?;
-    let prompts = prompts::prompts(run.prompts, run.page_size, run.max_prompt_tokens, run.vocab);
+    let mut prompts = prompts::prompts(run.prompts, run.page_size, run.max_prompt_tokens, run.vocab);
+    if let Some(b) = run.boundary.filter(|b| b.full) {
+        // The whole window, less the answer: served, and the same everywhere.
+        prompts.push(prompts::of_len(b.window.saturating_sub(u64::from(run.max_tokens)).max(1), run.vocab, 0xb0));
+    }
     // What each prompt must give: the serving revision's output, else the first unit's.
     let mut want: Vec<Option<(String, Vec<u32>)>> = vec![None; prompts.len()];
     if let Some(r) = &run.reference
@@ -126,7 +165,7 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
         let by = format!("serving revision {} ({})", r.revision, unit.name());
         let fits = |p: &Vec<u32>| p.len() as u64 + u64::from(run.max_tokens) <= r.context_window;
         for (w, prompt) in want.iter_mut().zip(&prompts).filter(|(_, p)| fits(p)) {
-            let tokens = unit.generate(http, key, prompt, run.max_tokens).await.map_err(|e| format!("{by}, prompt of {} tokens: {e}", prompt.len()))?;
+            let tokens = unit.ask(http, key, prompt, run.max_tokens).await.map_err(|e| format!("{by}, prompt of {} tokens: {e}", prompt.len()))?;
             *w = Some((by.clone(), tokens));
         }
     }
@@ -134,25 +173,32 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
         let name = unit.name();
         for (w, prompt) in want.iter_mut().zip(&prompts) {
             let n = prompt.len();
-            let got = unit.generate(http, key, prompt, run.max_tokens).await.map_err(|e| format!("{name}, prompt of {n} tokens: {e}"))?;
+            let got = unit.ask(http, key, prompt, run.max_tokens).await.map_err(|e| format!("{name}, prompt of {n} tokens: {e}"))?;
             match w {
                 None => *w = Some((name.clone(), got)),
                 Some((by, expected)) => {
                     if let Some(i) = first_difference(expected, &got) {
-                        return Err(format!(
+                        return Err(Failure::from(format!(
                             "{name}, prompt of {n} tokens: output token {i} is {}, but {by} gave {}",
                             token_at(&got, i),
                             token_at(expected, i)
-                        ));
+                        )));
                     }
                 }
             }
         }
     }
+    let probed = match run.boundary {
+        Some(b) => boundary(http, key, run, b).await?,
+        None => String::new(),
+    };
     let after = mismatches(http, &counted).await?;
     for ((pod, was), (_, now)) in before.iter().zip(&after) {
         if now > was {
-            return Err(format!("pod {pod} counted {} handoff mismatches during the canary (kvgate_handoff_mismatch_total {was} -> {now})", now - was));
+            return Err(Failure::from(format!(
+                "pod {pod} counted {} handoff mismatches during the canary (kvgate_handoff_mismatch_total {was} -> {now})",
+                now - was
+            )));
         }
     }
     let lengths: Vec<String> = prompts.iter().map(|p| p.len().to_string()).collect();
@@ -162,7 +208,7 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
     };
     let mismatch = if counted.is_empty() { "" } else { "; no handoff mismatch" };
     Ok(format!(
-        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{mismatch}",
+        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{mismatch}{probed}",
         prompts.len(),
         lengths.join(", "),
         run.max_tokens,
@@ -170,11 +216,59 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
     ))
 }
 
+/// The boundary probes on every unit: a prompt of `window + 1` tokens must be refused with a
+/// 4xx; within the budget, one of `window - 1` tokens asking for more (ignoring EOS) must be
+/// refused or stop at the window. An answer past the window is `BoundaryProbeAnswered`.
+async fn boundary(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun, b: Boundary) -> Result<String, Failure> {
+    let past = |message: String| Failure { reason: RefusalReason::BoundaryProbeAnswered, message };
+    let over = prompts::of_len(b.window + 1, run.vocab, 0xb1);
+    let under = prompts::of_len(b.window.saturating_sub(1).max(1), run.vocab, 0xb2);
+    let more = run.max_tokens.max(2);
+    let mut refusals = Vec::new();
+    for unit in run.target.units() {
+        let name = unit.name();
+        match unit.generate(http, key, &Greedy { prompt: &over, max_tokens: 1, ignore_eos: true }).await {
+            Err(e) if e.refused() => refusals.push(e.status.unwrap_or_default()),
+            Ok(tokens) => {
+                return Err(past(format!(
+                    "{name}: a prompt of {} tokens (contextWindow {} + 1) was answered with {} tokens {tokens:?} instead of a 4xx: the engine truncates, shifts or answers for a prompt it cannot hold",
+                    over.len(),
+                    b.window,
+                    tokens.len()
+                )));
+            }
+            Err(e) => return Err(Failure::from(format!("{name}: a prompt of {} tokens (contextWindow + 1) must be refused with a 4xx: {e}", over.len()))),
+        }
+        if !b.full {
+            continue;
+        }
+        match unit.generate(http, key, &Greedy { prompt: &under, max_tokens: more, ignore_eos: true }).await {
+            Err(e) if e.refused() => {}
+            Ok(tokens) if tokens.len() <= 1 => {}
+            Ok(tokens) => {
+                return Err(past(format!(
+                    "{name}: a prompt of {} tokens asking for {more} more was answered with {} tokens, {} past contextWindow {}: the engine shifts or drops context instead of stopping at the window",
+                    under.len(),
+                    tokens.len(),
+                    tokens.len() - 1,
+                    b.window
+                )));
+            }
+            Err(e) => return Err(Failure::from(format!("{name}: a prompt of {} tokens asking for {more} more: {e}", under.len()))),
+        }
+    }
+    refusals.sort_unstable();
+    refusals.dedup();
+    let statuses: Vec<String> = refusals.iter().map(u16::to_string).collect();
+    let stop = if b.full { format!(", one of {} tokens was refused or stopped at the window", under.len()) } else { String::new() };
+    Ok(format!("; boundary: a prompt of contextWindow + 1 tokens was refused (HTTP {}) by every one{stop}", statuses.join("/")))
+}
+
 /// Each counted pod's `kvgate_handoff_mismatch_total`, summed over reasons.
-async fn mismatches(http: &reqwest::Client, pods: &[(&Endpoint, u16)]) -> Result<Vec<(String, f64)>, String> {
+async fn mismatches(http: &reqwest::Client, pods: &[(&Endpoint, u16)]) -> Result<Vec<(String, f64)>, Failure> {
     let mut out = Vec::new();
     for (e, port) in pods {
-        let text = scrape::metrics(http, &e.ip, *port).await.map_err(|why| format!("{why} (pod {})", e.pod))?;
+        let text = scrape::metrics(http, &e.ip, *port).await.map_err(|why| Failure::from(format!("{why} (pod {})", e.pod)))?;
         out.push((e.pod.clone(), scrape::family_by(&text, scrape::MISMATCHES, "reason").values().sum()));
     }
     Ok(out)

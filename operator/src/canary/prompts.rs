@@ -9,15 +9,20 @@ pub fn prompts(count: u32, page_size: u32, max_len: u64, vocab: u32) -> Vec<Vec<
     (0..count)
         .map(|i| {
             let len = if count == 1 { last } else { (first as f64 * (last as f64 / first as f64).powf(f64::from(i) / f64::from(count - 1))).round() as u64 };
-            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(i + 1);
-            (0..len.clamp(first.min(last), last))
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    1 + (x % u64::from(vocab.max(2) - 1)) as u32
-                })
-                .collect()
+            of_len(len.clamp(first.min(last), last), vocab, u64::from(i + 1))
+        })
+        .collect()
+}
+
+/// One prompt of exactly `len` tokens, ids in `1..vocab` from a fixed sequence seeded by `seed`.
+pub fn of_len(len: u64, vocab: u32, seed: u64) -> Vec<u32> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ seed;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            1 + (x % u64::from(vocab.max(2) - 1)) as u32
         })
         .collect()
 }

@@ -4,7 +4,7 @@
 
 use futures::future::BoxFuture;
 
-use super::{EngineCapacity, EngineKind};
+use super::{EngineCapacity, EngineKind, Greedy};
 use crate::capacity::NoReport;
 use crate::crd::{Engine, InferenceDeploymentSpec};
 use crate::role::Role;
@@ -40,7 +40,7 @@ impl EngineKind for Kvgate {
         Box::pin(async { Err(NoReport::waiting("a kvgate worker reports through its signed capacity report")) })
     }
 
-    fn greedy(&self, _: &str, _: &[u32], _: u32) -> Option<(&'static str, serde_json::Value)> {
+    fn greedy(&self, _: &str, _: &Greedy<'_>) -> Option<(&'static str, serde_json::Value)> {
         None
     }
 

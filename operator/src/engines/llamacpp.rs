@@ -4,7 +4,7 @@
 
 use futures::future::BoxFuture;
 
-use super::{EngineCapacity, EngineKind, count, get_text, ids, json, unreadable};
+use super::{EngineCapacity, EngineKind, Greedy, count, get_text, ids, json, unreadable};
 use crate::capacity::NoReport;
 use crate::crd::Engine;
 
@@ -27,8 +27,8 @@ impl EngineKind for Llamacpp {
         })
     }
 
-    fn greedy(&self, _: &str, prompt: &[u32], max_tokens: u32) -> Option<(&'static str, serde_json::Value)> {
-        Some((COMPLETION, greedy(prompt, max_tokens)))
+    fn greedy(&self, _: &str, q: &Greedy<'_>) -> Option<(&'static str, serde_json::Value)> {
+        Some((COMPLETION, greedy(q.prompt, q.max_tokens, q.ignore_eos)))
     }
 
     fn tokens(&self, body: &str) -> Result<Vec<u32>, String> {
@@ -49,10 +49,10 @@ pub fn capacity(props: &str) -> Result<EngineCapacity, String> {
 }
 
 /// A greedy completion of token ids, answered with the generated ids.
-pub fn greedy(prompt: &[u32], max_tokens: u32) -> serde_json::Value {
+pub fn greedy(prompt: &[u32], max_tokens: u32, ignore_eos: bool) -> serde_json::Value {
     serde_json::json!({
         "prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1,
-        "return_tokens": true, "cache_prompt": false,
+        "return_tokens": true, "cache_prompt": false, "ignore_eos": ignore_eos,
     })
 }
 

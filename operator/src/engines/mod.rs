@@ -62,8 +62,8 @@ pub trait EngineKind: Sync {
     /// through their signed capacity report instead).
     fn read<'a>(&'a self, http: &'a reqwest::Client, base: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>>;
 
-    /// The request for a greedy completion of `prompt` (token ids): its path and body.
-    fn greedy(&self, model: &str, prompt: &[u32], max_tokens: u32) -> Option<(&'static str, serde_json::Value)>;
+    /// The request for a greedy completion (token ids in and out): its path and body.
+    fn greedy(&self, model: &str, q: &Greedy<'_>) -> Option<(&'static str, serde_json::Value)>;
 
     /// The generated token ids in an answer to [`EngineKind::greedy`].
     fn tokens(&self, body: &str) -> Result<Vec<u32>, String>;
@@ -143,18 +143,53 @@ pub async fn read(http: &reqwest::Client, engine: Engine, ip: &str, port: u16) -
     of(engine).read(http, format!("http://{ip}:{port}")).await
 }
 
-/// The tokens an engine pod generates greedily for `prompt` (token ids), through its own API.
-pub async fn generate(http: &reqwest::Client, engine: Engine, ip: &str, port: u16, model: &str, prompt: &[u32], max_tokens: u32) -> Result<Vec<u32>, String> {
-    let kind = of(engine);
-    let (path, body) = kind.greedy(model, prompt, max_tokens).ok_or("kvgate's canary drives prefill x decode pairs")?;
-    let url = format!("http://{ip}:{port}{path}");
-    let resp = http.post(&url).timeout(GENERATE_TIMEOUT).json(&body).send().await.map_err(|e| format!("POST {url}: {}", crate::capacity::cause(&e)))?;
-    let status = resp.status();
-    let text = resp.text().await.map_err(|e| format!("POST {url}: {}", crate::capacity::cause(&e)))?;
-    if !status.is_success() {
-        return Err(format!("POST {url}: HTTP {}: {}", status.as_u16(), text.trim()));
+/// A greedy question: token ids in, at most `max_tokens` ids out (exactly that many with
+/// `ignore_eos`, unless the engine stops at its window).
+#[derive(Debug, Clone, Copy)]
+pub struct Greedy<'a> {
+    pub prompt: &'a [u32],
+    pub max_tokens: u32,
+    pub ignore_eos: bool,
+}
+
+/// Why a question got no tokens: the HTTP status when the engine answered one (a refusal), and
+/// what it said or what failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoAnswer {
+    pub status: Option<u16>,
+    pub message: String,
+}
+
+impl NoAnswer {
+    pub fn failed(message: impl Into<String>) -> Self {
+        NoAnswer { status: None, message: message.into() }
     }
-    kind.tokens(&text).map_err(|why| format!("POST {url}: {why}"))
+
+    /// A 4xx: the engine turned the request away as the client's fault.
+    pub fn refused(&self) -> bool {
+        self.status.is_some_and(|s| (400..500).contains(&s))
+    }
+}
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The tokens an engine pod generates greedily for `q`, through its own API.
+pub async fn generate(http: &reqwest::Client, engine: Engine, ip: &str, port: u16, model: &str, q: &Greedy<'_>) -> Result<Vec<u32>, NoAnswer> {
+    let kind = of(engine);
+    let (path, body) = kind.greedy(model, q).ok_or_else(|| NoAnswer::failed("kvgate's canary drives prefill x decode pairs"))?;
+    let url = format!("http://{ip}:{port}{path}");
+    let failed = |e: reqwest::Error| NoAnswer::failed(format!("POST {url}: {}", crate::capacity::cause(&e)));
+    let resp = http.post(&url).timeout(GENERATE_TIMEOUT).json(&body).send().await.map_err(failed)?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(failed)?;
+    if !status.is_success() {
+        return Err(NoAnswer { status: Some(status.as_u16()), message: format!("POST {url}: HTTP {}: {}", status.as_u16(), text.trim()) });
+    }
+    kind.tokens(&text).map_err(|why| NoAnswer::failed(format!("POST {url}: {why}")))
 }
 
 /// A JSON body, or why it is not one.

@@ -9,7 +9,7 @@
 
 use futures::future::BoxFuture;
 
-use super::{EngineCapacity, EngineKind, count, get_text, ids, json, unreadable};
+use super::{EngineCapacity, EngineKind, Greedy, count, get_text, ids, json, unreadable};
 use crate::capacity::NoReport;
 use crate::crd::Engine;
 
@@ -36,8 +36,8 @@ impl EngineKind for Sglang {
         })
     }
 
-    fn greedy(&self, _: &str, prompt: &[u32], max_tokens: u32) -> Option<(&'static str, serde_json::Value)> {
-        Some((GENERATE, greedy(prompt, max_tokens)))
+    fn greedy(&self, _: &str, q: &Greedy<'_>) -> Option<(&'static str, serde_json::Value)> {
+        Some((GENERATE, greedy(q.prompt, q.max_tokens, q.ignore_eos)))
     }
 
     fn tokens(&self, body: &str) -> Result<Vec<u32>, String> {
@@ -70,8 +70,8 @@ pub fn capacity(server_info: &str) -> Result<EngineCapacity, String> {
 
 /// A greedy generation from token ids; the ids come back in the log-probabilities
 /// (`meta_info.output_token_logprobs`: `[logprob, token_id, text]` per token).
-pub fn greedy(prompt: &[u32], max_tokens: u32) -> serde_json::Value {
-    serde_json::json!({ "input_ids": prompt, "sampling_params": { "max_new_tokens": max_tokens, "temperature": 0.0 }, "return_logprob": true })
+pub fn greedy(prompt: &[u32], max_tokens: u32, ignore_eos: bool) -> serde_json::Value {
+    serde_json::json!({ "input_ids": prompt, "sampling_params": { "max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos }, "return_logprob": true })
 }
 
 pub fn tokens(body: &str) -> Result<Vec<u32>, String> {

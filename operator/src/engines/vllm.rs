@@ -5,7 +5,7 @@
 
 use futures::future::BoxFuture;
 
-use super::{EngineCapacity, EngineKind, get_text, ids, json, unreadable};
+use super::{EngineCapacity, EngineKind, Greedy, get_text, ids, json, unreadable};
 use crate::capacity::NoReport;
 use crate::crd::Engine;
 
@@ -32,8 +32,8 @@ impl EngineKind for Vllm {
         })
     }
 
-    fn greedy(&self, model: &str, prompt: &[u32], max_tokens: u32) -> Option<(&'static str, serde_json::Value)> {
-        Some((COMPLETIONS, greedy(model, prompt, max_tokens)))
+    fn greedy(&self, model: &str, q: &Greedy<'_>) -> Option<(&'static str, serde_json::Value)> {
+        Some((COMPLETIONS, greedy(model, q.prompt, q.max_tokens, q.ignore_eos)))
     }
 
     fn tokens(&self, body: &str) -> Result<Vec<u32>, String> {
@@ -78,8 +78,8 @@ pub fn capacity(metrics: &str, models: &str) -> Result<EngineCapacity, String> {
 }
 
 /// A greedy completion of token ids, answered with the generated ids (`return_token_ids`).
-pub fn greedy(model: &str, prompt: &[u32], max_tokens: u32) -> serde_json::Value {
-    serde_json::json!({ "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": true })
+pub fn greedy(model: &str, prompt: &[u32], max_tokens: u32, ignore_eos: bool) -> serde_json::Value {
+    serde_json::json!({ "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": true, "ignore_eos": ignore_eos })
 }
 
 pub fn tokens(body: &str) -> Result<Vec<u32>, String> {

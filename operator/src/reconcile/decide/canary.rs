@@ -3,9 +3,10 @@
 //! finished run in `status.canary` (once, with its Event) and asks for one while none finished.
 
 use super::{Inputs, Rollout, normal, warning};
-use crate::canary::{CanaryRun, Endpoint, Reference, Target};
+use crate::canary::{Boundary, CanaryRun, Endpoint, Reference, Target};
 use crate::gate::{Measured, Role};
 use crate::reconcile::observe::WorkerPod;
+use crate::rollout_state::RefusalReason;
 
 /// Records a run that finished since the last pass, and whether the candidate still waits for
 /// its canary.
@@ -14,7 +15,7 @@ pub(super) fn record(i: &Inputs<'_>, r: &mut Rollout) {
     let recorded = r.canary.as_ref().is_some_and(|c| c.revision == rev);
     if let Some(done) = i.world.canary.as_ref().filter(|c| c.revision == rev && !recorded && !r.refused(rev)) {
         let note = format!("revision {rev}: {}", done.message);
-        r.events.push(if done.passed { normal("CanaryPassed", "IntegrityCanary", note) } else { warning("CanaryFailed", "IntegrityCanary", note) });
+        r.events.push(if done.passed { normal("CanaryPassed", "IntegrityCanary", note) } else { warning(failure(done).as_str(), "IntegrityCanary", note) });
         r.canary = Some(done.clone());
     }
     let passed = r.canary.as_ref().is_some_and(|c| c.revision == rev && c.passed);
@@ -22,8 +23,13 @@ pub(super) fn record(i: &Inputs<'_>, r: &mut Rollout) {
 }
 
 /// Why the spec's revision's canary failed, if it did.
-pub(super) fn failed(r: &Rollout, rev: &str) -> Option<String> {
-    r.canary.as_ref().filter(|c| c.revision == rev && !c.passed).map(|c| c.message.clone())
+pub(super) fn failed(r: &Rollout, rev: &str) -> Option<(RefusalReason, String)> {
+    r.canary.as_ref().filter(|c| c.revision == rev && !c.passed).map(|c| (failure(c), c.message.clone()))
+}
+
+/// A failed run's reason (runs recorded before reasons were: `CanaryFailed`).
+fn failure(c: &crate::crd::CanaryStatus) -> RefusalReason {
+    c.reason.unwrap_or(RefusalReason::CanaryFailed)
 }
 
 /// The canary for the spec's revision: its pods, and a serving pair (or pod) to compare with
@@ -34,6 +40,7 @@ pub(super) fn run(i: &Inputs<'_>, r: &Rollout) -> Option<CanaryRun> {
     let same_model =
         |p: &&WorkerPod| p.report.as_ref().is_ok_and(|m| identity(m) == identity(report)) && p.condition.as_ref().is_some_and(|c| c.status == "True");
     let spec = &i.d.spec.rollout.canary;
+    let probe = &i.d.spec.rollout.boundary_probe;
     let max_tokens = spec.max_tokens.min(i.window().saturating_sub(1).max(1) as u32);
     let reference = r.serving.as_deref().zip(r.serving_window).and_then(|(s, context_window)| {
         let target = target(i, s, report, |p| same_model(&p), true)?;
@@ -53,6 +60,7 @@ pub(super) fn run(i: &Inputs<'_>, r: &Rollout) -> Option<CanaryRun> {
         max_prompt_tokens: spec.max_prompt_tokens.min(i.window() - u64::from(max_tokens)).max(1),
         vocab,
         max_tokens,
+        boundary: probe.canary.then_some(Boundary { window: i.window(), full: i.window() <= probe.max_prompt_tokens }),
     })
 }
 
@@ -121,7 +129,7 @@ mod tests {
         revision(&mut world, &d, "r1", Ok(report(8192, "l")), false);
         let plan = pass(&mut d, "r1", &world);
         assert!(plan.canary.is_some() && plan.status.canary.is_none());
-        world.canary = Some(CanaryStatus { revision: "r1".into(), passed: true, message: "3 prompts".into() });
+        world.canary = Some(CanaryStatus { revision: "r1".into(), passed: true, message: "3 prompts".into(), reason: None });
         let plan = pass(&mut d, "r1", &world);
         assert_eq!(plan.status.canary.as_ref().map(|c| c.passed), Some(true));
         assert_eq!(plan.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["CanaryPassed"]);
@@ -136,7 +144,7 @@ mod tests {
         let mut world = World::default();
         revision(&mut world, &d, "r1", Ok(report(681_280, "l")), false);
         pass(&mut d, "r1", &world);
-        world.canary = Some(CanaryStatus { revision: "r1".into(), passed: true, message: "late".into() });
+        world.canary = Some(CanaryStatus { revision: "r1".into(), passed: true, message: "late".into(), reason: None });
         let plan = pass(&mut d, "r1", &world);
         assert!(plan.status.canary.is_none() && plan.events.is_empty(), "{plan:?}");
     }

@@ -36,9 +36,9 @@ pub(super) fn judge(i: &Inputs<'_>, candidate: &Verification, r: &mut Rollout) {
         Verdict::Refused { failure, message } => refuse(r, *failure, message, "RolloutGate", format!("revision {rev} refused: {message}")),
         Verdict::Pending => {}
         Verdict::Verified => {
-            if let Some(message) = canary::failed(r, rev) {
+            if let Some((reason, message)) = canary::failed(r, rev) {
                 let note = format!("revision {rev} refused before any traffic: the integrity canary failed: {message}");
-                refuse(r, RefusalReason::CanaryFailed, &message, "IntegrityCanary", note);
+                refuse(r, reason, &message, "IntegrityCanary", note);
             } else if r.canary_pending {
                 // Every pod must be there: the canary drives every prefill x decode pair.
                 if all_pods(i.d, candidate) {

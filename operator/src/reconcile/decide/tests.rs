@@ -274,7 +274,8 @@ pub(super) fn canary_on(d: &mut InferenceDeployment) {
 }
 
 pub(super) fn canary_result(d: &mut InferenceDeployment, rev: &str, passed: bool, message: &str) {
-    d.status.as_mut().unwrap().canary = Some(crate::crd::CanaryStatus { revision: rev.into(), passed, message: message.into() });
+    d.status.as_mut().unwrap().canary =
+        Some(crate::crd::CanaryStatus { revision: rev.into(), passed, message: message.into(), reason: (!passed).then_some(RefusalReason::CanaryFailed) });
 }
 
 #[test]
@@ -293,6 +294,11 @@ fn a_first_revision_takes_no_traffic_until_its_canary_passed() {
     assert_eq!((run.prompts, run.page_size, run.vocab, run.max_tokens), (3, 16, 258, 8));
     assert_eq!(run.max_prompt_tokens, WINDOW - 8, "the longest prompt leaves room for the generated tokens");
     assert_eq!(decode[1].ip, "10.0.2.1");
+    assert_eq!(run.boundary, Some(crate::canary::Boundary { window: WINDOW, full: true }), "the boundary probes, by default");
+    d.spec.rollout.boundary_probe.max_prompt_tokens = WINDOW - 1;
+    assert_eq!(pass(&mut d.clone(), "r1", &world).canary.unwrap().boundary.map(|b| b.full), Some(false), "a window beyond the budget: window + 1 only");
+    d.spec.rollout.boundary_probe.canary = false;
+    assert_eq!(pass(&mut d.clone(), "r1", &world).canary.unwrap().boundary, None);
 
     // Passed: the gates open; once Ready at full strength the revision serves.
     canary_result(&mut d, "r1", true, "3 prompts ... no handoff mismatch");
@@ -330,6 +336,20 @@ fn a_failed_canary_refuses_the_candidate_and_the_serving_revision_is_its_referen
     assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Refused"));
     assert!(plan.events[0].note.contains("integrity canary failed") && plan.events[0].note.ends_with("revision r1 keeps serving"), "{:?}", plan.events);
     assert!(plan.canary.is_none(), "not run again");
+
+    // An answer past the window refuses under its own reason, announced as such.
+    let (mut d2, world2) = serving_r1();
+    canary_on(&mut d2);
+    d2.spec.decode.as_mut().unwrap().kv_pool.as_mut().unwrap().tokens = Some(16_384);
+    let mut world2 = world_with_conditions(&world2, &pass(&mut d2.clone(), "r1", &world2));
+    revision(&mut world2, &d2, "r2", Ok(report(8192, "l")), false);
+    pass(&mut d2, "r2", &world2);
+    let answered = "llamacpp pod s-0: a prompt of 4097 tokens (contextWindow 4096 + 1) was answered with 1 tokens [5]";
+    d2.status.as_mut().unwrap().canary =
+        Some(crate::crd::CanaryStatus { revision: "r2".into(), passed: false, message: answered.into(), reason: Some(RefusalReason::BoundaryProbeAnswered) });
+    let plan = pass(&mut d2, "r2", &world2);
+    assert_eq!(plan.refused_reason, Some(RefusalReason::BoundaryProbeAnswered));
+    assert_eq!(plan.status.refused_revision.as_ref().map(|r| r.message.as_str()), Some(answered));
 
     // A serving revision of another layout is no reference: its outputs may differ by design.
     let (mut d, world) = serving_r1();

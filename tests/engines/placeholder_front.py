@@ -1,0 +1,64 @@
+"""A front end that hides a rejection, for the boundary-probe tests: the incident's failure on
+any engine. It starts the engine command after `--` (llama.cpp's llama-server on
+--upstream-port) and relays every request to it; when the engine refuses a completion with a
+4xx, it asks again with the prompt's first token only (the incident's prefill "processed a
+one-token placeholder") and answers that with 200.
+
+  placeholder_front.py --port 8080 --upstream-port 8081 -- llama-server ARGS...
+"""
+import argparse
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+a = argparse.ArgumentParser(prog="placeholder_front")
+a.add_argument("--port", type=int, default=8080)
+a.add_argument("--upstream-port", type=int, required=True)
+a.add_argument("engine", nargs=argparse.REMAINDER)
+args = a.parse_args()
+engine = [x for x in args.engine if x != "--"]
+subprocess.Popen([sys.executable, *engine])
+upstream = f"http://127.0.0.1:{args.upstream_port}"
+
+
+def relay(method, path, body):
+    req = urllib.request.Request(upstream + path, data=body, method=method, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError as e:
+        return 503, json.dumps({"error": str(e)}).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    def answer(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.answer(*relay("GET", self.path, None))
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status, answer = relay("POST", self.path, body)
+        if 400 <= status < 500:
+            request = json.loads(body)
+            prompt = request.get("prompt")
+            if isinstance(prompt, list) and prompt:
+                request["prompt"] = prompt[:1]
+                status, answer = relay("POST", self.path, json.dumps(request).encode())
+        self.answer(status, answer)
+
+    def log_message(self, *_):
+        pass
+
+
+ThreadingHTTPServer(("0.0.0.0", args.port), Handler).serve_forever()
