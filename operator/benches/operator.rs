@@ -77,7 +77,7 @@ fn main() {
         let name = format!("b{i}");
         apply_yaml(cp, &ns, &tiny(&name, 256, 1024, 1024, ""));
         wait("Available", Duration::from_secs(120), || infd(cp, &ns, &name)["status"]["phase"] == "Available");
-        let image = kvgate_testenv::images::faulty_worker("corrupt-after-20");
+        let image = kvgate_testenv::images::faulty_worker("corrupt-after-100");
         apply_yaml(cp, &ns, &with_image(&format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny(&name, 256, 1024, 1024, "")), &image));
         wait("Baking", Duration::from_secs(120), || infd(cp, &ns, &name)["status"]["phase"] == "Baking");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

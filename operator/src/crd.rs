@@ -194,7 +194,7 @@ pub struct ExternalRole<'a> {
 }
 
 /// What serves requests.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema, strum::IntoStaticStr)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema, strum::IntoStaticStr, strum::VariantArray)]
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
 pub enum Engine {
@@ -525,12 +525,51 @@ pub struct BoundaryProbeSpec {
     #[serde(default = "probe_max_prompt_tokens")]
     #[schemars(range(min = 1))]
     pub max_prompt_tokens: u64,
+    /// The stale-KV probe (with the canary on): after the compared prompts, this many other
+    /// prompts of canary.maxPromptTokens fill each pair's or pod's pool, as a tenant's traffic
+    /// would, then every compared prompt must give the same tokens again; an engine that reads
+    /// pages other requests wrote answers otherwise (CanaryFailed, "stale KV"). 0 turns it off.
+    #[serde(default = "stale_kv_fillers")]
+    #[schemars(range(min = 0, max = 64))]
+    pub stale_kv_fillers: u32,
+    /// Seconds between rounds of the probes on the serving revision's pairs or pods, beside
+    /// their live traffic: a prompt of contextWindow + 1 tokens must still be refused with a
+    /// 4xx, and a reference prompt must give what that pair or pod gave it the first time. A
+    /// pod that fails leaves the Service (its gate) and the deployment is Degraded until a
+    /// round passes again. 0 turns them off.
+    #[serde(default = "serving_every_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub serving_every_seconds: u64,
+    /// The prompt tokens the serving rounds may have engines compute per hour, over the
+    /// deployment's pods; a round that would exceed it is skipped. An engine that refuses the
+    /// window + 1 probe computes nothing for it.
+    #[serde(default = "max_prefill_tokens_per_hour")]
+    #[schemars(range(min = 1))]
+    pub max_prefill_tokens_per_hour: u64,
 }
 
 impl Default for BoundaryProbeSpec {
     fn default() -> Self {
-        BoundaryProbeSpec { canary: true, max_prompt_tokens: probe_max_prompt_tokens() }
+        BoundaryProbeSpec {
+            canary: true,
+            max_prompt_tokens: probe_max_prompt_tokens(),
+            stale_kv_fillers: stale_kv_fillers(),
+            serving_every_seconds: serving_every_seconds(),
+            max_prefill_tokens_per_hour: max_prefill_tokens_per_hour(),
+        }
     }
+}
+
+fn serving_every_seconds() -> u64 {
+    300
+}
+
+fn max_prefill_tokens_per_hour() -> u64 {
+    1 << 20
+}
+
+fn stale_kv_fillers() -> u32 {
+    4
 }
 
 fn yes() -> bool {
@@ -597,7 +636,7 @@ pub struct InferenceDeploymentStatus {
     /// Progressing, Canary (the integrity canary runs), Baking (promoted, the previous revision
     /// kept beside it), Available, RolledBack or Refused (for the printer column).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "optional_phase")]
+    #[schemars(schema_with = "optional::<Phase>")]
     pub phase: Option<Phase>,
     /// `router/prefill/decode` ready pods of the serving revision, e.g. `1/2/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -666,10 +705,10 @@ fn terse<T: JsonSchema>(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::Schema::try_from(v).expect("still a schema")
 }
 
-/// `Option<Phase>` as a structural schema: the phases' enum, nullable (schemars would list
-/// `null` among the enum's values, which the API server refuses).
-fn optional_phase(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let mut s = <Phase as JsonSchema>::json_schema(g);
+/// An optional closed set (`Option<Phase>`, ...) as a structural schema: the enum, nullable
+/// (schemars would list `null` among the enum's values, which the API server refuses).
+fn optional<T: JsonSchema>(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = T::json_schema(g);
     s.insert("nullable".into(), true.into());
     s
 }
@@ -715,6 +754,7 @@ pub struct CanaryStatus {
     pub message: String,
     /// Why it failed: CanaryFailed, or BoundaryProbeAnswered (an answer past the window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional::<RefusalReason>")]
     pub reason: Option<RefusalReason>,
 }
 

@@ -39,6 +39,7 @@ fn forget(ctx: &Context, store: &Store<InferenceDeployment>, uid: &str, ns: &str
     ctx.probes.forget_owner(uid);
     ctx.scrapes.forget(uid);
     ctx.canaries.forget(uid);
+    ctx.serving_probes.forget(uid);
     // Series are keyed by name: a live namesake (another UID) keeps its own.
     let namesake = store.state().iter().any(|o| o.namespace().as_deref() == Some(ns) && o.name_any() == name && o.uid().as_deref() != Some(uid));
     if !namesake {

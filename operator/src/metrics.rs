@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::canary::Probe;
+use crate::crd::Engine;
 use crate::rollout_state::{Phase, RefusalReason, RollbackReason};
 use axum::Router;
 use axum::extract::State;
@@ -26,7 +28,11 @@ pub struct Metrics {
     pub unverified_serving: IntGaugeVec,
     pub phase: IntGaugeVec,
     pub rollbacks: IntCounterVec,
+    pub probe_mismatches: IntCounterVec,
 }
+
+/// The roles a probe's question goes to: a kvgate pair, an engine's server, a router.
+pub const PROBE_ROLES: [&str; 3] = ["pair", "server", "router"];
 
 /// Every label value a counter can take, so rates work from the first scrape. Phases and
 /// reasons come from their enums (`rollout_state`): a new variant cannot be missed.
@@ -84,6 +90,14 @@ impl Metrics {
         let rollbacks =
             IntCounterVec::new(Opts::new("kvgate_operator_rollbacks_total", "Promoted revisions rolled back during their bake, by reason"), &["reason"])
                 .unwrap();
+        let probe_mismatches = IntCounterVec::new(
+            Opts::new(
+                "kvgate_operator_probe_mismatches_total",
+                "Pairs or pods a probe caught answering what they must not: past the window (boundary) or other tokens after other prompts filled the pool (stale_kv)",
+            ),
+            &["engine", "role", "probe"],
+        )
+        .unwrap();
         let leader = IntGauge::new("kvgate_operator_leader", "1 while this replica holds the leader Lease (and reconciles)").unwrap();
         let build = IntGaugeVec::new(Opts::new("kvgate_build_info", "Build information; always 1"), &["component", "version"]).unwrap();
         build.with_label_values(&["operator", env!("CARGO_PKG_VERSION")]).set(1);
@@ -100,6 +114,7 @@ impl Metrics {
             Box::new(unverified_serving.clone()),
             Box::new(phase.clone()),
             Box::new(rollbacks.clone()),
+            Box::new(probe_mismatches.clone()),
             Box::new(build),
         ] {
             registry.register(c).unwrap();
@@ -116,6 +131,13 @@ impl Metrics {
         for r in RollbackReason::ALL {
             rollbacks.with_label_values(&[r.as_str()]);
         }
+        for engine in <Engine as strum::VariantArray>::VARIANTS {
+            for role in PROBE_ROLES {
+                for probe in <Probe as strum::VariantArray>::VARIANTS {
+                    probe_mismatches.with_label_values(&[engine.as_str(), role, probe.into()]);
+                }
+            }
+        }
         Metrics {
             registry,
             reconciles,
@@ -130,6 +152,7 @@ impl Metrics {
             unverified_serving,
             phase,
             rollbacks,
+            probe_mismatches,
         }
     }
 

@@ -20,6 +20,7 @@ use crate::tasks::Trigger;
 use crate::tasks::canaries::Canaries;
 use crate::tasks::probes::Probes;
 use crate::tasks::scrapes::Scrapes;
+use crate::tasks::serving_probes::ServingProbes;
 use crate::watch::{self, Stores};
 use crate::{keys, lifecycle};
 
@@ -100,6 +101,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         stores: stores.clone(),
         probes,
         scrapes: Scrapes::new(http.clone(), trigger.clone()),
+        serving_probes: ServingProbes::new(http.clone(), trigger.clone(), metrics.clone()),
         canaries: Canaries::new(http, trigger, metrics.clone()),
         memory: Memory::default(),
     });

@@ -269,9 +269,10 @@ fn the_incidents_disaggregated_sglang_is_refused_naming_its_prefill_pool() {
 /// window are refused `BoundaryProbeAnswered`, naming what came back. llama.cpp with
 /// `--context-shift` keeps generating past `n_ctx` by dropping the prompt's oldest tokens; a front
 /// end that answers a prompt its engine rejected with a one-token placeholder's tokens (the
-/// incident's prefill) says 200 to a prompt of the window + 1.
+/// incident's prefill) says 200 to a prompt of the window + 1; one that answers a prompt asked
+/// again with the last other request's answer (the incident's decode) fails the stale-KV probe.
 #[test]
-fn engines_that_answer_past_their_window_are_refused_by_the_boundary_probes() {
+fn engines_that_answer_past_their_window_or_from_stale_kv_are_refused_by_the_probes() {
     let (cp, op) = env();
     let ns = models_namespace(cp, "boundary");
     let dir = models(cp);
@@ -281,15 +282,20 @@ fn engines_that_answer_past_their_window_are_refused_by_the_boundary_probes() {
         "      args: [",
         "      command: [\"/usr/bin/python3.11\", \"/models/placeholder_front.py\", \"--port\", \"8080\", \"--upstream-port\", \"8081\", \"--\", \"/usr/local/bin/llama-server\"]\n      args: [",
     );
-    apply_yaml(cp, &ns, &front.replace("\"--port\", \"8080\", \"-c\"", "\"--port\", \"8081\", \"-c\""));
-    let refused = |name: &str| {
+    let front = front.replace("\"--port\", \"8080\", \"-c\"", "\"--port\", \"8081\", \"-c\"");
+    apply_yaml(cp, &ns, &front);
+    let stale =
+        front.replace("name: placeholder", "name: stale").replace("\"--upstream-port\", \"8081\"", "\"--upstream-port\", \"8081\", \"--mode\", \"stale\"");
+    apply_yaml(cp, &ns, &stale);
+    let refused_for = |name: &str, reason: &str| {
         eventually(cp, &ns, &format!("{name} refused"), LONG, || condition_true(&infd(cp, &ns, name), "RolloutRefused"));
         let d = infd(cp, &ns, name);
-        assert_eq!(d["status"]["refusedRevision"]["reason"], "BoundaryProbeAnswered", "{d}");
-        assert_eq!((d["status"]["canary"]["passed"].as_bool(), d["status"]["canary"]["reason"].as_str()), (Some(false), Some("BoundaryProbeAnswered")), "{d}");
+        assert_eq!(d["status"]["refusedRevision"]["reason"], reason, "{d}");
+        assert_eq!((d["status"]["canary"]["passed"].as_bool(), d["status"]["canary"]["reason"].as_str()), (Some(false), Some(reason)), "{d}");
         assert!(service_endpoints(cp, &ns, name).is_empty(), "{name} never took traffic");
         d["status"]["refusedRevision"]["message"].as_str().unwrap().to_string()
     };
+    let refused = |name: &str| refused_for(name, "BoundaryProbeAnswered");
     let shifted = refused("shift");
     assert!(
         shifted.starts_with("llamacpp pod shift-server-")
@@ -299,10 +305,50 @@ fn engines_that_answer_past_their_window_are_refused_by_the_boundary_probes() {
     let placeholder = refused("placeholder");
     assert!(placeholder.contains(": a prompt of 4097 tokens (contextWindow 4096 + 1) was answered with 1 tokens ["), "{placeholder}");
     assert!(op.metric(r#"kvgate_operator_rollouts_refused_total{reason="BoundaryProbeAnswered"}"#).unwrap_or(0.0) >= 2.0);
+    assert!(op.metric(r#"kvgate_operator_probe_mismatches_total{engine="llamacpp",probe="boundary",role="server"}"#).unwrap_or(0.0) >= 2.0);
+    // An engine that answers a prompt asked again with another request's answer: the stale-KV
+    // probe (other prompts fill the pool, then the compared prompts again) refuses it.
+    let stale = refused_for("stale", "CanaryFailed");
+    assert!(stale.starts_with("stale KV: llamacpp pod stale-server-") && stale.contains("after 4 other prompts of 4088 tokens: output token 0 is"), "{stale}");
+    assert!(op.metric(r#"kvgate_operator_probe_mismatches_total{engine="llamacpp",probe="stale_kv",role="server"}"#).unwrap_or(0.0) >= 1.0);
     eventually(cp, &ns, "a BoundaryProbeAnswered Event", Duration::from_secs(30), || {
         let evs = get_json(cp, &["-n", &ns, "get", "events", "--field-selector=reason=BoundaryProbeAnswered"]);
         evs["items"].as_array().is_some_and(|a| a.len() >= 2)
     });
+}
+
+/// The probes on serving pods, beside live traffic: an engine that passed its canary (here
+/// without the stale-KV probe) and starts answering a prompt with another request's answer once
+/// traffic flows is caught by the next round: its pod leaves the Service, the deployment is
+/// Degraded naming it, the probe counter moves.
+#[test]
+fn a_serving_pod_answering_from_stale_kv_beside_live_traffic_is_taken_out() {
+    let (cp, op) = env();
+    let ns = models_namespace(cp, "serving-probes");
+    let dir = models(cp);
+    std::fs::copy(repo("tests/engines/placeholder_front.py"), dir.join("placeholder_front.py")).unwrap();
+    let yaml = llamacpp(cp, "stale", 4096, &["-c", "4096"])
+        .replace(
+            "      args: [",
+            "      command: [\"/usr/bin/python3.11\", \"/models/placeholder_front.py\", \"--port\", \"8080\", \"--upstream-port\", \"8081\", \"--mode\", \"stale\", \"--\", \"/usr/local/bin/llama-server\"]\n      args: [",
+        )
+        .replace("\"--port\", \"8080\", \"-c\"", "\"--port\", \"8081\", \"-c\"")
+        .replace("  rollout: { bakeSeconds: 0 }", "  rollout: { bakeSeconds: 0, boundaryProbe: { staleKvFillers: 0, servingEverySeconds: 2 } }");
+    apply_yaml(cp, &ns, &yaml);
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "stale")["status"]["phase"] == "Available");
+    let server = service_endpoints(cp, &ns, "stale").pop().expect("a ready server");
+    let before = op.metric(r#"kvgate_operator_probe_mismatches_total{engine="llamacpp",probe="stale_kv",role="server"}"#).unwrap_or(0.0);
+    eventually(cp, &ns, "Degraded by the serving probe", LONG, || {
+        // Live traffic on the engine's own API, between the probe's rounds.
+        let body = serde_json::json!({ "prompt": [5, 6, 7, 8], "n_predict": 4, "temperature": 0.0, "return_tokens": true }).to_string();
+        let _ = request("POST", &format!("http://{server}/completion"), Some(&body));
+        condition_true(&infd(cp, &ns, "stale"), "Degraded")
+    });
+    let d = infd(cp, &ns, "stale");
+    let degraded = condition(&d, "Degraded").unwrap()["message"].as_str().unwrap().to_string();
+    assert!(degraded.contains("stale KV: llamacpp pod stale-server-") && degraded.contains("beside live traffic"), "{degraded}");
+    assert!(service_endpoints(cp, &ns, "stale").is_empty(), "the caught pod takes no traffic");
+    assert!(op.metric(r#"kvgate_operator_probe_mismatches_total{engine="llamacpp",probe="stale_kv",role="server"}"#).unwrap_or(0.0) > before);
 }
 
 /// Every example is an object the API server accepts as written (each engine's among them).

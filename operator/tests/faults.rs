@@ -58,7 +58,7 @@ fn an_operator_killed_mid_canary_resumes_without_a_second_promotion_or_a_lost_re
     assert_eq!(events(cp, &ns, "RolloutVerified"), 1);
 }
 
-/// A revision that corrupts pages after its 20th handoff is promoted and baking when the
+/// A revision that corrupts pages after its 100th handoff is promoted and baking when the
 /// operator is killed; the next one reads the bake from status, watches the counters and rolls
 /// back once. A client running throughout never gets a 200 with other text.
 #[test]
@@ -75,7 +75,7 @@ fn an_operator_killed_mid_bake_resumes_it_and_rolls_back_once() {
 
     let bad = with_image(
         &format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny("bake", 256, 1024, 1024, "")),
-        &kvgate_testenv::images::faulty_worker("corrupt-after-20"),
+        &kvgate_testenv::images::faulty_worker("corrupt-after-100"),
     );
     apply_yaml(cp, &ns, &bad);
     eventually(cp, &ns, "the new revision promoted and baking", LONG, || phase(cp, &ns, "bake") == "Baking");

@@ -384,9 +384,9 @@ fn a_soak_through_rollouts_a_rollback_and_a_node_loss_never_answers_wrong() {
             let d = infd(cp, &ns, "soak");
             d["status"]["phase"] == "Available" && d["status"]["currentRevision"] != before
         });
-        // A revision that corrupts pages after its 20th handoff: promoted, then rolled back.
+        // A revision that corrupts pages after its 100th handoff: promoted, then rolled back.
         let good = infd(cp, &ns, "soak")["status"]["currentRevision"].clone();
-        let bad = with_image(&spec(tokens, "bakeSeconds: 600"), &kvgate_testenv::images::faulty_worker("corrupt-after-20"));
+        let bad = with_image(&spec(tokens, "bakeSeconds: 600"), &kvgate_testenv::images::faulty_worker("corrupt-after-100"));
         apply_yaml(cp, &ns, &bad);
         eventually(cp, &ns, "RolledBack", LONG, || infd(cp, &ns, "soak")["status"]["phase"] == "RolledBack");
         assert_eq!(infd(cp, &ns, "soak")["status"]["currentRevision"], good);

@@ -164,6 +164,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     let want = [
         "KvgateHandoffIntegrityViolation",
         "KvgateRejectedRequestForwarded",
+        "KvgateProbeMismatch",
         "KvgateKVPoolBelowContextWindow",
         "KvgateRolloutRefused",
         "KvgateServingPodUnverified",

@@ -378,11 +378,11 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
     // both revisions' pods.
     let traffic = Traffic::start(&ns, "bake", &prompt, 4);
 
-    let image = kvgate_testenv::images::faulty_worker("corrupt-after-20");
+    let image = kvgate_testenv::images::faulty_worker("corrupt-after-100");
     let bad = with_image(&format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny("bake", 256, 1024, 1024, "")), &image);
     apply_yaml(cp, &ns, &bad);
     // The status that says Baking is the one checked: a second read may already see the
-    // rollback (corrupt-after-20 under four clients reaches it in about a second).
+    // rollback (corrupt-after-100 under four clients reaches it in a few seconds).
     let mut baking = serde_json::Value::Null;
     eventually(cp, &ns, "the new revision promoted and baking", LONG, || {
         baking = infd(cp, &ns, "bake");

@@ -1,10 +1,15 @@
-"""A front end that hides a rejection, for the boundary-probe tests: the incident's failure on
-any engine. It starts the engine command after `--` (llama.cpp's llama-server on
---upstream-port) and relays every request to it; when the engine refuses a completion with a
-4xx, it asks again with the prompt's first token only (the incident's prefill "processed a
-one-token placeholder") and answers that with 200.
+"""A front end that breaks what the probes check, for the probe tests: the incident's failures
+on any engine. It starts the engine command after `--` (llama.cpp's llama-server on
+--upstream-port) and relays every request to it, except:
 
-  placeholder_front.py --port 8080 --upstream-port 8081 -- llama-server ARGS...
+  --mode placeholder  when the engine refuses a completion with a 4xx, it asks again with the
+                      prompt's first token only (the incident's prefill "processed a one-token
+                      placeholder") and answers that with 200;
+  --mode stale        a prompt asked again after other prompts gets the answer of the last other
+                      prompt on the same path (the incident's decode, generating over pages
+                      another request wrote).
+
+  placeholder_front.py --port 8080 --upstream-port 8081 [--mode M] -- llama-server ARGS...
 """
 import argparse
 import json
@@ -17,11 +22,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 a = argparse.ArgumentParser(prog="placeholder_front")
 a.add_argument("--port", type=int, default=8080)
 a.add_argument("--upstream-port", type=int, required=True)
+a.add_argument("--mode", choices=["placeholder", "stale"], default="placeholder")
 a.add_argument("engine", nargs=argparse.REMAINDER)
 args = a.parse_args()
 engine = [x for x in args.engine if x != "--"]
 subprocess.Popen([sys.executable, *engine])
 upstream = f"http://127.0.0.1:{args.upstream_port}"
+# stale: every prompt answered so far, and the last prompt and answer, per path.
+seen = set()
+last = {}
 
 
 def relay(method, path, body):
@@ -49,7 +58,14 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         status, answer = relay("POST", self.path, body)
-        if 400 <= status < 500:
+        if args.mode == "stale" and status == 200:
+            prompt = (self.path, json.dumps(json.loads(body).get("prompt")))
+            before = last.get(self.path)
+            if prompt in seen and before is not None and before[0] != prompt:
+                answer = before[1]
+            seen.add(prompt)
+            last[self.path] = (prompt, answer)
+        elif args.mode == "placeholder" and 400 <= status < 500:
             request = json.loads(body)
             prompt = request.get("prompt")
             if isinstance(prompt, list) and prompt:

@@ -38,6 +38,8 @@ pub struct CanaryRun {
     pub max_tokens: u32,
     /// The boundary probes, when `spec.rollout.boundaryProbe.canary` asks for them.
     pub boundary: Option<Boundary>,
+    /// The stale-KV probe: this many filler prompts before the compared prompts are asked again.
+    pub stale_kv: Option<u32>,
 }
 
 /// The request that broke production, asked of every pair or pod before any traffic.
@@ -56,8 +58,9 @@ pub struct Boundary {
 pub enum Target {
     /// kvgate: every prefill x decode pair.
     Pairs { prefill: Vec<Endpoint>, decode: Vec<Endpoint> },
-    /// An external engine: every server pod, through its own API.
-    Servers { engine: Engine, port: u16, model: String, pods: Vec<Endpoint> },
+    /// An external engine: every server pod (or a disaggregated revision's routers), through
+    /// its own API.
+    Servers { engine: Engine, role: crate::role::Role, port: u16, model: String, pods: Vec<Endpoint> },
 }
 
 /// A serving revision the candidate's outputs must equal (one pair, or one pod).
@@ -78,7 +81,7 @@ impl Target {
     fn units(&self) -> Vec<Unit<'_>> {
         match self {
             Target::Pairs { prefill, decode } => prefill.iter().flat_map(|p| decode.iter().map(move |d| Unit::Pair(p, d))).collect(),
-            Target::Servers { engine, port, model, pods } => pods.iter().map(|pod| Unit::Server { engine: *engine, port: *port, model, pod }).collect(),
+            Target::Servers { engine, port, model, pods, .. } => pods.iter().map(|pod| Unit::Server { engine: *engine, port: *port, model, pod }).collect(),
         }
     }
 
@@ -87,6 +90,14 @@ impl Target {
         match self {
             Target::Pairs { prefill, decode } => prefill.iter().map(|e| (e, PREFILL_PORT)).chain(decode.iter().map(|e| (e, DECODE_PORT))).collect(),
             Target::Servers { .. } => Vec::new(),
+        }
+    }
+
+    /// The role its questions go to, as probe counters name it.
+    fn role(&self) -> &'static str {
+        match self {
+            Target::Pairs { .. } => "pair",
+            Target::Servers { role, .. } => role.as_str(),
         }
     }
 
@@ -99,6 +110,22 @@ impl Target {
 }
 
 impl Unit<'_> {
+    /// The pods a question to this unit went through.
+    fn pods(&self) -> Vec<String> {
+        match self {
+            Unit::Pair(p, d) => vec![p.pod.clone(), d.pod.clone()],
+            Unit::Server { pod, .. } => vec![pod.pod.clone()],
+        }
+    }
+
+    /// What a probe that catches this unit counts it under.
+    fn caught(&self, probe: Probe, role: &'static str) -> ProbeMismatch {
+        match self {
+            Unit::Pair(..) => ProbeMismatch { probe, engine: Engine::default(), role: "pair" },
+            Unit::Server { engine, .. } => ProbeMismatch { probe, engine: *engine, role },
+        }
+    }
+
     fn name(&self) -> String {
         match self {
             Unit::Pair(p, d) => format!("pair prefill {} x decode {}", p.pod, d.pod),
@@ -119,24 +146,46 @@ impl Unit<'_> {
     }
 }
 
-/// Why a canary run failed: the refusal's reason and its message.
+/// Which probe caught a pair or pod giving what it must not: `kvgate_operator_probe_mismatches_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum Probe {
+    /// An answer past the window (`BoundaryProbeAnswered`).
+    Boundary,
+    /// Other output for a prompt after other prompts filled the pool: pages read that other
+    /// requests wrote.
+    StaleKv,
+}
+
+/// A probe's catch: which probe, on what (engine and the role the question went to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeMismatch {
+    pub probe: Probe,
+    pub engine: Engine,
+    /// `pair` (a kvgate prefill x decode pair), `server` or `router`.
+    pub role: &'static str,
+}
+
+/// Why a canary run failed: the refusal's reason, its message, and the probe that caught it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Failure {
     reason: RefusalReason,
     message: String,
+    caught: Option<ProbeMismatch>,
 }
 
 impl From<String> for Failure {
     fn from(message: String) -> Self {
-        Failure { reason: RefusalReason::CanaryFailed, message }
+        Failure { reason: RefusalReason::CanaryFailed, message, caught: None }
     }
 }
 
-/// Runs the canary (`key` signs kvgate's internal calls); the status to record for the revision.
-pub async fn run(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> CanaryStatus {
+/// Runs the canary (`key` signs kvgate's internal calls); the status to record for the revision,
+/// and what a probe caught.
+pub async fn run(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> (CanaryStatus, Option<ProbeMismatch>) {
     match check(http, key, run).await {
-        Ok(message) => CanaryStatus { revision: run.revision.clone(), passed: true, message, reason: None },
-        Err(f) => CanaryStatus { revision: run.revision.clone(), passed: false, message: f.message, reason: Some(f.reason) },
+        Ok(message) => (CanaryStatus { revision: run.revision.clone(), passed: true, message, reason: None }, None),
+        Err(f) => (CanaryStatus { revision: run.revision.clone(), passed: false, message: f.message, reason: Some(f.reason) }, f.caught),
     }
 }
 
@@ -188,6 +237,10 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
             }
         }
     }
+    let stale = match run.stale_kv {
+        Some(fillers) => stale_kv(http, key, run, &prompts, &want, fillers).await?,
+        None => String::new(),
+    };
     let probed = match run.boundary {
         Some(b) => boundary(http, key, run, b).await?,
         None => String::new(),
@@ -208,7 +261,7 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
     };
     let mismatch = if counted.is_empty() { "" } else { "; no handoff mismatch" };
     Ok(format!(
-        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{mismatch}{probed}",
+        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{mismatch}{stale}{probed}",
         prompts.len(),
         lengths.join(", "),
         run.max_tokens,
@@ -216,11 +269,52 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
     ))
 }
 
+/// The stale-KV probe on every unit: `fillers` other prompts of the longest length fill its pool
+/// (as a tenant's traffic would), then every compared prompt must give the tokens it gave before.
+/// An engine that reads pages other requests wrote (the incident's decode) answers otherwise.
+async fn stale_kv(
+    http: &reqwest::Client,
+    key: Option<&DeploymentKey>,
+    run: &CanaryRun,
+    prompts: &[Vec<u32>],
+    want: &[Option<(String, Vec<u32>)>],
+    fillers: u32,
+) -> Result<String, Failure> {
+    let role = run.target.role();
+    for unit in run.target.units() {
+        let name = unit.name();
+        for f in 0..fillers {
+            let filler = prompts::of_len(run.max_prompt_tokens, run.vocab, 0xf00 + u64::from(f));
+            unit.ask(http, key, &filler, 1).await.map_err(|e| format!("{name}, filler prompt {f} of {} tokens: {e}", filler.len()))?;
+        }
+        for (w, prompt) in want.iter().zip(prompts) {
+            let Some((by, expected)) = w else { continue };
+            let n = prompt.len();
+            let got = unit.ask(http, key, prompt, run.max_tokens).await.map_err(|e| format!("{name}, prompt of {n} tokens after the fillers: {e}"))?;
+            if let Some(i) = first_difference(expected, &got) {
+                return Err(Failure {
+                    reason: RefusalReason::CanaryFailed,
+                    message: format!(
+                        "stale KV: {name}, prompt of {n} tokens after {fillers} other prompts of {} tokens: output token {i} is {}, but {by} gave {}",
+                        run.max_prompt_tokens,
+                        token_at(&got, i),
+                        token_at(expected, i)
+                    ),
+                    caught: Some(unit.caught(Probe::StaleKv, role)),
+                });
+            }
+        }
+    }
+    Ok(format!("; the same again after {fillers} other prompts of {} tokens on each", run.max_prompt_tokens))
+}
+
 /// The boundary probes on every unit: a prompt of `window + 1` tokens must be refused with a
 /// 4xx; within the budget, one of `window - 1` tokens asking for more (ignoring EOS) must be
 /// refused or stop at the window. An answer past the window is `BoundaryProbeAnswered`.
 async fn boundary(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun, b: Boundary) -> Result<String, Failure> {
-    let past = |message: String| Failure { reason: RefusalReason::BoundaryProbeAnswered, message };
+    let role = run.target.role();
+    let past =
+        |unit: &Unit<'_>, message: String| Failure { reason: RefusalReason::BoundaryProbeAnswered, message, caught: Some(unit.caught(Probe::Boundary, role)) };
     let over = prompts::of_len(b.window + 1, run.vocab, 0xb1);
     let under = prompts::of_len(b.window.saturating_sub(1).max(1), run.vocab, 0xb2);
     let more = run.max_tokens.max(2);
@@ -230,12 +324,15 @@ async fn boundary(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Can
         match unit.generate(http, key, &Greedy { prompt: &over, max_tokens: 1, ignore_eos: true }).await {
             Err(e) if e.refused() => refusals.push(e.status.unwrap_or_default()),
             Ok(tokens) => {
-                return Err(past(format!(
-                    "{name}: a prompt of {} tokens (contextWindow {} + 1) was answered with {} tokens {tokens:?} instead of a 4xx: the engine truncates, shifts or answers for a prompt it cannot hold",
-                    over.len(),
-                    b.window,
-                    tokens.len()
-                )));
+                return Err(past(
+                    &unit,
+                    format!(
+                        "{name}: a prompt of {} tokens (contextWindow {} + 1) was answered with {} tokens {tokens:?} instead of a 4xx: the engine truncates, shifts or answers for a prompt it cannot hold",
+                        over.len(),
+                        b.window,
+                        tokens.len()
+                    ),
+                ));
             }
             Err(e) => return Err(Failure::from(format!("{name}: a prompt of {} tokens (contextWindow + 1) must be refused with a 4xx: {e}", over.len()))),
         }
@@ -246,13 +343,16 @@ async fn boundary(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Can
             Err(e) if e.refused() => {}
             Ok(tokens) if tokens.len() <= 1 => {}
             Ok(tokens) => {
-                return Err(past(format!(
-                    "{name}: a prompt of {} tokens asking for {more} more was answered with {} tokens, {} past contextWindow {}: the engine shifts or drops context instead of stopping at the window",
-                    under.len(),
-                    tokens.len(),
-                    tokens.len() - 1,
-                    b.window
-                )));
+                return Err(past(
+                    &unit,
+                    format!(
+                        "{name}: a prompt of {} tokens asking for {more} more was answered with {} tokens, {} past contextWindow {}: the engine shifts or drops context instead of stopping at the window",
+                        under.len(),
+                        tokens.len(),
+                        tokens.len() - 1,
+                        b.window
+                    ),
+                ));
             }
             Err(e) => return Err(Failure::from(format!("{name}: a prompt of {} tokens asking for {more} more: {e}", under.len()))),
         }
@@ -263,6 +363,98 @@ async fn boundary(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Can
     let stop = if b.full { format!(", one of {} tokens was refused or stopped at the window", under.len()) } else { String::new() };
     Ok(format!("; boundary: a prompt of contextWindow + 1 tokens was refused (HTTP {}) by every one{stop}", statuses.join("/")))
 }
+
+/// The probes on a serving revision, at a rate, beside its live traffic (`tasks::serving_probes`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServingRun {
+    pub revision: String,
+    pub target: Target,
+    /// The declared window: a prompt of one token more must be refused with a 4xx.
+    pub window: u64,
+    /// Asked of every unit each round; its answer must stay what the unit first gave for it,
+    /// whatever live traffic wrote into the pool in between (stale KV).
+    pub reference: Vec<u32>,
+    pub max_tokens: u32,
+    /// Seconds between rounds, and prompt tokens the rounds may have engines compute per hour.
+    pub every_seconds: u64,
+    pub max_tokens_per_hour: u64,
+}
+
+/// What a unit failed in a serving round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caught {
+    /// The pods the question went through (a kvgate pair names both).
+    pub pods: Vec<String>,
+    pub reason: RefusalReason,
+    pub message: String,
+    pub mismatch: ProbeMismatch,
+}
+
+/// One serving round: each unit's answer to the reference prompt, what it failed, and the prompt
+/// tokens engines computed for it.
+#[derive(Debug, Clone, Default)]
+pub struct Round {
+    pub answers: std::collections::HashMap<String, Vec<u32>>,
+    pub caught: Vec<Caught>,
+    pub computed_tokens: u64,
+}
+
+/// Asks every unit of a serving revision: a prompt of `window + 1` tokens must be refused with
+/// a 4xx, and the reference prompt must give what the unit gave the first time (`before`, by
+/// unit name). A unit that does not answer at all is left to the capacity probes.
+pub async fn serving_round(
+    http: &reqwest::Client,
+    key: Option<&DeploymentKey>,
+    run: &ServingRun,
+    before: &std::collections::HashMap<String, Vec<u32>>,
+) -> Round {
+    let role = run.target.role();
+    let over = prompts::of_len(run.window + 1, ENGINE_VOCAB_FLOOR, 0xb1);
+    let mut round = Round::default();
+    for unit in run.target.units() {
+        let name = unit.name();
+        let catch = |reason, probe, message: String| Caught { pods: unit.pods(), reason, message, mismatch: unit.caught(probe, role) };
+        match unit.generate(http, key, &Greedy { prompt: &over, max_tokens: 1, ignore_eos: true }).await {
+            Ok(tokens) => {
+                round.computed_tokens += over.len() as u64;
+                round.caught.push(catch(
+                    RefusalReason::BoundaryProbeAnswered,
+                    Probe::Boundary,
+                    format!(
+                        "{name}: a prompt of {} tokens (contextWindow {} + 1) was answered with {} tokens {tokens:?} instead of a 4xx",
+                        over.len(),
+                        run.window,
+                        tokens.len()
+                    ),
+                ));
+                continue;
+            }
+            Err(e) if e.refused() => {}
+            Err(_) => continue,
+        }
+        let Ok(got) = unit.ask(http, key, &run.reference, run.max_tokens).await else { continue };
+        round.computed_tokens += run.reference.len() as u64;
+        if let Some(expected) = before.get(&name)
+            && let Some(i) = first_difference(expected, &got)
+        {
+            round.caught.push(catch(
+                RefusalReason::CanaryFailed,
+                Probe::StaleKv,
+                format!(
+                    "stale KV: {name}, the reference prompt of {} tokens beside live traffic: output token {i} is {}, but it gave {} before",
+                    run.reference.len(),
+                    token_at(&got, i),
+                    token_at(expected, i)
+                ),
+            ));
+        }
+        round.answers.insert(name, got);
+    }
+    round
+}
+
+/// Token ids in every vocabulary the probes meet (the byte range of a byte-fallback one).
+const ENGINE_VOCAB_FLOOR: u32 = 259;
 
 /// Each counted pod's `kvgate_handoff_mismatch_total`, summed over reasons.
 async fn mismatches(http: &reqwest::Client, pods: &[(&Endpoint, u16)]) -> Result<Vec<(String, f64)>, Failure> {
@@ -293,7 +485,8 @@ mod tests {
         assert_eq!(pairs.units().len(), 6);
         assert_eq!(pairs.counted().len(), 5);
         assert_eq!(pairs.units()[0].name(), "pair prefill p0 x decode d0");
-        let servers = Target::Servers { engine: Engine::Llamacpp, port: 8080, model: "m".into(), pods: vec![e("s0"), e("s1")] };
+        let servers =
+            Target::Servers { engine: Engine::Llamacpp, role: crate::role::Role::Server, port: 8080, model: "m".into(), pods: vec![e("s0"), e("s1")] };
         assert_eq!(servers.units().iter().map(Unit::name).collect::<Vec<_>>(), ["llamacpp pod s0", "llamacpp pod s1"]);
         assert!(servers.counted().is_empty(), "an engine has no handoff counters");
     }

@@ -25,6 +25,7 @@ use crate::metrics::Metrics;
 use crate::tasks::canaries::Canaries;
 use crate::tasks::probes::Probes;
 use crate::tasks::scrapes::Scrapes;
+use crate::tasks::serving_probes::ServingProbes;
 use crate::watch::Stores;
 
 pub use memory::Memory;
@@ -51,6 +52,7 @@ pub struct Context {
     pub probes: Arc<Probes>,
     pub scrapes: Arc<Scrapes>,
     pub canaries: Arc<Canaries>,
+    pub serving_probes: Arc<ServingProbes>,
     pub memory: Memory,
 }
 

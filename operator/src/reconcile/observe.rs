@@ -61,6 +61,8 @@ pub struct World {
     /// Running pods this process has not read a report from yet: nothing is decided about
     /// them until it has (their reads wake the next pass).
     pub unread: Vec<String>,
+    /// Serving pods the serving probes caught, with the reason and message their gate shows.
+    pub probe_failures: crate::tasks::serving_probes::Failures,
 }
 
 impl World {
@@ -153,7 +155,8 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
         let baking = d.status.as_ref().is_some_and(|s| s.bake.is_some());
         (counters.complete || baking).then_some(counters.by_reason)
     });
-    World { deployments, router_ready, pods: workers, mismatches: mismatches.flatten(), canary, stuck, unread }
+    let probe_failures = d.status.as_ref().and_then(|s| s.current_revision.as_deref()).map(|s| ctx.serving_probes.failures(&uid, s)).unwrap_or_default();
+    World { deployments, router_ready, pods: workers, mismatches: mismatches.flatten(), canary, stuck, unread, probe_failures }
 }
 
 /// A pod of this deployment: its instance label, and (pods rendered since UIDs were labelled)

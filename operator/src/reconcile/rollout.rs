@@ -58,9 +58,18 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         let key = d.spec.engine().integrity().then(|| ctx.root.deployment_key(&uid));
         ctx.canaries.start(&ObjectRef::from_obj(&d), &uid, run, key);
     }
+    match &plan.serving_probe {
+        Some(run) => {
+            let key = d.spec.engine().integrity().then(|| ctx.root.deployment_key(&d.uid().unwrap_or_default()));
+            ctx.serving_probes.want(&ObjectRef::from_obj(&d), &d.uid().unwrap_or_default(), run, key);
+        }
+        None => ctx.serving_probes.forget(&d.uid().unwrap_or_default()),
+    }
     // Passes that wait on time come back soon: a bake's clock, a pod whose report is retried, a
     // rollout whose pods exist but are not all verified. Everything else is woken by the watches
-    // and the background tasks, and otherwise looked at every 30 s (re-verification).
+    // and the background tasks, and otherwise looked at every 30 s (re-verification), or as
+    // often as the serving probes' rounds are due.
     let waiting = plan.status.bake.is_some() || world.pods.iter().any(|p| p.role.holds_kv() && p.report.is_err()) || (!plan.settled && !world.pods.is_empty());
-    Ok(Action::requeue(Duration::from_secs(if waiting { 2 } else { 30 })))
+    let idle = plan.serving_probe.as_ref().map_or(30, |p| p.every_seconds.clamp(1, 30));
+    Ok(Action::requeue(Duration::from_secs(if waiting { 2 } else { idle })))
 }

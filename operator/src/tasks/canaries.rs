@@ -56,7 +56,10 @@ impl Canaries {
 
     async fn run(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String, run: CanaryRun, key: Option<DeploymentKey>) {
         let started = Instant::now();
-        let result = canary::run(&self.http, key.as_ref(), &run).await;
+        let (result, caught) = canary::run(&self.http, key.as_ref(), &run).await;
+        if let Some(c) = caught {
+            self.metrics.probe_mismatches.with_label_values(&[c.engine.as_str(), c.role, c.probe.into()]).inc();
+        }
         tracing::Span::current().record("passed", result.passed);
         self.metrics.canary_duration.observe(started.elapsed().as_secs_f64());
         self.metrics.canaries.with_label_values(&[if result.passed { "passed" } else { "failed" }]).inc();

@@ -1,12 +1,13 @@
 //! Work a reconcile must not wait for, run in the background: reading pods' capacity reports
 //! (`probes`), scraping mismatch counters during promotions and bakes (`scrapes`), and the
-//! integrity canary (`canaries`). A reconcile reads their latest results and asks for more; each
+//! integrity canary (`canaries`), and the probes on serving pods (`serving_probes`). A reconcile reads their latest results and asks for more; each
 //! task wakes the reconcile of its InferenceDeployment (`Trigger`) when it has something new, so
 //! no reconcile pass ever blocks on a pod.
 
 pub mod canaries;
 pub mod probes;
 pub mod scrapes;
+pub mod serving_probes;
 
 use futures::channel::mpsc;
 use kube::runtime::reflector::ObjectRef;

@@ -45,10 +45,10 @@ pub const FAULTY_WORKERS: &[(&str, &[(&str, &str)])] = &[
     ("wrong-layout", &[("KVGATE_INJECT_FAULT", "wrong-layout"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")]),
     // Prefill corrupts a page of every handoff: decode refuses each (checksum), the canary fails.
     ("corrupt-page", &[("KVGATE_INJECT_FAULT", "corrupt-page"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")]),
-    // Prefill corrupts a page of every handoff after its 20th: passes a canary, fails under traffic.
-    ("corrupt-after-20", &[("KVGATE_INJECT_FAULT", "corrupt-page"), ("KVGATE_ALLOW_FAULT_INJECTION", "true"), ("KVGATE_FAULT_AFTER", "20")]),
-    // Prefill exits after its 5th handoff and comes back (same pod) with an eighth of its pool.
-    ("restart-smaller", &[("KVGATE_FAULT_RESTART_SMALLER_AFTER", "5"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")]),
+    // Prefill corrupts a page of every handoff after its 100th: passes a canary, fails under traffic.
+    ("corrupt-after-100", &[("KVGATE_INJECT_FAULT", "corrupt-page"), ("KVGATE_ALLOW_FAULT_INJECTION", "true"), ("KVGATE_FAULT_AFTER", "100")]),
+    // Prefill exits after its 40th handoff (past its canary) and comes back (same pod) with an eighth of its pool.
+    ("restart-smaller", &[("KVGATE_FAULT_RESTART_SMALLER_AFTER", "40"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")]),
 ];
 
 /// The image name of a test-only faulty worker (see `FAULTY_WORKERS`).

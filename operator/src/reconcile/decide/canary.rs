@@ -3,7 +3,7 @@
 //! finished run in `status.canary` (once, with its Event) and asks for one while none finished.
 
 use super::{Inputs, Rollout, normal, warning};
-use crate::canary::{Boundary, CanaryRun, Endpoint, Reference, Target};
+use crate::canary::{Boundary, CanaryRun, Endpoint, Reference, ServingRun, Target, prompts};
 use crate::gate::{Measured, Role};
 use crate::reconcile::observe::WorkerPod;
 use crate::rollout_state::RefusalReason;
@@ -61,6 +61,34 @@ pub(super) fn run(i: &Inputs<'_>, r: &Rollout) -> Option<CanaryRun> {
         vocab,
         max_tokens,
         boundary: probe.canary.then_some(Boundary { window: i.window(), full: i.window() <= probe.max_prompt_tokens }),
+        stale_kv: (probe.stale_kv_fillers > 0).then_some(probe.stale_kv_fillers),
+    })
+}
+
+/// The probes on the serving revision's pairs or pods, when `boundaryProbe.servingEverySeconds`
+/// asks for them: every pod with a capacity report is asked (one a round caught stays asked, so
+/// a later round can clear it).
+pub(super) fn serving(i: &Inputs<'_>, r: &Rollout) -> Option<ServingRun> {
+    let probe = &i.d.spec.rollout.boundary_probe;
+    let (rev, window) = (r.serving.as_deref()?, r.serving_window?);
+    if probe.serving_every_seconds == 0 {
+        return None;
+    }
+    let report = i.world.pods_of(rev).find_map(|p| p.report.as_ref().ok())?;
+    let vocab = match report {
+        Measured::Kvgate(k) => k.vocab_size.unwrap_or(2),
+        Measured::Engine(_) => ENGINE_VOCAB,
+    };
+    let max_tokens = i.d.spec.rollout.canary.max_tokens.min(window.saturating_sub(1).max(1) as u32);
+    let reference = prompts::of_len(window.saturating_sub(u64::from(max_tokens)).clamp(1, 64), vocab, 0x5e);
+    Some(ServingRun {
+        revision: rev.to_string(),
+        target: target(i, rev, report, |p| p.report.is_ok(), false)?,
+        window,
+        reference,
+        max_tokens,
+        every_seconds: probe.serving_every_seconds,
+        max_tokens_per_hour: probe.max_prefill_tokens_per_hour,
     })
 }
 
@@ -106,7 +134,7 @@ fn target(i: &Inputs<'_>, rev: &str, report: &Measured, keep: impl Fn(&WorkerPod
             } else {
                 Vec::new()
             };
-            Target::Servers { engine: e.engine, port: i.d.spec.port(api), model: e.model.clone(), pods }
+            Target::Servers { engine: e.engine, role: api, port: i.d.spec.port(api), model: e.model.clone(), pods }
         }
     };
     let empty = match &target {

@@ -82,6 +82,8 @@ pub struct Plan {
     /// The integrity canary that should be running (started once per revision, in the
     /// background; its result is a later pass's input).
     pub canary: Option<CanaryRun>,
+    /// The probes that should run on the serving revision's pods, at their rate.
+    pub serving_probe: Option<crate::canary::ServingRun>,
     /// Why each pod of the serving revision that no longer passes the gate fails it.
     pub unverified: Vec<String>,
     /// A rollback decided now: counted once under this reason.
@@ -190,6 +192,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
     };
     let status = status::compute(i.d, &prev, &observed);
     let settled = (r.serving.as_deref() == Some(i.revision) && r.bake.is_none()) || r.refused(i.revision);
+    let serving_probe = canary::serving(&i, &r);
     Plan {
         workers: workloads.workers,
         delete: workloads.delete,
@@ -200,6 +203,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         refused_reason: r.refused_now,
         status,
         settled,
+        serving_probe,
         canary: r.canary_run,
         unverified: gates.unverified,
         rollback: r.rollback,

@@ -471,3 +471,27 @@ fn a_window_prefill_cannot_finish_before_the_handoff_timeout_is_flagged_once_and
     let plan = pass(&mut d, "r1", &world);
     assert_eq!(condition(&plan, conditions::PREFILL_WITHIN_DEADLINE), (true, "WithinHandoffTimeout".into()));
 }
+
+#[test]
+fn serving_pods_are_probed_and_one_a_probe_caught_is_out_and_degraded() {
+    let (mut d, world) = serving_r1();
+    let world = world_with_conditions(&world, &pass(&mut d.clone(), "r1", &world));
+    let plan = pass(&mut d, "r1", &world);
+    let run = plan.serving_probe.clone().expect("serving probes, by default");
+    assert_eq!((run.revision.as_str(), run.window, run.every_seconds, run.reference.len()), ("r1", WINDOW, 300, 64));
+    let Target::Pairs { prefill, decode } = &run.target else { panic!("{run:?}") };
+    assert_eq!((prefill.len(), decode.len()), (1, 2));
+    let mut off = d.clone();
+    off.spec.rollout.boundary_probe.serving_every_seconds = 0;
+    assert!(pass(&mut off, "r1", &world).serving_probe.is_none());
+
+    let mut caught = world.clone();
+    let message = "stale KV: pair prefill llm-prefill-r1-0 x decode llm-decode-r1-0, the reference prompt of 64 tokens beside live traffic: output token 0 is token id 3, but it gave token id 4 before";
+    caught.probe_failures.insert("llm-decode-r1-0".into(), (RefusalReason::CanaryFailed, message.into()));
+    let plan = pass(&mut d, "r1", &caught);
+    let gate = plan.pod_gates.iter().find(|g| g.pod == "llm-decode-r1-0").expect("its gate");
+    assert_eq!((gate.status, gate.reason.as_str(), gate.message.as_str()), ("False", "CanaryFailed", message));
+    assert!(conditions::is_true(&plan.status.conditions, conditions::DEGRADED));
+    assert_eq!(plan.unverified, [message]);
+    assert_eq!(plan.status.current_revision.as_deref(), Some("r1"), "the serving revision keeps serving on its other pods");
+}
