@@ -226,11 +226,8 @@ fn the_incidents_disaggregated_sglang_is_refused_naming_its_prefill_pool() {
         d
     };
     let d = refused("incident", "prefill", "max_total_num_tokens 681280 < contextWindow 1048576");
-    assert_eq!(
-        (d["status"]["prefill"]["minMeasuredTokens"].as_u64(), d["status"]["decode"]["minMeasuredTokens"].as_u64()),
-        (Some(681_280), Some(1_048_576)),
-        "{d}"
-    );
+    // Refused at the first pod that fails: decode's pods may not have been read by then.
+    assert_eq!(d["status"]["prefill"]["minMeasuredTokens"].as_u64(), Some(681_280), "{d}");
     refused("small-decode", "decode", "max_total_num_tokens 500000 < contextWindow 1048576");
     // The refused revisions never took traffic: their routers were never Ready.
     for name in ["incident", "small-decode"] {
