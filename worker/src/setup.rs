@@ -55,7 +55,10 @@ pub fn load(args: &EngineArgs) -> anyhow::Result<Loaded> {
     let size = args.pool.size(args.context_window);
     let pool = match args.pool.device.parse::<PoolDevice>()? {
         PoolDevice::Cpu => {
-            let pages = crate::handoff::restart_fault::pages(size.pages(&layout, available_host_memory)?);
+            let pages = size.pages(&layout, available_host_memory)?;
+            // A test fault of the whole process (`testing` builds only).
+            #[cfg(feature = "testing")]
+            let pages = crate::handoff::restart_fault::pages(pages);
             KvPool::host(layout, pages).context("allocating the KV pool in host memory")?
         }
         PoolDevice::Cuda(ordinal) => cuda_pool(layout, size, ordinal)?,

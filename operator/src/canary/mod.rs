@@ -121,7 +121,7 @@ impl Unit<'_> {
     /// What a probe that catches this unit counts it under.
     fn caught(&self, probe: Probe, role: &'static str) -> ProbeMismatch {
         match self {
-            Unit::Pair(..) => ProbeMismatch { probe, engine: Engine::default(), role: "pair" },
+            Unit::Pair(..) => ProbeMismatch { probe, engine: engines::own().engine(), role: "pair" },
             Unit::Server { engine, .. } => ProbeMismatch { probe, engine: *engine, role },
         }
     }

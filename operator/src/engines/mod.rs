@@ -72,6 +72,11 @@ pub trait EngineKind: Sync {
 /// Every engine, found by the name its spec gives.
 static ENGINES: [&dyn EngineKind; 4] = [&kvgate::Kvgate, &llamacpp::Llamacpp, &vllm::Vllm, &sglang::Sglang];
 
+/// kvgate's own workers: the engine of every prefill x decode pair.
+pub fn own() -> &'static dyn EngineKind {
+    &kvgate::Kvgate
+}
+
 /// The engine `engine` names.
 pub fn of(engine: Engine) -> &'static dyn EngineKind {
     *ENGINES.iter().find(|e| e.engine() == engine).expect("every Engine has an EngineKind")

@@ -75,12 +75,4 @@ impl Canaries {
             e.task.abort();
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.entries.lock().unwrap().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

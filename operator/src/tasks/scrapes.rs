@@ -103,12 +103,4 @@ impl Scrapes {
     pub fn forget(&self, owner_uid: &str) {
         self.entries.lock().unwrap().remove(owner_uid);
     }
-
-    pub fn len(&self) -> usize {
-        self.entries.lock().unwrap().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

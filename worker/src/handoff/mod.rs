@@ -8,6 +8,7 @@ pub mod faulty;
 pub mod metrics;
 pub mod receiver;
 pub mod reservations;
+#[cfg(feature = "testing")]
 pub mod restart_fault;
 pub mod sender;
 pub mod verify;

@@ -1,4 +1,5 @@
-//! A test-only fault of the whole process, for the operator's re-verification of serving pods:
+//! A test-only fault of the whole process (compiled into `testing` builds only), for the
+//! operator's re-verification of serving pods:
 //! with `KVGATE_FAULT_RESTART_SMALLER_AFTER=N` (and `KVGATE_ALLOW_FAULT_INJECTION=true`, in a
 //! build with the `testing` feature) a prefill worker exits after its Nth handoff, and when the
 //! pod restarts it, allocates an eighth of its pool. A marker in `/tmp` (an emptyDir, which

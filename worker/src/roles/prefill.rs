@@ -112,6 +112,7 @@ async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Response {
         return ApiError::from(r).into_response();
     }
     let outcome = run(&role, &req, fault).await;
+    #[cfg(feature = "testing")]
     crate::handoff::restart_fault::handoff_done(n);
     match outcome {
         Ok(resp) if resp.ok => Json(resp).into_response(),
