@@ -52,6 +52,8 @@ pub struct PodReport {
     pub role: Role,
     pub pod: String,
     pub report: Option<Measured>,
+    /// What the serving probes caught the pod answering: it fails whatever its pool holds.
+    pub caught: Option<(Failure, String)>,
 }
 
 /// Why a pod fails the gate: the `reason` of its condition and of the refusal.
@@ -90,6 +92,9 @@ pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdi
     let mut verdicts: Vec<PodVerdict> = pods
         .iter()
         .map(|p| {
+            if let Some((failure, message)) = &p.caught {
+                return PodVerdict::Failed { failure: *failure, message: message.clone() };
+            }
             let Some(r) = &p.report else { return PodVerdict::Pending };
             let measured = r.describe(p.role, &p.pod);
             if r.tokens() < context_window {
@@ -158,7 +163,7 @@ mod tests {
     }
 
     fn pod(role: Role, name: &str, report: Option<Measured>) -> PodReport {
-        PodReport { role, pod: name.into(), report }
+        PodReport { role, pod: name.into(), report, caught: None }
     }
 
     #[test]
@@ -236,6 +241,19 @@ mod tests {
         // With one pod still unread the router waits too.
         let (per_pod, verdict) = judge(1024, &[pod(Role::Prefill, "p-0", engine(4096)), pod(Role::Decode, "d-0", None), pod(Role::Router, "r-0", None)]);
         assert_eq!((verdict, &per_pod[2]), (Verdict::Pending, &PodVerdict::Pending));
+    }
+
+    #[test]
+    fn a_pod_the_probes_caught_fails_and_its_router_stops_passing() {
+        let engine = |tokens: u64| {
+            Some(Measured::Engine(EngineCapacity { engine: crate::crd::Engine::Sglang, tokens, field: "f".into(), model: "m".into(), detail: String::new() }))
+        };
+        let mut pods = [pod(Role::Prefill, "p-0", engine(4096)), pod(Role::Decode, "d-0", engine(4096)), pod(Role::Router, "r-0", None)];
+        pods[1].caught = Some((Failure::CanaryFailed, "stale KV: ...".into()));
+        let (per_pod, verdict) = judge(4096, &pods);
+        assert_eq!(per_pod[1], PodVerdict::Failed { failure: Failure::CanaryFailed, message: "stale KV: ...".into() });
+        assert_eq!(per_pod[2], PodVerdict::Pending, "a router in front of a caught pod does not pass");
+        assert_eq!(verdict, Verdict::Refused { failure: Failure::CanaryFailed, message: "stale KV: ...".into() });
     }
 
     #[test]

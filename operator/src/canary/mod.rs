@@ -93,11 +93,20 @@ impl Target {
         }
     }
 
-    /// The role its questions go to, as probe counters name it.
-    fn role(&self) -> &'static str {
+    /// What a probe that catches one of its units counts: the engine, and the role the
+    /// question went to (`pair` for kvgate's prefill x decode pairs).
+    fn mismatch(&self, probe: Probe) -> ProbeMismatch {
         match self {
-            Target::Pairs { .. } => "pair",
-            Target::Servers { role, .. } => role.as_str(),
+            Target::Pairs { .. } => ProbeMismatch { probe, engine: engines::own().engine(), role: "pair" },
+            Target::Servers { engine, role, .. } => ProbeMismatch { probe, engine: *engine, role: role.as_str() },
+        }
+    }
+
+    /// Pairs or pods its questions go to.
+    pub fn unit_count(&self) -> usize {
+        match self {
+            Target::Pairs { prefill, decode } => prefill.len() * decode.len(),
+            Target::Servers { pods, .. } => pods.len(),
         }
     }
 
@@ -115,14 +124,6 @@ impl Unit<'_> {
         match self {
             Unit::Pair(p, d) => vec![p.pod.clone(), d.pod.clone()],
             Unit::Server { pod, .. } => vec![pod.pod.clone()],
-        }
-    }
-
-    /// What a probe that catches this unit counts it under.
-    fn caught(&self, probe: Probe, role: &'static str) -> ProbeMismatch {
-        match self {
-            Unit::Pair(..) => ProbeMismatch { probe, engine: engines::own().engine(), role: "pair" },
-            Unit::Server { engine, .. } => ProbeMismatch { probe, engine: *engine, role },
         }
     }
 
@@ -144,6 +145,31 @@ impl Unit<'_> {
     async fn ask(&self, http: &reqwest::Client, key: Option<&DeploymentKey>, prompt: &[u32], max_tokens: u32) -> Result<Vec<u32>, NoAnswer> {
         self.generate(http, key, &Greedy { prompt, max_tokens, ignore_eos: false }).await
     }
+
+    /// Asks for one token after `over` (a prompt past the window): what an honest engine does
+    /// with it is refuse it with a 4xx.
+    async fn past_window(&self, http: &reqwest::Client, key: Option<&DeploymentKey>, over: &[u32]) -> PastWindow {
+        match self.generate(http, key, &Greedy { prompt: over, max_tokens: 1, ignore_eos: true }).await {
+            Ok(tokens) => PastWindow::Answered(tokens),
+            Err(e) if e.refused() => PastWindow::Refused(e.status.unwrap_or_default()),
+            Err(e) => PastWindow::Failed(e),
+        }
+    }
+}
+
+/// What a pair or pod did with a prompt past the window.
+enum PastWindow {
+    Refused(u16),
+    Answered(Vec<u32>),
+    Failed(NoAnswer),
+}
+
+/// The message of an answer past the window.
+fn answered_past(name: &str, over: usize, window: u64, tokens: &[u32]) -> String {
+    format!(
+        "{name}: a prompt of {over} tokens (contextWindow {window} + 1) was answered with {} tokens {tokens:?} instead of a 4xx: the engine truncates, shifts or answers for a prompt it cannot hold",
+        tokens.len()
+    )
 }
 
 /// Which probe caught a pair or pod giving what it must not: `kvgate_operator_probe_mismatches_total`.
@@ -280,7 +306,6 @@ async fn stale_kv(
     want: &[Option<(String, Vec<u32>)>],
     fillers: u32,
 ) -> Result<String, Failure> {
-    let role = run.target.role();
     for unit in run.target.units() {
         let name = unit.name();
         for f in 0..fillers {
@@ -300,7 +325,7 @@ async fn stale_kv(
                         token_at(&got, i),
                         token_at(expected, i)
                     ),
-                    caught: Some(unit.caught(Probe::StaleKv, role)),
+                    caught: Some(run.target.mismatch(Probe::StaleKv)),
                 });
             }
         }
@@ -312,29 +337,19 @@ async fn stale_kv(
 /// 4xx; within the budget, one of `window - 1` tokens asking for more (ignoring EOS) must be
 /// refused or stop at the window. An answer past the window is `BoundaryProbeAnswered`.
 async fn boundary(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun, b: Boundary) -> Result<String, Failure> {
-    let role = run.target.role();
-    let past =
-        |unit: &Unit<'_>, message: String| Failure { reason: RefusalReason::BoundaryProbeAnswered, message, caught: Some(unit.caught(Probe::Boundary, role)) };
+    let past = |message: String| Failure { reason: RefusalReason::BoundaryProbeAnswered, message, caught: Some(run.target.mismatch(Probe::Boundary)) };
     let over = prompts::of_len(b.window + 1, run.vocab, 0xb1);
     let under = prompts::of_len(b.window.saturating_sub(1).max(1), run.vocab, 0xb2);
     let more = run.max_tokens.max(2);
     let mut refusals = Vec::new();
     for unit in run.target.units() {
         let name = unit.name();
-        match unit.generate(http, key, &Greedy { prompt: &over, max_tokens: 1, ignore_eos: true }).await {
-            Err(e) if e.refused() => refusals.push(e.status.unwrap_or_default()),
-            Ok(tokens) => {
-                return Err(past(
-                    &unit,
-                    format!(
-                        "{name}: a prompt of {} tokens (contextWindow {} + 1) was answered with {} tokens {tokens:?} instead of a 4xx: the engine truncates, shifts or answers for a prompt it cannot hold",
-                        over.len(),
-                        b.window,
-                        tokens.len()
-                    ),
-                ));
+        match unit.past_window(http, key, &over).await {
+            PastWindow::Refused(status) => refusals.push(status),
+            PastWindow::Answered(tokens) => return Err(past(answered_past(&name, over.len(), b.window, &tokens))),
+            PastWindow::Failed(e) => {
+                return Err(Failure::from(format!("{name}: a prompt of {} tokens (contextWindow + 1) must be refused with a 4xx: {e}", over.len())));
             }
-            Err(e) => return Err(Failure::from(format!("{name}: a prompt of {} tokens (contextWindow + 1) must be refused with a 4xx: {e}", over.len()))),
         }
         if !b.full {
             continue;
@@ -343,16 +358,13 @@ async fn boundary(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Can
             Err(e) if e.refused() => {}
             Ok(tokens) if tokens.len() <= 1 => {}
             Ok(tokens) => {
-                return Err(past(
-                    &unit,
-                    format!(
-                        "{name}: a prompt of {} tokens asking for {more} more was answered with {} tokens, {} past contextWindow {}: the engine shifts or drops context instead of stopping at the window",
-                        under.len(),
-                        tokens.len(),
-                        tokens.len() - 1,
-                        b.window
-                    ),
-                ));
+                return Err(past(format!(
+                    "{name}: a prompt of {} tokens asking for {more} more was answered with {} tokens, {} past contextWindow {}: the engine shifts or drops context instead of stopping at the window",
+                    under.len(),
+                    tokens.len(),
+                    tokens.len() - 1,
+                    b.window
+                )));
             }
             Err(e) => return Err(Failure::from(format!("{name}: a prompt of {} tokens asking for {more} more: {e}", under.len()))),
         }
@@ -375,6 +387,8 @@ pub struct ServingRun {
     /// whatever live traffic wrote into the pool in between (stale KV).
     pub reference: Vec<u32>,
     pub max_tokens: u32,
+    /// Token ids the probes' prompts draw from (below every vocabulary they meet).
+    pub vocab: u32,
     /// Seconds between rounds, and prompt tokens the rounds may have engines compute per hour.
     pub every_seconds: u64,
     pub max_tokens_per_hour: u64,
@@ -408,29 +422,19 @@ pub async fn serving_round(
     run: &ServingRun,
     before: &std::collections::HashMap<String, Vec<u32>>,
 ) -> Round {
-    let role = run.target.role();
-    let over = prompts::of_len(run.window + 1, ENGINE_VOCAB_FLOOR, 0xb1);
+    let over = prompts::of_len(run.window + 1, run.vocab, 0xb1);
     let mut round = Round::default();
     for unit in run.target.units() {
         let name = unit.name();
-        let catch = |reason, probe, message: String| Caught { pods: unit.pods(), reason, message, mismatch: unit.caught(probe, role) };
-        match unit.generate(http, key, &Greedy { prompt: &over, max_tokens: 1, ignore_eos: true }).await {
-            Ok(tokens) => {
+        let catch = |reason, probe, message: String| Caught { pods: unit.pods(), reason, message, mismatch: run.target.mismatch(probe) };
+        match unit.past_window(http, key, &over).await {
+            PastWindow::Refused(_) => {}
+            PastWindow::Answered(tokens) => {
                 round.computed_tokens += over.len() as u64;
-                round.caught.push(catch(
-                    RefusalReason::BoundaryProbeAnswered,
-                    Probe::Boundary,
-                    format!(
-                        "{name}: a prompt of {} tokens (contextWindow {} + 1) was answered with {} tokens {tokens:?} instead of a 4xx",
-                        over.len(),
-                        run.window,
-                        tokens.len()
-                    ),
-                ));
+                round.caught.push(catch(RefusalReason::BoundaryProbeAnswered, Probe::Boundary, answered_past(&name, over.len(), run.window, &tokens)));
                 continue;
             }
-            Err(e) if e.refused() => {}
-            Err(_) => continue,
+            PastWindow::Failed(_) => continue,
         }
         let Ok(got) = unit.ask(http, key, &run.reference, run.max_tokens).await else { continue };
         round.computed_tokens += run.reference.len() as u64;
@@ -452,9 +456,6 @@ pub async fn serving_round(
     }
     round
 }
-
-/// Token ids in every vocabulary the probes meet (the byte range of a byte-fallback one).
-const ENGINE_VOCAB_FLOOR: u32 = 259;
 
 /// Each counted pod's `kvgate_handoff_mismatch_total`, summed over reasons.
 async fn mismatches(http: &reqwest::Client, pods: &[(&Endpoint, u16)]) -> Result<Vec<(String, f64)>, Failure> {

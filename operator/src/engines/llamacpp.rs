@@ -4,7 +4,7 @@
 
 use futures::future::BoxFuture;
 
-use super::{EngineCapacity, EngineKind, Greedy, count, get_text, ids, json, unreadable};
+use super::{EngineCapacity, EngineKind, Greedy, count, ids, json, read_one};
 use crate::capacity::NoReport;
 use crate::crd::Engine;
 
@@ -20,11 +20,7 @@ impl EngineKind for Llamacpp {
     }
 
     fn read<'a>(&'a self, http: &'a reqwest::Client, base: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>> {
-        Box::pin(async move {
-            let url = format!("{base}{PROPS}");
-            let body = get_text(http, &url).await?;
-            capacity(&body).map_err(|why| unreadable(url, why))
-        })
+        Box::pin(async move { read_one(http, &base, PROPS, capacity).await })
     }
 
     fn greedy(&self, _: &str, q: &Greedy<'_>) -> Option<(&'static str, serde_json::Value)> {

@@ -142,6 +142,13 @@ fn unreadable(url: String, why: String) -> NoReport {
     NoReport { reason: UNREADABLE, message: format!("GET {url}: {why}") }
 }
 
+/// A capacity read from one endpoint's body (`GET {base}{path}`), by the engine's parser.
+async fn read_one(http: &reqwest::Client, base: &str, path: &str, parse: fn(&str) -> Result<EngineCapacity, String>) -> Result<EngineCapacity, NoReport> {
+    let url = format!("{base}{path}");
+    let body = get_text(http, &url).await?;
+    parse(&body).map_err(|why| unreadable(url, why))
+}
+
 /// Reads an external engine pod's capacity: unreachable is `AwaitingCapacityReport`, an answer
 /// the adapter cannot read is `CapacityUnreadable` naming the endpoint and what is missing.
 pub async fn read(http: &reqwest::Client, engine: Engine, ip: &str, port: u16) -> Result<EngineCapacity, NoReport> {

@@ -53,17 +53,15 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     }
     let writes = tracing::info_span!("apply", workers = plan.workers.len() as i64, deletes = plan.delete.len() as i64, events = plan.events.len() as i64);
     apply::plan(ctx, &d, &image, &plan, secret_missing).instrument(writes).await?;
+    // The background work the plan asks for: the canary of the candidate, the serving probes.
+    let (owner, uid) = (ObjectRef::from_obj(&d), d.uid().unwrap_or_default());
+    let key = || d.spec.engine().integrity().then(|| ctx.root.deployment_key(&uid));
     if let Some(run) = &plan.canary {
-        let uid = d.uid().unwrap_or_default();
-        let key = d.spec.engine().integrity().then(|| ctx.root.deployment_key(&uid));
-        ctx.canaries.start(&ObjectRef::from_obj(&d), &uid, run, key);
+        ctx.canaries.start(&owner, &uid, run, key());
     }
     match &plan.serving_probe {
-        Some(run) => {
-            let key = d.spec.engine().integrity().then(|| ctx.root.deployment_key(&d.uid().unwrap_or_default()));
-            ctx.serving_probes.want(&ObjectRef::from_obj(&d), &d.uid().unwrap_or_default(), run, key);
-        }
-        None => ctx.serving_probes.forget(&d.uid().unwrap_or_default()),
+        Some(run) => ctx.serving_probes.want(&owner, &uid, run, key()),
+        None => ctx.serving_probes.forget(&uid),
     }
     // Passes that wait on time come back soon: a bake's clock, a pod whose report is retried, a
     // rollout whose pods exist but are not all verified. Everything else is woken by the watches

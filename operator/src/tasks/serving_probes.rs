@@ -85,10 +85,7 @@ impl ServingProbes {
             e.spent.pop_front();
         }
         let spent: u64 = e.spent.iter().map(|(_, t)| t).sum();
-        let units = match &run.target {
-            canary::Target::Pairs { prefill, decode } => prefill.len() * decode.len(),
-            canary::Target::Servers { pods, .. } => pods.len(),
-        };
+        let units = run.target.unit_count();
         e.last = Some(Instant::now());
         if spent + (units * run.reference.len()) as u64 > run.max_tokens_per_hour {
             tracing::info!(name = owner.name, namespace = owner.namespace, spent, "serving probes: round skipped, over maxPrefillTokensPerHour");

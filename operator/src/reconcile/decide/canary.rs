@@ -46,11 +46,11 @@ pub(super) fn run(i: &Inputs<'_>, r: &Rollout) -> Option<CanaryRun> {
         let target = target(i, s, report, |p| same_model(&p), true)?;
         Some(Reference { revision: s.to_string(), target, context_window })
     });
-    let (page_size, vocab) = match report {
-        Measured::Kvgate(k) => (k.page_size, k.vocab_size.unwrap_or(2)),
-        // Ids every vocabulary an engine serves has: the byte range of a byte-fallback one.
-        Measured::Engine(_) => (16, ENGINE_VOCAB),
+    let page_size = match report {
+        Measured::Kvgate(k) => k.page_size,
+        Measured::Engine(_) => 16,
     };
+    let vocab = vocab(report);
     Some(CanaryRun {
         revision: rev.to_string(),
         target: target(i, rev, report, |_| true, false)?,
@@ -75,25 +75,31 @@ pub(super) fn serving(i: &Inputs<'_>, r: &Rollout) -> Option<ServingRun> {
         return None;
     }
     let report = i.world.pods_of(rev).find_map(|p| p.report.as_ref().ok())?;
-    let vocab = match report {
-        Measured::Kvgate(k) => k.vocab_size.unwrap_or(2),
-        Measured::Engine(_) => ENGINE_VOCAB,
-    };
     let max_tokens = i.d.spec.rollout.canary.max_tokens.min(window.saturating_sub(1).max(1) as u32);
-    let reference = prompts::of_len(window.saturating_sub(u64::from(max_tokens)).clamp(1, 64), vocab, 0x5e);
+    let reference = prompts::of_len(window.saturating_sub(u64::from(max_tokens)).clamp(1, 64), vocab(report), 0x5e);
     Some(ServingRun {
         revision: rev.to_string(),
         target: target(i, rev, report, |p| p.report.is_ok(), false)?,
         window,
         reference,
         max_tokens,
+        vocab: vocab(report),
         every_seconds: probe.serving_every_seconds,
         max_tokens_per_hour: probe.max_prefill_tokens_per_hour,
     })
 }
 
-/// Token ids below this are in every vocabulary the canary meets on an external engine.
+/// Token ids below this are in every vocabulary the canary meets on an external engine: the
+/// byte range of a byte-fallback one.
 const ENGINE_VOCAB: u32 = 259;
+
+/// The token ids the canary's and the probes' prompts draw from.
+fn vocab(report: &Measured) -> u32 {
+    match report {
+        Measured::Kvgate(k) => k.vocab_size.unwrap_or(2),
+        Measured::Engine(_) => ENGINE_VOCAB,
+    }
+}
 
 /// What makes two pods' outputs comparable: model and layout fingerprints, or the engine's
 /// model identity.

@@ -101,17 +101,11 @@ pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout
 /// The gate on one revision's pods: the verdict per pod and for the revision.
 pub(super) fn verify(world: &World, revision: &str, context_window: u64) -> (Verification, Vec<PodVerdict>) {
     let pods: Vec<&WorkerPod> = world.pods_of(revision).collect();
-    let reports: Vec<PodReport> = pods.iter().map(|p| PodReport { role: p.role, pod: p.name.clone(), report: p.report.clone().ok() }).collect();
-    let (mut verdicts, mut verdict) = gate::judge(context_window, &reports);
-    // A pod the serving probes caught fails the gate whatever its pool holds.
-    for (pod, v) in pods.iter().zip(verdicts.iter_mut()) {
-        if let Some((failure, message)) = world.probe_failures.get(&pod.name) {
-            *v = PodVerdict::Failed { failure: *failure, message: message.clone() };
-            if !matches!(verdict, Verdict::Refused { .. }) {
-                verdict = Verdict::Refused { failure: *failure, message: message.clone() };
-            }
-        }
-    }
+    let reports: Vec<PodReport> = pods
+        .iter()
+        .map(|p| PodReport { role: p.role, pod: p.name.clone(), report: p.report.clone().ok(), caught: world.probe_failures.get(&p.name).cloned() })
+        .collect();
+    let (verdicts, verdict) = gate::judge(context_window, &reports);
     let mut v = Verification { verdict, verified: BTreeMap::new(), min_measured: BTreeMap::new(), pods: BTreeMap::new(), slowest_prefill: None };
     for (pod, pod_verdict) in pods.iter().zip(&verdicts) {
         *v.pods.entry(pod.role).or_default() += 1;
