@@ -11,6 +11,7 @@ pub mod crdgen;
 pub mod engines;
 pub mod gate;
 pub mod host_paths;
+pub mod index;
 pub mod keys;
 pub mod labels;
 pub mod leader;

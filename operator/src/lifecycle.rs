@@ -1,8 +1,9 @@
-//! Deleting an InferenceDeployment forgets everything the operator held for it: its metric
-//! series (no alert keeps firing for an object that no longer exists), the cached reports of its
-//! pods, its scrapes and canary, its retry and apply memory. Everything is keyed by UID, so a
-//! namesake created afterwards starts from nothing. Objects in the cluster go with their owner
-//! reference (the garbage collector).
+//! The watch of InferenceDeployments feeds the index (`index`): a deployment listed or seen is
+//! admitted; deleting one removes its entry, and with it everything the operator held and ran
+//! for it (the reports of its pods, its scrapes, canary and serving probes, its retry and apply
+//! memory) and its metric series (no alert keeps firing for an object that no longer exists).
+//! Everything is keyed by UID, so a namesake created afterwards starts from nothing. Objects in
+//! the cluster go with their owner reference (the garbage collector).
 //!
 //! The watch's delete event is the signal (no finalizer: deleting never waits for the
 //! operator). A delete missed while the watch was down is caught when it lists again: whatever is
@@ -16,6 +17,13 @@ use kube::runtime::reflector::Store;
 use crate::crd::InferenceDeployment;
 use crate::reconcile::Context;
 
+/// Admits `d`, listed or changed.
+pub fn seen(ctx: &Context, d: &InferenceDeployment) {
+    if let Some(uid) = d.uid() {
+        ctx.index.admit(&uid, &d.namespace().unwrap_or_default(), &d.name_any());
+    }
+}
+
 /// Forgets the deleted `d`.
 pub fn deleted(ctx: &Context, store: &Store<InferenceDeployment>, d: &InferenceDeployment) {
     let (ns, name, uid) = (d.namespace().unwrap_or_default(), d.name_any(), d.uid().unwrap_or_default());
@@ -26,7 +34,7 @@ pub fn deleted(ctx: &Context, store: &Store<InferenceDeployment>, d: &InferenceD
 /// After a fresh list: forgets every UID that is no longer there.
 pub fn sweep(ctx: &Context, store: &Store<InferenceDeployment>) {
     let live: HashSet<String> = store.state().iter().filter_map(|d| d.uid()).collect();
-    for (uid, ns, name) in ctx.memory.known() {
+    for (uid, ns, name) in ctx.index.known() {
         if !live.contains(&uid) {
             tracing::info!(%name, %ns, %uid, "InferenceDeployment gone while unwatched: forgetting its state");
             forget(ctx, store, &uid, &ns, &name);
@@ -35,14 +43,12 @@ pub fn sweep(ctx: &Context, store: &Store<InferenceDeployment>) {
 }
 
 fn forget(ctx: &Context, store: &Store<InferenceDeployment>, uid: &str, ns: &str, name: &str) {
-    ctx.memory.forget(uid);
-    ctx.probes.forget_owner(uid);
-    ctx.scrapes.forget(uid);
-    ctx.canaries.forget(uid);
-    ctx.serving_probes.forget(uid);
     // Series are keyed by name: a live namesake (another UID) keeps its own.
     let namesake = store.state().iter().any(|o| o.namespace().as_deref() == Some(ns) && o.name_any() == name && o.uid().as_deref() != Some(uid));
-    if !namesake {
-        ctx.metrics.forget(ns, name);
-    }
+    // Under the index's lock: an export racing this delete runs before it, or finds no entry.
+    ctx.index.remove(uid, |_| {
+        if !namesake {
+            ctx.metrics.forget(ns, name);
+        }
+    });
 }

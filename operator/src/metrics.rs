@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::canary::Probe;
 use crate::crd::Engine;
+use crate::index::Index;
 use crate::rollout_state::{Phase, RefusalReason, RollbackReason};
 use axum::Router;
 use axum::extract::State;
@@ -183,6 +184,17 @@ impl Metrics {
         }
     }
 
+    /// Exports the index's size and its running tasks, read at each scrape.
+    pub fn watch_index(&self, index: Arc<Index>) {
+        let deployments = IntGauge::new("kvgate_operator_indexed_deployments", "InferenceDeployments the operator holds state for").unwrap();
+        let tasks = IntGaugeVec::new(
+            Opts::new("kvgate_operator_background_tasks", "Background tasks running for InferenceDeployments, by kind (absent: none of that kind)"),
+            &["kind"],
+        )
+        .unwrap();
+        self.registry.register(Box::new(IndexGauges { index, deployments, tasks })).unwrap();
+    }
+
     /// Removes every series of one InferenceDeployment (deleted): no alert fires for an
     /// object that no longer exists.
     pub fn forget(&self, ns: &str, name: &str) {
@@ -203,6 +215,28 @@ impl Metrics {
         let mut buf = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buf).unwrap();
         String::from_utf8(buf).unwrap()
+    }
+}
+
+/// The index's gauges, set from the index when scraped.
+struct IndexGauges {
+    index: Arc<Index>,
+    deployments: IntGauge,
+    tasks: IntGaugeVec,
+}
+
+impl prometheus::core::Collector for IndexGauges {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.deployments.desc().into_iter().chain(self.tasks.desc()).collect()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.deployments.set(self.index.len() as i64);
+        self.tasks.reset();
+        for (kind, n) in self.index.running_tasks() {
+            self.tasks.with_label_values(&[kind]).set(n as i64);
+        }
+        self.deployments.collect().into_iter().chain(self.tasks.collect()).collect()
     }
 }
 

@@ -13,6 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::cli::RunArgs;
 use crate::crd::InferenceDeployment;
+use crate::index::Index;
 use crate::leader::Elector;
 use crate::metrics::{self, Health, Metrics};
 use crate::reconcile::{self, Context, Memory, Settings};
@@ -81,7 +82,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (trigger, triggers) = Trigger::new();
     let http = crate::capacity::client();
-    let probes = Probes::new(http.clone(), trigger.clone());
+    let index = Arc::new(Index::default());
+    metrics.watch_index(index.clone());
+    let probes = Probes::new(http.clone(), trigger.clone(), index.clone());
     let pods_gone = probes.clone();
     let stores = Stores::start(&client, args.namespace.as_deref(), &trigger, move |pod| pods_gone.forget_pod(&pod.metadata.uid.clone().unwrap_or_default()));
     let recorder = Recorder::new(client.clone(), Reporter { controller: "kvgate-operator".into(), instance: Some(identity.clone()) });
@@ -100,10 +103,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         root,
         stores: stores.clone(),
         probes,
-        scrapes: Scrapes::new(http.clone(), trigger.clone()),
-        serving_probes: ServingProbes::new(http.clone(), trigger.clone(), metrics.clone()),
-        canaries: Canaries::new(http, trigger, metrics.clone()),
-        memory: Memory::default(),
+        scrapes: Scrapes::new(http.clone(), trigger.clone(), index.clone()),
+        serving_probes: ServingProbes::new(http.clone(), trigger.clone(), metrics.clone(), index.clone()),
+        canaries: Canaries::new(http, trigger, metrics.clone(), index.clone()),
+        memory: Memory::new(index.clone()),
+        index,
     });
     // Nothing is reconciled before every owned kind is listed: "not listed yet" is not "missing".
     tokio::select! {
@@ -118,9 +122,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .modify(watch::strip)
         .reflect(writer)
         .inspect_ok(move |event| match event {
+            watcher::Event::Apply(d) | watcher::Event::InitApply(d) => lifecycle::seen(&events_ctx, d),
             watcher::Event::Delete(d) => lifecycle::deleted(&events_ctx, &events_store, d),
             watcher::Event::InitDone => lifecycle::sweep(&events_ctx, &events_store),
-            _ => {}
+            watcher::Event::Init => {}
         })
         .touched_objects();
     let controller = Controller::for_stream(main, deployments)

@@ -153,11 +153,31 @@ fn a_deleted_deployment_leaves_no_series_and_a_namesake_starts_like_a_first_crea
     let first_secret = secrets_of(cp, &ns, "llm");
     assert_eq!(first_secret.len(), 1, "{first_secret:?}");
 
+    assert_eq!(op.metric("kvgate_operator_indexed_deployments"), Some(2.0));
     cp.kubectl_ok(&["-n", &ns, "delete", "infd", "llm", "bad", "--wait=true", "--timeout=60s"]);
     eventually(cp, &ns, "every series of the deleted deployments gone", Duration::from_secs(30), || {
         op.series_of(&ns, "bad").is_empty() && op.series_of(&ns, "llm").is_empty()
     });
     assert_eq!(op.metric(&refused), None, "KvgateRolloutRefused would fire forever");
+
+    // Deletes that land mid-reconcile: each deployment is deleted the moment it is created,
+    // while the passes its creation started still write its objects and status.
+    for i in 0..6 {
+        let name = format!("churn{i}");
+        apply_yaml(cp, &ns, &tiny(&name, 256, 1024, 1024, ""));
+        cp.kubectl_ok(&["-n", &ns, "delete", "infd", &name, "--wait=false"]);
+    }
+    eventually(cp, &ns, "the index, every task and every series of the deleted deployments gone", Duration::from_secs(60), || {
+        let text = get(&op.metrics).unwrap_or_default();
+        let tasks: f64 =
+            text.lines().filter(|l| l.starts_with("kvgate_operator_background_tasks{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+        op.metric("kvgate_operator_indexed_deployments") == Some(0.0) && tasks == 0.0 && (0..6).all(|i| op.series_of(&ns, &format!("churn{i}")).is_empty())
+    });
+    // And they stay gone: a late pass or task of a deleted UID puts nothing back.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(op.metric("kvgate_operator_indexed_deployments"), Some(0.0));
+    assert!((0..6).all(|i| op.series_of(&ns, &format!("churn{i}")).is_empty()), "{}", get(&op.metrics).unwrap_or_default());
+    assert!(get_json(cp, &["-n", &ns, "get", "infd"])["items"].as_array().unwrap().is_empty());
 
     // The same manifest again: a first creation in every way, with a Secret of its own.
     apply_yaml(cp, &ns, &tiny("llm", 256, 1024, 1024, ""));

@@ -147,7 +147,8 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         let kind = if e.warning { EventType::Warning } else { EventType::Normal };
         event(ctx, &reference, kind, e.reason, e.action, e.note.clone()).await;
     }
-    ctx.metrics.export(&ns, &name, d.spec.context_window, &new_status, plan.unverified.len());
+    // Under the index's lock: a deployment deleted meanwhile gets no series back.
+    ctx.index.with(&d.uid().unwrap_or_default(), |_| ctx.metrics.export(&ns, &name, d.spec.context_window, &new_status, plan.unverified.len()));
     Ok(())
 }
 
@@ -156,7 +157,7 @@ async fn status(ctx: &Context, d: &InferenceDeployment, status: &InferenceDeploy
     let api: Api<InferenceDeployment> = Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_else(|| "default".into()));
     let body = json!({ "apiVersion": InferenceDeployment::api_version(&()), "kind": InferenceDeployment::kind(&()), "status": status });
     let written = api.patch_status(&d.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map_err(Error::api("writing status"))?;
-    ctx.memory.wrote_status(d, written.resource_version().as_deref(), status);
+    ctx.memory.wrote_status(d, written.resource_version(), status);
     Ok(())
 }
 

@@ -20,6 +20,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 
 use crate::crd::InferenceDeployment;
+use crate::index::Index;
 use crate::keys::RootKey;
 use crate::metrics::Metrics;
 use crate::tasks::canaries::Canaries;
@@ -49,6 +50,8 @@ pub struct Context {
     /// Every deployment's handoff secret derives from it (`keys`).
     pub root: RootKey,
     pub stores: Stores,
+    /// One entry per deployment: its memory, its tasks' state and handles.
+    pub index: Arc<Index>,
     pub probes: Arc<Probes>,
     pub scrapes: Arc<Scrapes>,
     pub canaries: Arc<Canaries>,
@@ -142,6 +145,10 @@ pub async fn reconcile(d: Arc<InferenceDeployment>, ctx: Arc<Context>) -> Result
 /// Failed reconciles are retried with exponential backoff and become Warning Events.
 pub fn error_policy(d: Arc<InferenceDeployment>, err: &Error, ctx: Arc<Context>) -> Action {
     let failures = ctx.memory.failed(&d);
+    if failures == 0 {
+        // Deleted meanwhile: nothing to retry, nothing to announce.
+        return Action::await_change();
+    }
     let retry = err.retry_after(failures);
     tracing::warn!(name = d.name_any(), namespace = d.namespace(), error = %err, reason = err.reason(), failures, ?retry, "reconcile failed");
     let ctx = ctx.clone();

@@ -16,7 +16,8 @@ use crate::crd::InferenceDeployment;
 use crate::render::{revision, secret};
 
 pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Action, Error> {
-    if cached.metadata.deletion_timestamp.is_some() {
+    // Being deleted, or deleted already (its index entry is gone): nothing to write.
+    if cached.metadata.deletion_timestamp.is_some() || ctx.index.with(&cached.uid().unwrap_or_default(), |_| ()).is_none() {
         return Ok(Action::await_change());
     }
     // The status this operator last wrote, if the watch has not delivered it yet.
@@ -61,7 +62,7 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     }
     match &plan.serving_probe {
         Some(run) => ctx.serving_probes.want(&owner, &uid, run, key()),
-        None => ctx.serving_probes.forget(&uid),
+        None => ctx.serving_probes.stop(&uid),
     }
     // Passes that wait on time come back soon: a bake's clock, a pod whose report is retried, a
     // rollout whose pods exist but are not all verified. Everything else is woken by the watches

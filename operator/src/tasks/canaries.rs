@@ -1,9 +1,9 @@
 //! Integrity canaries, one background run per deployment and candidate revision. A reconcile
 //! asks for the run its plan wants and reads its result once it finished; a new candidate
-//! revision (or the deployment's deletion) cancels the run of the one before.
+//! revision (or the deployment's deletion) cancels the run of the one before. The run's revision
+//! and result are a part of the deployment's index entry, the run its `canary` task.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument;
 
@@ -13,45 +13,48 @@ use kvgate_proto::auth::DeploymentKey;
 use super::Trigger;
 use crate::canary::{self, CanaryRun};
 use crate::crd::{CanaryStatus, InferenceDeployment};
+use crate::index::Index;
 use crate::metrics::Metrics;
 
-struct Entry {
+const TASK: &str = "canary";
+
+/// The revision whose run was started last, and its result once it finished.
+#[derive(Default)]
+struct Run {
     revision: String,
     result: Option<CanaryStatus>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 pub struct Canaries {
     http: reqwest::Client,
     trigger: Trigger,
     metrics: Metrics,
-    entries: Mutex<HashMap<String, Entry>>,
+    index: Arc<Index>,
 }
 
 impl Canaries {
-    pub fn new(http: reqwest::Client, trigger: Trigger, metrics: Metrics) -> Arc<Self> {
-        Arc::new(Canaries { http, trigger, metrics, entries: Mutex::default() })
+    pub fn new(http: reqwest::Client, trigger: Trigger, metrics: Metrics, index: Arc<Index>) -> Arc<Self> {
+        Arc::new(Canaries { http, trigger, metrics, index })
     }
 
     /// The finished run of `revision`, if there is one.
     pub fn result(&self, owner_uid: &str, revision: &str) -> Option<CanaryStatus> {
-        self.entries.lock().unwrap().get(owner_uid).filter(|e| e.revision == revision).and_then(|e| e.result.clone())
+        self.index.with(owner_uid, |e| e.get::<Run>().filter(|r| r.revision == revision).and_then(|r| r.result.clone())).flatten()
     }
 
-    /// Starts `run` unless it runs (or ran) already.
+    /// Starts `run` unless it runs (or ran) already; a run of another revision is cancelled.
     pub fn start(self: &Arc<Self>, owner: &ObjectRef<InferenceDeployment>, owner_uid: &str, run: &CanaryRun, key: Option<DeploymentKey>) {
-        let mut entries = self.entries.lock().unwrap();
-        if entries.get(owner_uid).is_some_and(|e| e.revision == run.revision) {
-            return;
-        }
-        if let Some(old) = entries.remove(owner_uid) {
-            old.task.abort();
-        }
-        tracing::info!(name = owner.name, namespace = owner.namespace, revision = run.revision, "integrity canary");
+        self.index.with(owner_uid, |entry| {
+            let current = entry.part::<Run>();
+            if current.revision == run.revision {
+                return;
+            }
+            *current = Run { revision: run.revision.clone(), result: None };
+            tracing::info!(name = owner.name, namespace = owner.namespace, revision = run.revision, "integrity canary");
         // Its own trace: the canary's calls carry it, so the candidate pods' spans join it.
         let span = tracing::info_span!(parent: None, "canary", deployment = owner.name, namespace = owner.namespace, revision = run.revision, passed = tracing::field::Empty);
-        let task = tokio::spawn(self.clone().run(owner.clone(), owner_uid.to_string(), run.clone(), key).instrument(span));
-        entries.insert(owner_uid.to_string(), Entry { revision: run.revision.clone(), result: None, task });
+            entry.spawn(TASK, "", self.clone().run(owner.clone(), owner_uid.to_string(), run.clone(), key).instrument(span));
+        });
     }
 
     async fn run(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String, run: CanaryRun, key: Option<DeploymentKey>) {
@@ -63,16 +66,9 @@ impl Canaries {
         tracing::Span::current().record("passed", result.passed);
         self.metrics.canary_duration.observe(started.elapsed().as_secs_f64());
         self.metrics.canaries.with_label_values(&[if result.passed { "passed" } else { "failed" }]).inc();
-        if let Some(e) = self.entries.lock().unwrap().get_mut(&uid).filter(|e| e.revision == run.revision) {
-            e.result = Some(result);
-        }
-        self.trigger.reconcile(&owner);
-    }
-
-    /// Cancels a deployment's run (deleted).
-    pub fn forget(&self, owner_uid: &str) {
-        if let Some(e) = self.entries.lock().unwrap().remove(owner_uid) {
-            e.task.abort();
+        let recorded = self.index.with(&uid, |e| e.get::<Run>().filter(|r| r.revision == run.revision).map(|r| r.result = Some(result)));
+        if recorded.flatten().is_some() {
+            self.trigger.reconcile(&owner);
         }
     }
 }

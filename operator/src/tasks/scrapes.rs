@@ -1,10 +1,11 @@
 //! The deployment's handoff mismatch counters, scraped in the background while a promotion or a
 //! bake needs them: every `EVERY`, every worker pod's `kvgate_handoff_mismatch_total` summed by
 //! reason. A change wakes the reconcile (a bake rolls back within one scrape of a mismatch); a
-//! deployment nobody asked about for `IDLE` is no longer scraped.
+//! deployment nobody asked about for `IDLE` is no longer scraped. The counters are a part of the
+//! deployment's index entry, the loop its `scrape` task.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -12,9 +13,13 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::Trigger;
 use crate::crd::InferenceDeployment;
+use crate::index::Index;
 use crate::scrape;
 
-pub const EVERY: Duration = Duration::from_secs(2);
+/// Every pod's `/metrics` is a few hundred bytes of text: cheap enough to read twice a second
+/// while a bake lasts, and a rollback follows a mismatch within about half a second.
+pub const EVERY: Duration = Duration::from_millis(500);
+const TASK: &str = "scrape";
 const IDLE: Duration = Duration::from_secs(10);
 
 /// A pod's address and the port of its `/metrics`.
@@ -27,52 +32,55 @@ pub struct Counters {
     pub complete: bool,
 }
 
-struct Entry {
+struct Scraped {
     targets: Vec<Endpoint>,
     latest: Option<(Vec<Endpoint>, BTreeMap<String, u64>)>,
     wanted: Instant,
 }
 
+impl Default for Scraped {
+    fn default() -> Self {
+        Scraped { targets: Vec::new(), latest: None, wanted: Instant::now() }
+    }
+}
+
 pub struct Scrapes {
     http: reqwest::Client,
     trigger: Trigger,
-    entries: Mutex<HashMap<String, Entry>>,
+    index: Arc<Index>,
 }
 
 impl Scrapes {
-    pub fn new(http: reqwest::Client, trigger: Trigger) -> Arc<Self> {
-        Arc::new(Scrapes { http, trigger, entries: Mutex::default() })
+    pub fn new(http: reqwest::Client, trigger: Trigger, index: Arc<Index>) -> Arc<Self> {
+        Arc::new(Scrapes { http, trigger, index })
     }
 
     /// The latest counters of `targets` (the deployment's worker pods); keeps them scraped.
     pub fn want(self: &Arc<Self>, owner: &ObjectRef<InferenceDeployment>, owner_uid: &str, mut targets: Vec<Endpoint>) -> Option<Counters> {
         targets.sort();
-        let mut entries = self.entries.lock().unwrap();
-        let e = match entries.get_mut(owner_uid) {
-            Some(e) => e,
-            None => {
-                tokio::spawn(self.clone().run(owner.clone(), owner_uid.to_string()));
-                entries.entry(owner_uid.to_string()).or_insert(Entry { targets: Vec::new(), latest: None, wanted: Instant::now() })
-            }
-        };
-        e.targets = targets;
-        e.wanted = Instant::now();
-        let (answered, by_reason) = e.latest.as_ref()?;
-        Some(Counters { by_reason: by_reason.clone(), complete: *answered == e.targets })
+        self.index
+            .with(owner_uid, |entry| {
+                if !entry.running(TASK, "") {
+                    entry.spawn(TASK, "", self.clone().run(owner.clone(), owner_uid.to_string()));
+                }
+                let s = entry.part::<Scraped>();
+                (s.targets, s.wanted) = (targets, Instant::now());
+                let (answered, by_reason) = s.latest.as_ref()?;
+                Some(Counters { by_reason: by_reason.clone(), complete: *answered == s.targets })
+            })
+            .flatten()
     }
 
     async fn run(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String) {
         loop {
-            let targets = {
-                let mut entries = self.entries.lock().unwrap();
-                match entries.get(&uid) {
-                    Some(e) if e.wanted.elapsed() < IDLE => e.targets.clone(),
-                    _ => {
-                        entries.remove(&uid);
-                        return;
-                    }
+            let targets = self.index.with(&uid, |entry| match entry.get::<Scraped>() {
+                Some(s) if s.wanted.elapsed() < IDLE => Some(s.targets.clone()),
+                _ => {
+                    entry.drop_part::<Scraped>();
+                    None
                 }
-            };
+            });
+            let Some(Some(targets)) = targets else { return };
             let reads = join_all(targets.iter().map(|(ip, port)| scrape::metrics(&self.http, ip, *port))).await;
             let mut answered = Vec::new();
             let mut by_reason = BTreeMap::new();
@@ -83,24 +91,20 @@ impl Scrapes {
                     *by_reason.entry(reason).or_insert(0) += n as u64;
                 }
             }
-            let changed = {
-                let mut entries = self.entries.lock().unwrap();
-                let Some(e) = entries.get_mut(&uid) else { return };
-                let changed = e.latest.as_ref().is_none_or(|(_, before)| *before != by_reason);
+            let changed = self.index.with(&uid, |entry| {
+                let s = entry.part::<Scraped>();
+                let changed = s.latest.as_ref().is_none_or(|(_, before)| *before != by_reason);
                 if !answered.is_empty() || targets.is_empty() {
-                    e.latest = Some((answered, by_reason));
+                    s.latest = Some((answered, by_reason));
                 }
                 changed
-            };
-            if changed {
-                self.trigger.reconcile(&owner);
+            });
+            match changed {
+                None => return,
+                Some(true) => self.trigger.reconcile(&owner),
+                Some(false) => {}
             }
             tokio::time::sleep(EVERY).await;
         }
-    }
-
-    /// Stops scraping a deployment (deleted).
-    pub fn forget(&self, owner_uid: &str) {
-        self.entries.lock().unwrap().remove(owner_uid);
     }
 }

@@ -7,10 +7,11 @@
 //! takes the pods out of traffic (the gate) until a round passes again; a change wakes the
 //! deployment's reconcile.
 //!
-//! The first answers are this process's memory: a restarted operator takes them again.
+//! The first answers are this process's memory (a part of the deployment's index entry; each
+//! round its `serving-probe` task): a restarted operator takes them again.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::ObjectRef;
@@ -19,15 +20,17 @@ use kvgate_proto::auth::DeploymentKey;
 use super::Trigger;
 use crate::canary::{self, ServingRun};
 use crate::crd::InferenceDeployment;
+use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::rollout_state::RefusalReason;
 
 const HOUR: Duration = Duration::from_secs(3600);
+const TASK: &str = "serving-probe";
 
 /// Why a serving pod fails the probes: the refusal reason its gate shows, and the message.
 pub type Failures = BTreeMap<String, (RefusalReason, String)>;
 
-struct Entry {
+struct Probing {
     run: ServingRun,
     key: Option<DeploymentKey>,
     /// Each unit's first answer to the reference prompt.
@@ -39,64 +42,71 @@ struct Entry {
     in_flight: bool,
 }
 
+/// A deployment's probing, once it serves.
+#[derive(Default)]
+struct Serving(Option<Probing>);
+
 pub struct ServingProbes {
     http: reqwest::Client,
     trigger: Trigger,
     metrics: Metrics,
-    entries: Mutex<HashMap<String, Entry>>,
+    index: Arc<Index>,
 }
 
 impl ServingProbes {
-    pub fn new(http: reqwest::Client, trigger: Trigger, metrics: Metrics) -> Arc<Self> {
-        Arc::new(ServingProbes { http, trigger, metrics, entries: Mutex::default() })
+    pub fn new(http: reqwest::Client, trigger: Trigger, metrics: Metrics, index: Arc<Index>) -> Arc<Self> {
+        Arc::new(ServingProbes { http, trigger, metrics, index })
     }
 
     /// What the probes found on `revision`'s pods (empty before a round failed anything).
     pub fn failures(&self, owner_uid: &str, revision: &str) -> Failures {
-        self.entries.lock().unwrap().get(owner_uid).filter(|e| e.run.revision == revision).map(|e| e.failures.clone()).unwrap_or_default()
+        let found = self.index.with(owner_uid, |e| e.get::<Serving>()?.0.as_ref().filter(|p| p.run.revision == revision).map(|p| p.failures.clone()));
+        found.flatten().unwrap_or_default()
     }
 
     /// Keeps `run` going (a new revision or target replaces the one before); starts a round
     /// when one is due.
     pub fn want(self: &Arc<Self>, owner: &ObjectRef<InferenceDeployment>, owner_uid: &str, run: &ServingRun, key: Option<DeploymentKey>) {
-        let mut entries = self.entries.lock().unwrap();
-        let e = entries.entry(owner_uid.to_string()).or_insert_with(|| Entry {
-            run: run.clone(),
-            key: key.clone(),
-            first: HashMap::new(),
-            failures: Failures::new(),
-            spent: VecDeque::new(),
-            last: None,
-            in_flight: false,
+        self.index.with(owner_uid, |entry| {
+            let e = entry.part::<Serving>().0.get_or_insert_with(|| Probing {
+                run: run.clone(),
+                key: key.clone(),
+                first: HashMap::new(),
+                failures: Failures::new(),
+                spent: VecDeque::new(),
+                last: None,
+                in_flight: false,
+            });
+            if e.run.revision != run.revision || e.run.reference != run.reference {
+                e.first.clear();
+                e.failures.clear();
+            }
+            e.run = run.clone();
+            e.key = key;
+            let due = e.last.is_none_or(|at| at.elapsed() >= Duration::from_secs(run.every_seconds.max(1)));
+            if !due || e.in_flight {
+                return;
+            }
+            // The budget: what the last hour computed, and what an honest round computes (the
+            // reference prompt on every unit; a refused probe computes nothing).
+            while e.spent.front().is_some_and(|(at, _)| at.elapsed() >= HOUR) {
+                e.spent.pop_front();
+            }
+            let spent: u64 = e.spent.iter().map(|(_, t)| t).sum();
+            let units = run.target.unit_count();
+            e.last = Some(Instant::now());
+            if spent + (units * run.reference.len()) as u64 > run.max_tokens_per_hour {
+                tracing::info!(name = owner.name, namespace = owner.namespace, spent, "serving probes: round skipped, over maxPrefillTokensPerHour");
+                return;
+            }
+            e.in_flight = true;
+            entry.spawn(TASK, "", self.clone().round(owner.clone(), owner_uid.to_string()));
         });
-        if e.run.revision != run.revision || e.run.reference != run.reference {
-            e.first.clear();
-            e.failures.clear();
-        }
-        e.run = run.clone();
-        e.key = key;
-        let due = e.last.is_none_or(|at| at.elapsed() >= Duration::from_secs(run.every_seconds.max(1)));
-        if !due || e.in_flight {
-            return;
-        }
-        // The budget: what the last hour computed, and what an honest round computes (the
-        // reference prompt on every unit; a refused probe computes nothing).
-        while e.spent.front().is_some_and(|(at, _)| at.elapsed() >= HOUR) {
-            e.spent.pop_front();
-        }
-        let spent: u64 = e.spent.iter().map(|(_, t)| t).sum();
-        let units = run.target.unit_count();
-        e.last = Some(Instant::now());
-        if spent + (units * run.reference.len()) as u64 > run.max_tokens_per_hour {
-            tracing::info!(name = owner.name, namespace = owner.namespace, spent, "serving probes: round skipped, over maxPrefillTokensPerHour");
-            return;
-        }
-        e.in_flight = true;
-        tokio::spawn(self.clone().round(owner.clone(), owner_uid.to_string()));
     }
 
     async fn round(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String) {
-        let Some((run, key, first)) = self.entries.lock().unwrap().get(&uid).map(|e| (e.run.clone(), e.key.clone(), e.first.clone())) else { return };
+        let found = self.index.with(&uid, |e| e.get::<Serving>()?.0.as_ref().map(|p| (p.run.clone(), p.key.clone(), p.first.clone())));
+        let Some(Some((run, key, first))) = found else { return };
         let round = canary::serving_round(&self.http, key.as_ref(), &run, &first).await;
         let mut failures = Failures::new();
         for c in &round.caught {
@@ -106,10 +116,9 @@ impl ServingProbes {
                 failures.insert(pod.clone(), (c.reason, c.message.clone()));
             }
         }
-        let changed = {
-            let mut entries = self.entries.lock().unwrap();
+        let changed = self.index.with(&uid, |entry| {
             // Forgotten (deleted) or moved to another revision meanwhile: this round is moot.
-            let Some(e) = entries.get_mut(&uid).filter(|e| e.run.revision == run.revision) else { return };
+            let e = entry.get::<Serving>()?.0.as_mut().filter(|p| p.run.revision == run.revision)?;
             e.in_flight = false;
             e.spent.push_back((Instant::now(), round.computed_tokens));
             for (unit, answer) in round.answers {
@@ -117,15 +126,18 @@ impl ServingProbes {
             }
             let changed = e.failures != failures;
             e.failures = failures;
-            changed
-        };
-        if changed {
+            Some(changed)
+        });
+        if changed.flatten() == Some(true) {
             self.trigger.reconcile(&owner);
         }
     }
 
-    /// Stops probing a deployment (deleted, or no longer serving).
-    pub fn forget(&self, owner_uid: &str) {
-        self.entries.lock().unwrap().remove(owner_uid);
+    /// Stops probing a deployment that no longer serves.
+    pub fn stop(&self, owner_uid: &str) {
+        self.index.with(owner_uid, |entry| {
+            entry.drop_part::<Serving>();
+            entry.stop(TASK, "");
+        });
     }
 }
