@@ -1,7 +1,6 @@
 //! metav1.Condition bookkeeping: a condition's transition time moves only when its status does.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
 
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
@@ -13,10 +12,11 @@ pub const DEGRADED: &str = "Degraded";
 /// the handoff deadline (longer prompts would be answered 504). Advisory: it refuses nothing.
 pub const PREFILL_WITHIN_DEADLINE: &str = "PrefillWithinHandoffTimeout";
 
-/// Sets `type_` in `conds`, keeping `lastTransitionTime` when the status is unchanged.
-pub fn set(conds: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: String, generation: Option<i64>) {
+/// Sets `type_` in `conds`, keeping `lastTransitionTime` when the status is unchanged (`now`
+/// when it changed: the pass's time, so a plan is a function of its inputs).
+pub fn set(conds: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: String, generation: Option<i64>, now: &Time) {
     let status = if status { "True" } else { "False" }.to_string();
-    let since = conds.iter().find(|c| c.type_ == type_ && c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| Time(Timestamp::now()));
+    let since = conds.iter().find(|c| c.type_ == type_ && c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
     conds.retain(|c| c.type_ != type_);
     conds.push(Condition { type_: type_.into(), status, reason: reason.into(), message, observed_generation: generation, last_transition_time: since });
     conds.sort_by(|a, b| a.type_.cmp(&b.type_));
@@ -32,15 +32,14 @@ mod tests {
 
     #[test]
     fn transition_time_moves_only_with_the_status() {
+        let at = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap());
         let mut c = Vec::new();
-        set(&mut c, AVAILABLE, false, "Waiting", "a".into(), Some(1));
-        let t0 = c[0].last_transition_time.clone();
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        set(&mut c, AVAILABLE, false, "StillWaiting", "b".into(), Some(2));
-        assert_eq!(c[0].last_transition_time, t0);
+        set(&mut c, AVAILABLE, false, "Waiting", "a".into(), Some(1), &at(10));
+        set(&mut c, AVAILABLE, false, "StillWaiting", "b".into(), Some(2), &at(20));
+        assert_eq!(c[0].last_transition_time, at(10));
         assert_eq!((c[0].reason.as_str(), c[0].message.as_str()), ("StillWaiting", "b"));
-        set(&mut c, AVAILABLE, true, "Serving", "c".into(), Some(2));
-        assert_ne!(c[0].last_transition_time, t0);
+        set(&mut c, AVAILABLE, true, "Serving", "c".into(), Some(2), &at(30));
+        assert_eq!(c[0].last_transition_time, at(30));
         assert!(is_true(&c, AVAILABLE));
         assert_eq!(c.len(), 1);
     }

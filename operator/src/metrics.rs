@@ -285,7 +285,15 @@ mod tests {
             ..Default::default()
         };
         let mut refused = refused;
-        crate::conditions::set(&mut refused.conditions, crate::conditions::ROLLOUT_REFUSED, true, "CanaryFailed", "m".into(), None);
+        crate::conditions::set(
+            &mut refused.conditions,
+            crate::conditions::ROLLOUT_REFUSED,
+            true,
+            "CanaryFailed",
+            "m".into(),
+            None,
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        );
         m.export("ns", "bad", 1024, &refused, 0);
         m.export("ns", "good", 1024, &InferenceDeploymentStatus { phase: Some(Phase::Available), ..Default::default() }, 0);
         let text = m.render();

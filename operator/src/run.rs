@@ -105,7 +105,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         probes,
         scrapes: Scrapes::new(http.clone(), trigger.clone(), index.clone()),
         serving_probes: ServingProbes::new(http.clone(), trigger.clone(), metrics.clone(), index.clone()),
-        canaries: Canaries::new(http, trigger, metrics.clone(), index.clone()),
+        canaries: Canaries::new(http, trigger.clone(), metrics.clone(), index.clone()),
+        trigger,
         memory: Memory::new(index.clone()),
         index,
     });

@@ -6,11 +6,9 @@
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -65,14 +63,14 @@ where
 
 /// Writes a plan: the objects every deployment owns, the revision's Deployments, deletions, the
 /// router, pod gate conditions, Events, metrics and, when it changed, status.
-pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Plan, secret_missing: bool) -> Result<(), Error> {
+pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Plan) -> Result<(), Error> {
     let stores = &ctx.stores;
     let ns = d.namespace().unwrap_or_else(|| "default".into());
     let name = d.name_any();
     let telemetry = &ctx.settings.worker_telemetry;
     let integrity = d.spec.engine().integrity();
     if integrity {
-        ensure_secret(ctx, d, &ns, secret_missing).await?;
+        ensure_secret(ctx, d, &ns, plan.recreate_secret).await?;
         for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
             apply(ctx, d, &stores.services, &svc).await?;
         }
@@ -108,7 +106,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     for gate in &plan.pod_gates {
-        let since = gate.since.clone().unwrap_or_else(|| Time(Timestamp::now()));
+        let since = &gate.since;
         let patch = json!({ "status": { "conditions": [{
             "type": crate::gate::CONDITION, "status": gate.status, "reason": gate.reason, "message": gate.message, "lastTransitionTime": since,
         }]}});
@@ -120,21 +118,19 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
             Err(e) => return Err(Error::api(format!("setting the gate condition of pod {}", gate.pod))(e)),
         }
     }
-    // The gateway's pool, and its condition in the status written below.
-    let mut new_status = plan.status.clone();
-    let had_pool = new_status.conditions.iter().any(|c| c.type_ == inference_pool::CONDITION);
-    let pool = inference_pool::sync(ctx, d, &ns, had_pool).await;
-    let pool_changed = inference_pool::set_condition(d, &pool, &mut new_status.conditions);
     // Status first: it is the record the next pass (of this or another operator) decides on.
     // A pass killed after it announces nothing twice; one killed before it decides again.
-    if Some(&new_status) != d.status.as_ref() {
-        status(ctx, d, &new_status).await?;
+    if Some(&plan.status) != d.status.as_ref() {
+        status(ctx, d, &plan.status).await?;
+    }
+    // The gateway's pool: what this sync finds is the next pass's condition (woken when it
+    // changed).
+    let had_pool = plan.status.conditions.iter().any(|c| c.type_ == inference_pool::CONDITION);
+    let pool = inference_pool::sync(ctx, d, &ns, had_pool).await;
+    if ctx.memory.pool_synced(d, inference_pool::condition(d, &pool)) {
+        ctx.trigger.reconcile(&ObjectRef::from_obj(d));
     }
     let reference = d.object_ref(&());
-    if pool_changed && let Some((ok, reason, message)) = inference_pool::condition(d, &pool) {
-        let kind = if ok { EventType::Normal } else { EventType::Warning };
-        event(ctx, &reference, kind, reason, "InferencePool", message).await;
-    }
     if let Some(reason) = plan.refused_reason {
         ctx.metrics.refused.with_label_values(&[reason.as_str()]).inc();
         tracing::warn!(%name, %ns, %reason, "rollout refused");
@@ -148,7 +144,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         event(ctx, &reference, kind, e.reason, e.action, e.note.clone()).await;
     }
     // Under the index's lock: a deployment deleted meanwhile gets no series back.
-    ctx.index.with(&d.uid().unwrap_or_default(), |_| ctx.metrics.export(&ns, &name, d.spec.context_window, &new_status, plan.unverified.len()));
+    ctx.index.with(&d.uid().unwrap_or_default(), |_| ctx.metrics.export(&ns, &name, d.spec.context_window, &plan.status, plan.unverified.len()));
     Ok(())
 }
 

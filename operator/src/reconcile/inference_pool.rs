@@ -2,16 +2,18 @@
 //! in the condition `InferencePoolReady`. Its CRD is not the operator's and may be missing, and
 //! its RBAC may lag behind an upgrade: either is a False condition and a Warning Event, never a
 //! failed pass (the deployment serves without a gateway, and its rollouts go on). The pool is
-//! not watched (a watch of a type the cluster may not serve would fail), so each pass reads it
-//! once and writes only what differs; a pass runs at least every 30 s, so a CRD installed later
-//! is picked up within that.
+//! not watched (a watch of a type the cluster may not serve would fail), so each pass's apply
+//! reads it once and writes only what differs; a pass runs at least every 30 s, so a CRD
+//! installed later is picked up within that.
+//!
+//! The condition is decided like every other (`decide`), from what the last sync found
+//! (remembered per deployment, `Memory::pool_synced`): a sync whose finding changed wakes the
+//! next pass, which writes it.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 
 use super::{Context, Error};
-use crate::conditions;
 use crate::crd::InferenceDeployment;
 use crate::labels::MANAGER;
 use crate::render::inference_pool::{self, GROUP, KIND, VERSION};
@@ -85,33 +87,32 @@ fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// What a sync found, as the condition says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCondition {
+    pub ok: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
 /// The condition for an outcome (`None`: no condition, the spec asks for no pool).
-pub fn condition(d: &InferenceDeployment, outcome: &Outcome) -> Option<(bool, &'static str, String)> {
+pub fn condition(d: &InferenceDeployment, outcome: &Outcome) -> Option<PoolCondition> {
     let picker = d.spec.inference_pool.as_ref().map(|p| format!("{}:{}", p.endpoint_picker.name, p.endpoint_picker.port)).unwrap_or_default();
-    match outcome {
-        Outcome::NotWanted => None,
+    let (ok, reason, message) = match outcome {
+        Outcome::NotWanted => return None,
         Outcome::Applied { name } => {
-            Some((true, "Applied", format!("{KIND} {name} selects the pods that serve this deployment's API; endpoint picker Service {picker}")))
+            (true, "Applied", format!("{KIND} {name} selects the pods that serve this deployment's API; endpoint picker Service {picker}"))
         }
-        Outcome::NotServed => Some((
+        Outcome::NotServed => (
             false,
             "CRDNotInstalled",
             format!(
                 "spec.inferencePool is set, but the API server does not serve {GROUP}/{VERSION} {KIND}: install the Gateway API Inference Extension's CRDs (v1.0 or later); the deployment serves without it"
             ),
-        )),
-        Outcome::Failed(e) => Some((false, e.reason(), format!("{e}; the deployment serves without it, retried every pass"))),
-    }
-}
-
-/// Puts the outcome's condition into `conds`; whether its status changed (for an Event).
-pub fn set_condition(d: &InferenceDeployment, outcome: &Outcome, conds: &mut Vec<Condition>) -> bool {
-    let before = conds.iter().find(|c| c.type_ == CONDITION).map(|c| c.status.clone());
-    match condition(d, outcome) {
-        None => conds.retain(|c| c.type_ != CONDITION),
-        Some((ok, reason, message)) => conditions::set(conds, CONDITION, ok, reason, message, d.metadata.generation),
-    }
-    before != conds.iter().find(|c| c.type_ == CONDITION).map(|c| c.status.clone())
+        ),
+        Outcome::Failed(e) => (false, e.reason(), format!("{e}; the deployment serves without it, retried every pass")),
+    };
+    Some(PoolCondition { ok, reason, message })
 }
 
 #[cfg(test)]
@@ -126,18 +127,12 @@ mod tests {
             "inferencePool": { "endpointPicker": { "name": "epp" } },
         }));
         assert!(condition(&d, &Outcome::NotWanted).is_none());
-        let (ok, reason, message) = condition(&d, &Outcome::Applied { name: "llm".into() }).unwrap();
-        assert!(ok && reason == "Applied" && message.contains("epp:9002"), "{message}");
-        let (ok, reason, _) = condition(&d, &Outcome::NotServed).unwrap();
-        assert!(!ok && reason == "CRDNotInstalled");
+        let applied = condition(&d, &Outcome::Applied { name: "llm".into() }).unwrap();
+        assert!(applied.ok && applied.reason == "Applied" && applied.message.contains("epp:9002"), "{applied:?}");
+        let missing = condition(&d, &Outcome::NotServed).unwrap();
+        assert!(!missing.ok && missing.reason == "CRDNotInstalled");
         let forbidden = kube::Error::Api(kube::core::Status::failure("no", "Forbidden").with_code(403).boxed());
-        let (ok, reason, message) = condition(&d, &Outcome::Failed(Error::api("applying InferencePool llm")(forbidden))).unwrap();
-        assert!(!ok && reason == "Forbidden" && message.starts_with("applying InferencePool llm: forbidden"), "{message}");
-
-        let mut conds = Vec::new();
-        assert!(set_condition(&d, &Outcome::NotServed, &mut conds), "a new condition is a change");
-        assert!(!set_condition(&d, &Outcome::NotServed, &mut conds), "the same again is not");
-        assert!(set_condition(&d, &Outcome::Applied { name: "llm".into() }, &mut conds));
-        assert!(set_condition(&d, &Outcome::NotWanted, &mut conds) && conds.is_empty(), "no pool asked: no condition");
+        let failed = condition(&d, &Outcome::Failed(Error::api("applying InferencePool llm")(forbidden))).unwrap();
+        assert!(!failed.ok && failed.reason == "Forbidden" && failed.message.starts_with("applying InferencePool llm: forbidden"), "{failed:?}");
     }
 }

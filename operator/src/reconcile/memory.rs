@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
+use super::inference_pool::PoolCondition;
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::index::Index;
 
@@ -28,6 +29,9 @@ struct Remembered {
     /// delivered it yet when the next pass starts, and decisions (refuse once, promote once)
     /// must be taken on what is stored.
     status: Option<(String, Instant, InferenceDeploymentStatus)>,
+    /// What the last sync of the InferencePool found (`None` inside: no pool wanted); `None`:
+    /// this process has not synced it yet.
+    pool: Option<Option<PoolCondition>>,
 }
 
 #[derive(Clone)]
@@ -80,6 +84,16 @@ impl Memory {
 
     pub fn succeeded(&self, d: &InferenceDeployment) {
         self.with(d, |r| r.failures = 0);
+    }
+
+    /// What the last InferencePool sync found (`None`: none by this process yet).
+    pub fn pool(&self, d: &InferenceDeployment) -> Option<Option<PoolCondition>> {
+        self.with(d, |r| r.pool.clone()).flatten()
+    }
+
+    /// Records what a sync found; whether it differs from what was known.
+    pub fn pool_synced(&self, d: &InferenceDeployment, found: Option<PoolCondition>) -> bool {
+        self.with(d, |r| r.pool.replace(found.clone()) != Some(found)).unwrap_or(false)
     }
 
     pub fn applied(&self, d: &InferenceDeployment, key: &str, hash: u64, seen_version: Option<&str>) -> bool {

@@ -57,6 +57,8 @@ pub struct Context {
     pub canaries: Arc<Canaries>,
     pub serving_probes: Arc<ServingProbes>,
     pub memory: Memory,
+    /// Wakes a deployment's next pass (what apply found changed the next decision).
+    pub trigger: crate::tasks::Trigger,
 }
 
 /// 1 s, 2 s, 4 s ... up to 256 s after consecutive failures.

@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::Context;
+use super::inference_pool::PoolCondition;
 use super::pod_problems::{self, StuckPod};
 use crate::crd::{CanaryStatus, InferenceDeployment};
 use crate::gate::{self, Measured, Role};
@@ -51,9 +52,12 @@ pub struct World {
     /// Ready pods of the router Deployment (`None`: there is none).
     pub router_ready: Option<i32>,
     pub pods: Vec<WorkerPod>,
-    /// The deployment's worker pods' `kvgate_handoff_mismatch_total`, summed by reason; read
-    /// only while a promotion or a bake may need it.
+    /// The deployment's worker pods' `kvgate_handoff_mismatch_total`, summed by reason; scraped
+    /// only while a promotion or a bake may need it (`decide`'s `Plan::scrape`).
     pub mismatches: Option<BTreeMap<String, u64>>,
+    /// Some pod of the deployment did not answer the last scrape (a promotion's baseline must
+    /// cover every pod; a bake judges on whatever answered).
+    pub mismatches_partial: bool,
     /// The spec's revision's integrity canary, once a run of it finished.
     pub canary: Option<CanaryStatus>,
     /// Pods of the deployment (any role) that cannot start.
@@ -63,6 +67,8 @@ pub struct World {
     pub unread: Vec<String>,
     /// Serving pods the serving probes caught, with the reason and message their gate shows.
     pub probe_failures: crate::tasks::serving_probes::Failures,
+    /// What the last sync of the InferencePool found (`None`: not synced by this process yet).
+    pub inference_pool: Option<Option<PoolCondition>>,
 }
 
 impl World {
@@ -76,8 +82,9 @@ impl World {
     }
 }
 
-/// The world of `d`, whose spec asks for `revision`.
-pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
+/// The world of `d`, whose spec asks for `revision`, and the capacity reads that are due (the
+/// pass starts them; observe starts nothing).
+pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> (World, Vec<Target>) {
     let ns = d.namespace().unwrap_or_default();
     let name = d.name_any();
     let uid = d.uid().unwrap_or_default();
@@ -111,7 +118,7 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
         })
         .collect();
     let source = if d.spec.engine().integrity() { Source::Kvgate(ctx.root.deployment_key(&uid)) } else { Source::Engine(d.spec.engine) };
-    let mut unread = Vec::new();
+    let (mut unread, mut reads) = (Vec::new(), Vec::new());
     let workers: Vec<WorkerPod> = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -125,22 +132,26 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
                 _ if !role.holds_kv() => Err(NoReport::waiting("a router holds no KV: it passes the gate once its revision's prefill and decode pods have")),
                 _ if phase != "Running" => Err(NoReport::waiting(format!("the pod is {phase}, not Running"))),
                 None => Err(NoReport::waiting("the pod has no IP yet")),
-                Some(ip) => match ctx.probes.read(&Target {
-                    pod_uid: p.uid().unwrap_or_default(),
-                    pod: p.name_any(),
-                    ip: ip.clone(),
-                    port: d.spec.port(role),
-                    restarts: restarts(p),
-                    owner: owner.clone(),
-                    owner_uid: uid.clone(),
-                    source: source.clone(),
-                }) {
-                    Some(report) => report,
-                    None => {
+                Some(ip) => {
+                    let target = Target {
+                        pod_uid: p.uid().unwrap_or_default(),
+                        pod: p.name_any(),
+                        ip: ip.clone(),
+                        port: d.spec.port(role),
+                        restarts: restarts(p),
+                        owner: owner.clone(),
+                        owner_uid: uid.clone(),
+                        source: source.clone(),
+                    };
+                    let (known, due) = ctx.probes.known(&target);
+                    if due {
+                        reads.push(target);
+                    }
+                    known.unwrap_or_else(|| {
                         unread.push(p.name_any());
                         Err(NoReport::waiting("reading the pod's capacity report"))
-                    }
-                },
+                    })
+                }
             };
             let condition = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == gate::CONDITION)).cloned();
             Some(WorkerPod { revision: p.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: p.name_any(), role, ip, report, condition })
@@ -148,15 +159,24 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> World {
         .collect();
 
     let canary = ctx.canaries.result(&uid, revision);
-    let mismatches = mismatches_wanted(d, revision, canary.as_ref()).then(|| {
-        let targets = workers.iter().filter(|p| p.role.holds_kv()).filter_map(|p| Some((p.ip.clone()?, d.spec.port(p.role)))).collect();
-        let counters = ctx.scrapes.want(&owner, &uid, targets)?;
-        // A promotion's baseline must cover every pod; a bake judges on whatever answered.
-        let baking = d.status.as_ref().is_some_and(|s| s.bake.is_some());
-        (counters.complete || baking).then_some(counters.by_reason)
-    });
+    // The counters scraped for the last pass that asked (`decide` says when), for its pods.
+    let targets: Vec<_> = workers.iter().filter(|p| p.role.holds_kv()).filter_map(|p| Some((p.ip.clone()?, d.spec.port(p.role)))).collect();
+    let counters = ctx.scrapes.latest(&uid, &targets);
     let probe_failures = d.status.as_ref().and_then(|s| s.current_revision.as_deref()).map(|s| ctx.serving_probes.failures(&uid, s)).unwrap_or_default();
-    World { deployments, router_ready, pods: workers, mismatches: mismatches.flatten(), canary, stuck, unread, probe_failures }
+    let inference_pool = ctx.memory.pool(d);
+    let world = World {
+        deployments,
+        router_ready,
+        pods: workers,
+        mismatches_partial: counters.as_ref().is_some_and(|c| !c.complete),
+        mismatches: counters.map(|c| c.by_reason),
+        canary,
+        stuck,
+        unread,
+        probe_failures,
+        inference_pool,
+    };
+    (world, reads)
 }
 
 /// A pod of this deployment: its instance label, and (pods rendered since UIDs were labelled)
@@ -170,18 +190,4 @@ fn belongs(p: &Pod, ns: &str, name: &str, uid: &str) -> bool {
 /// The worker container's restart count.
 fn restarts(p: &Pod) -> i32 {
     p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|cs| cs.first()).map_or(0, |c| c.restart_count)
-}
-
-/// The mismatch counters matter during a bake, and when a promotion over a serving revision may
-/// start one (its baseline). External engines have none: their bake watches nothing but time.
-fn mismatches_wanted(d: &InferenceDeployment, revision: &str, canary: Option<&CanaryStatus>) -> bool {
-    if !d.spec.engine().integrity() {
-        return false;
-    }
-    let status = d.status.clone().unwrap_or_default();
-    let rollout = &d.spec.rollout;
-    let canary_done =
-        rollout.canary.prompts == 0 || canary.is_some_and(|c| c.passed) || status.canary.as_ref().is_some_and(|c| c.revision == revision && c.passed);
-    let promotable = status.current_revision.as_deref().is_some_and(|c| c != revision) && rollout.bake_seconds > 0 && canary_done;
-    status.bake.is_some() || promotable
 }

@@ -64,6 +64,16 @@ impl StuckPod {
     pub fn describe(&self) -> String {
         format!("pod {} cannot start: {}: {}", self.pod, self.reason, self.message)
     }
+
+    /// The Secret the kubelet could not find for it (`secret "NAME" not found`), if that is why.
+    pub fn missing_secret(&self) -> Option<&str> {
+        if self.reason != "CreateContainerConfigError" {
+            return None;
+        }
+        let (_, rest) = self.message.split_once("secret \"")?;
+        let (name, rest) = rest.split_once('"')?;
+        rest.trim_start().starts_with("not found").then_some(name)
+    }
 }
 
 #[cfg(test)]
@@ -116,5 +126,13 @@ mod tests {
             let got = cannot_start(&pod(status.clone()));
             assert_eq!(got.as_ref().map(|(r, m)| (r.as_str(), m.as_str())), want, "{status}");
         }
+    }
+
+    #[test]
+    fn a_missing_secret_is_named_only_when_the_kubelet_says_so() {
+        let stuck = |reason: &str, message: &str| StuckPod { pod: "p".into(), revision: None, reason: reason.into(), message: message.into() };
+        assert_eq!(stuck("CreateContainerConfigError", "container worker: secret \"llm-handoff-1\" not found").missing_secret(), Some("llm-handoff-1"));
+        assert_eq!(stuck("CreateContainerConfigError", "container worker: configmap \"x\" not found").missing_secret(), None);
+        assert_eq!(stuck("ImagePullBackOff", "secret \"llm-handoff-1\" not found").missing_secret(), None);
     }
 }

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::{Context, Error, apply, decide, observe};
 use crate::crd::InferenceDeployment;
-use crate::render::{revision, secret};
+use crate::render::revision;
 
 pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Action, Error> {
     // Being deleted, or deleted already (its index entry is gone): nothing to write.
@@ -28,19 +28,18 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     let host_path_refusal = crate::host_paths::refusal(&d, &ctx.settings.allowed_host_paths);
     let pass = tracing::Span::current();
     pass.record("revision", rev.as_str());
-    let world = tracing::info_span!("observe", pods = tracing::field::Empty).in_scope(|| {
-        let world = observe::world(ctx, &d, &rev);
-        tracing::Span::current().record("pods", world.pods.len() as i64);
-        world
+    let (world, reads) = tracing::info_span!("observe", pods = tracing::field::Empty).in_scope(|| {
+        let seen = observe::world(ctx, &d, &rev);
+        tracing::Span::current().record("pods", seen.0.pods.len() as i64);
+        seen
     });
+    // The capacity reads that are due run in the background; their answers wake a later pass.
+    reads.iter().for_each(|t| ctx.probes.start(t));
     if !world.unread.is_empty() {
         // A restarted operator has not asked these pods yet: deciding now would rewrite status
         // and gates from ignorance. Their first reads wake the next pass.
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    // A pod that cannot find the handoff Secret: someone deleted it; create it again.
-    let secret = secret::secret_name(&d);
-    let secret_missing = world.stuck.iter().any(|s| s.reason == "CreateContainerConfigError" && s.message.contains(&secret));
 
     let now = Time(Timestamp::now());
     let plan = tracing::info_span!("decide")
@@ -53,12 +52,16 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         pass.record("rollback", <&str>::from(reason));
     }
     let writes = tracing::info_span!("apply", workers = plan.workers.len() as i64, deletes = plan.delete.len() as i64, events = plan.events.len() as i64);
-    apply::plan(ctx, &d, &image, &plan, secret_missing).instrument(writes).await?;
-    // The background work the plan asks for: the canary of the candidate, the serving probes.
+    apply::plan(ctx, &d, &image, &plan).instrument(writes).await?;
+    // The background work the plan asks for: the canary of the candidate, the mismatch
+    // counters, the serving probes.
     let (owner, uid) = (ObjectRef::from_obj(&d), d.uid().unwrap_or_default());
     let key = || d.spec.engine().integrity().then(|| ctx.root.deployment_key(&uid));
     if let Some(run) = &plan.canary {
         ctx.canaries.start(&owner, &uid, run, key());
+    }
+    if let Some(targets) = &plan.scrape {
+        ctx.scrapes.want(&owner, &uid, targets.clone());
     }
     match &plan.serving_probe {
         Some(run) => ctx.serving_probes.want(&owner, &uid, run, key()),

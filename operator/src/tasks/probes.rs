@@ -97,8 +97,8 @@ impl Probes {
     }
 
     /// What is known of `t`'s report now (`None`: this process has not read the pod yet, or the
-    /// deployment is gone); starts a read when one is due.
-    pub fn read(self: &Arc<Self>, t: &Target) -> Option<Report> {
+    /// deployment is gone), and whether a read of it is due (`start`).
+    pub fn known(&self, t: &Target) -> (Option<Report>, bool) {
         self.index
             .with(&t.owner_uid, |entry| {
                 let mut first = false;
@@ -116,13 +116,18 @@ impl Probes {
                     None => (Some(Err(NoReport::waiting("reading the pod's capacity report"))), true),
                     Some((report, at)) => (Some(report.clone()), report.is_ok() && at.elapsed() >= REFRESH),
                 };
-                if due && !p.in_flight {
-                    p.in_flight = true;
-                    entry.spawn(TASK, &t.pod_uid, self.clone().probe(t.clone()));
-                }
-                known
+                (known, due && !p.in_flight)
             })
-            .flatten()
+            .unwrap_or((None, false))
+    }
+
+    /// Starts reading `t` unless a read of it runs.
+    pub fn start(self: &Arc<Self>, t: &Target) {
+        self.index.with(&t.owner_uid, |entry| {
+            let Some(p) = entry.get::<Pods>().and_then(|pods| pods.0.get_mut(&t.pod_uid)).filter(|p| !p.in_flight) else { return };
+            p.in_flight = true;
+            entry.spawn(TASK, &t.pod_uid, self.clone().probe(t.clone()));
+        });
     }
 
     /// Reads `t` until it has a report, or until no reconcile asks for it any longer.
@@ -209,6 +214,15 @@ mod tests {
         (Probes::new(crate::capacity::client(), trigger, index.clone()), index)
     }
 
+    /// What a pass sees, and the read it starts when one is due.
+    fn read(probes: &Arc<Probes>, t: &Target) -> Option<Report> {
+        let (known, due) = probes.known(t);
+        if due {
+            probes.start(t);
+        }
+        known
+    }
+
     fn last(index: &Index) -> Option<Report> {
         index.with("u", |e| e.get::<Pods>()?.0.get("p")?.last.as_ref().map(|(r, _)| r.clone())).flatten()
     }
@@ -218,18 +232,18 @@ mod tests {
         let (probes, index) = probes();
         // Nothing listens here: every read fails fast.
         let mut t = target(9);
-        assert_eq!(probes.read(&t), None, "not read yet: unknown, not failed");
+        assert_eq!(read(&probes, &t), None, "not read yet: unknown, not failed");
         for _ in 0..250 {
             if last(&index).is_some() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let failed = probes.read(&t).unwrap().unwrap_err();
+        let failed = read(&probes, &t).unwrap().unwrap_err();
         assert!(failed.message.contains("127.0.0.1:9"), "the read's own failure: {failed:?}");
         assert_eq!(index.running_tasks().get(TASK), Some(&1), "a failed read is retried by its own task");
         t.restarts = 1;
-        assert!(probes.read(&t).unwrap().unwrap_err().message.contains("restarted"));
+        assert!(read(&probes, &t).unwrap().unwrap_err().message.contains("restarted"));
         probes.forget_pod("p");
         assert!(last(&index).is_none() && index.running_tasks().is_empty(), "a deleted pod is neither known nor read");
     }
@@ -241,14 +255,14 @@ mod tests {
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (probes, index) = probes();
         let t = target(silent.local_addr().unwrap().port());
-        assert_eq!(probes.read(&t), None);
+        assert_eq!(read(&probes, &t), None);
         let (mut conn, _) = silent.accept().await.unwrap();
         assert!(index.remove("u", |_| {}), "deleted while its read is in flight");
         let mut buf = [0u8; 4096];
         let closed = tokio::time::timeout(Duration::from_secs(5), async { while conn.read(&mut buf).await.is_ok_and(|n| n > 0) {} });
         assert!(closed.await.is_ok(), "the read was not aborted with its deployment");
         // A pass that was still running asks again: nothing is started or remembered.
-        assert_eq!(probes.read(&t), None);
+        assert_eq!(read(&probes, &t), None);
         assert!(index.is_empty() && index.running_tasks().is_empty());
     }
 }

@@ -55,20 +55,27 @@ impl Scrapes {
         Arc::new(Scrapes { http, trigger, index })
     }
 
-    /// The latest counters of `targets` (the deployment's worker pods); keeps them scraped.
-    pub fn want(self: &Arc<Self>, owner: &ObjectRef<InferenceDeployment>, owner_uid: &str, mut targets: Vec<Endpoint>) -> Option<Counters> {
+    /// The latest counters, and whether they cover every one of `targets`.
+    pub fn latest(&self, owner_uid: &str, targets: &[Endpoint]) -> Option<Counters> {
+        let mut targets = targets.to_vec();
         targets.sort();
-        self.index
-            .with(owner_uid, |entry| {
-                if !entry.running(TASK, "") {
-                    entry.spawn(TASK, "", self.clone().run(owner.clone(), owner_uid.to_string()));
-                }
-                let s = entry.part::<Scraped>();
-                (s.targets, s.wanted) = (targets, Instant::now());
-                let (answered, by_reason) = s.latest.as_ref()?;
-                Some(Counters { by_reason: by_reason.clone(), complete: *answered == s.targets })
-            })
-            .flatten()
+        let found = self.index.with(owner_uid, |entry| {
+            let (answered, by_reason) = entry.get::<Scraped>()?.latest.as_ref()?;
+            Some(Counters { by_reason: by_reason.clone(), complete: *answered == targets })
+        });
+        found.flatten()
+    }
+
+    /// Keeps `targets` (the deployment's worker pods) scraped.
+    pub fn want(self: &Arc<Self>, owner: &ObjectRef<InferenceDeployment>, owner_uid: &str, mut targets: Vec<Endpoint>) {
+        targets.sort();
+        self.index.with(owner_uid, |entry| {
+            if !entry.running(TASK, "") {
+                entry.spawn(TASK, "", self.clone().run(owner.clone(), owner_uid.to_string()));
+            }
+            let s = entry.part::<Scraped>();
+            (s.targets, s.wanted) = (targets, Instant::now());
+        });
     }
 
     async fn run(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String) {

@@ -17,6 +17,18 @@ pub(super) fn bakes(d: &crate::crd::InferenceDeployment) -> bool {
     d.spec.rollout.bake_seconds > 0 && d.spec.engine().integrity()
 }
 
+/// Whether the deployment's mismatch counters must be read (scraped in the background) after
+/// this pass: during a bake, and when a promotion over a serving revision may start one (its
+/// baseline). External engines have none: their bake watches nothing but time.
+pub(super) fn counters_wanted(i: &Inputs<'_>, r: &Rollout) -> bool {
+    if !bakes(i.d) {
+        return false;
+    }
+    let canary_done = i.d.spec.rollout.canary.prompts == 0 || r.canary.as_ref().is_some_and(|c| c.revision == i.revision && c.passed);
+    let promotable = r.serving.as_deref().is_some_and(|s| s != i.revision) && canary_done;
+    r.bake.is_some() || promotable
+}
+
 /// Starts a bake at a promotion over a serving revision; judges the bake in progress.
 pub(super) fn advance(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &mut Rollout) {
     let current = prev.current_revision.clone();

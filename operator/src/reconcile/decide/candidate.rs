@@ -66,7 +66,7 @@ fn full_strength(i: &Inputs<'_>, v: &Verification) -> bool {
 /// A promotion over a serving revision starts a bake whose baseline is the deployment's
 /// mismatch counters at that moment: it waits until they have been read.
 fn baseline_known(i: &Inputs<'_>, r: &Rollout) -> bool {
-    r.serving.is_none() || !super::bake::bakes(i.d) || i.world.mismatches.is_some()
+    r.serving.is_none() || !super::bake::bakes(i.d) || (i.world.mismatches.is_some() && !i.world.mismatches_partial)
 }
 
 #[cfg(test)]

@@ -46,8 +46,8 @@ pub struct PodGate {
     pub status: &'static str,
     pub reason: String,
     pub message: String,
-    /// The transition time to keep (status unchanged); `None`: now.
-    pub since: Option<Time>,
+    /// The transition time: kept while the status is unchanged, else the pass's.
+    pub since: Time,
 }
 
 pub(super) struct Gates {
@@ -63,11 +63,11 @@ pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout
     let rev = i.revision;
     let held =
         (r.canary_pending && !r.refused(rev)).then(|| format!("KV pool verified; the integrity canary of revision {rev} runs before this pod takes traffic"));
-    let mut pod_gates = conditions_for(i.world.pods_of(rev), candidate, held.as_deref());
+    let mut pod_gates = conditions_for(i.world.pods_of(rev), candidate, held.as_deref(), i.now);
     let shown = r.serving.clone().unwrap_or_else(|| rev.to_string());
     let (shown_pods, shown_verdicts) = verify(i.world, &shown, r.serving_window.unwrap_or(i.window()));
     if shown != rev {
-        pod_gates.extend(conditions_for(i.world.pods_of(&shown), &shown_verdicts, None));
+        pod_gates.extend(conditions_for(i.world.pods_of(&shown), &shown_verdicts, None, i.now));
     }
     // Serving pods are read again on every pass: one that restarted smaller, or with other
     // fingerprints, has just had its gate set False (out of the Service's endpoints).
@@ -128,7 +128,7 @@ pub(super) fn verify(world: &World, revision: &str, context_window: u64) -> (Ver
 
 /// The gate condition of each pod whose condition differs from its verdict; `held`: verified
 /// pods stay `False` (`AwaitingCanary`) with this message.
-fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict], held: Option<&str>) -> Vec<PodGate> {
+fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict], held: Option<&str>, now: &Time) -> Vec<PodGate> {
     pods.zip(verdicts)
         .filter_map(|(pod, verdict)| {
             let (status, reason, message) = match verdict {
@@ -152,7 +152,7 @@ fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[Pod
             if existing.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(&reason) && c.message.as_deref() == Some(&message)) {
                 return None;
             }
-            let since = existing.filter(|c| c.status == status).and_then(|c| c.last_transition_time.clone());
+            let since = existing.filter(|c| c.status == status).and_then(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
             Some(PodGate { pod: pod.name.clone(), status, reason, message, since })
         })
         .collect()

@@ -33,6 +33,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::inference_pool::CONDITION as POOL_CONDITION;
 use super::observe::World;
 use crate::canary::CanaryRun;
 use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
@@ -88,6 +89,10 @@ pub struct Plan {
     pub unverified: Vec<String>,
     /// A rollback decided now: counted once under this reason.
     pub rollback: Option<RollbackReason>,
+    /// The worker pods whose mismatch counters are scraped after this pass (`None`: none).
+    pub scrape: Option<Vec<crate::tasks::scrapes::Endpoint>>,
+    /// A pod cannot find the deployment's handoff Secret (someone deleted it): create it again.
+    pub recreate_secret: bool,
 }
 
 /// What `decide` needs besides the observed world.
@@ -174,6 +179,8 @@ pub fn decide(i: Inputs<'_>) -> Plan {
     let shown = r.serving.clone().unwrap_or_else(|| i.revision.to_string());
     let stuck = |rev: &str| i.world.stuck.iter().filter(|s| s.revision.as_deref() == Some(rev)).map(|s| s.describe()).collect::<Vec<_>>();
     let observed = Observed {
+        now: i.now.clone(),
+        inference_pool: i.world.inference_pool.clone(),
         spec_revision: i.revision.to_string(),
         serving: r.serving.clone(),
         serving_window: r.serving_window,
@@ -191,8 +198,13 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         bake: r.bake.clone(),
     };
     let status = status::compute(i.d, &prev, &observed);
+    r.events.extend(pool_event(&prev, &status, &observed));
     let settled = (r.serving.as_deref() == Some(i.revision) && r.bake.is_none()) || r.refused(i.revision);
     let serving_probe = canary::serving(&i, &r);
+    let scrape = bake::counters_wanted(&i, &r).then(|| {
+        let kv_pods = i.world.pods.iter().filter(|p| p.role.holds_kv());
+        kv_pods.filter_map(|p| Some((p.ip.clone()?, i.d.spec.port(p.role)))).collect()
+    });
     Plan {
         workers: workloads.workers,
         delete: workloads.delete,
@@ -207,7 +219,19 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         canary: r.canary_run,
         unverified: gates.unverified,
         rollback: r.rollback,
+        scrape,
+        recreate_secret: i.d.spec.engine().integrity() && {
+            let secret = crate::render::secret::secret_name(i.d);
+            i.world.stuck.iter().any(|s| s.missing_secret() == Some(secret.as_str()))
+        },
     }
+}
+
+/// The Event of an InferencePool condition whose status changed.
+fn pool_event(prev: &InferenceDeploymentStatus, now: &InferenceDeploymentStatus, o: &Observed) -> Option<Announcement> {
+    let status = |s: &InferenceDeploymentStatus| s.conditions.iter().find(|c| c.type_ == POOL_CONDITION).map(|c| c.status.clone());
+    let found = o.inference_pool.as_ref()?.as_ref()?;
+    (status(prev) != status(now)).then(|| Announcement { warning: !found.ok, reason: found.reason, action: "InferencePool", note: found.message.clone() })
 }
 
 /// The sum of a deployment's mismatch counters.

@@ -4,10 +4,14 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PREFILL_WITHIN_DEADLINE, PROGRESSING, ROLLOUT_REFUSED};
 use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
 use crate::gate::{Role, Verdict};
 use crate::rollout_state::{Phase, RefusalReason};
+
+use crate::reconcile::inference_pool::{self, PoolCondition};
 
 use super::gates::{SERVING_POD_UNVERIFIED, Verification, degraded_message, prefill_deadline};
 
@@ -17,6 +21,10 @@ pub const PODS_CANNOT_START: &str = "PodsCannotStart";
 /// What the reconcile saw and decided.
 #[derive(Debug, Clone)]
 pub struct Observed {
+    /// The pass's time: a condition whose status changes changes at it.
+    pub now: Time,
+    /// What the last InferencePool sync found (`None`: not synced by this process yet).
+    pub inference_pool: Option<Option<PoolCondition>>,
     /// The revision the spec asks for.
     pub spec_revision: String,
     /// The verified revision that serves, if any.
@@ -108,7 +116,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         (Some(_), false, _) if !o.router_stuck.is_empty() => (PODS_CANNOT_START, format!("{serving_text}; {}", stuck(&o.router_stuck))),
         (Some(_), false, _) => ("NotEnoughReadyPods", serving_text.clone()),
     };
-    conditions::set(&mut conds, AVAILABLE, available, reason, message, generation);
+    conditions::set(&mut conds, AVAILABLE, available, reason, message, generation, &o.now);
 
     let progressing = !rolled_out && refused_now.is_none();
     let (reason, message) = if let Some(r) = refused_now {
@@ -125,7 +133,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         let counts: Vec<String> = d.spec.roles().iter().map(count).collect();
         ("VerifyingKVPools", format!("revision {}: {} pods verified", o.spec_revision, counts.join(" and ")))
     };
-    conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation);
+    conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation, &o.now);
 
     let (ok, reason, message) = match (refused_now, &o.candidate.verdict, rolled_out) {
         (Some(r), _, _) => (false, r.reason.to_string(), r.message.clone()),
@@ -141,13 +149,13 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         ),
         (None, _, false) => (false, "AwaitingCapacityReports".to_string(), format!("waiting for the capacity reports of revision {}", o.spec_revision)),
     };
-    conditions::set(&mut conds, CAPACITY_VERIFIED, ok, &reason, message, generation);
+    conditions::set(&mut conds, CAPACITY_VERIFIED, ok, &reason, message, generation, &o.now);
 
     let (reason, message) = match refused_now {
         Some(r) => (r.reason.to_string(), format!("revision {}: {}", r.revision, r.message)),
         None => ("NotRefused".to_string(), String::new()),
     };
-    conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), &reason, message, generation);
+    conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), &reason, message, generation, &o.now);
 
     let degraded = o.serving.is_some() && !(o.unverified.is_empty() && o.serving_stuck.is_empty());
     let (reason, message) = match &o.serving {
@@ -156,11 +164,18 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         Some(s) => ("ServingPodsVerified", format!("every pod of serving revision {s} passes the gate")),
         None => ("NoServingRevision", "no revision serves yet".to_string()),
     };
-    conditions::set(&mut conds, DEGRADED, degraded, reason, message, generation);
+    conditions::set(&mut conds, DEGRADED, degraded, reason, message, generation, &o.now);
 
     if let Some(p) = &o.shown_pods.slowest_prefill {
         let (ok, reason, message) = prefill_deadline(p, d.spec.context_window, d.spec.handoff.timeout_ms);
-        conditions::set(&mut conds, PREFILL_WITHIN_DEADLINE, ok, reason, message, generation);
+        conditions::set(&mut conds, PREFILL_WITHIN_DEADLINE, ok, reason, message, generation, &o.now);
+    }
+
+    match &o.inference_pool {
+        // Not synced by this process yet: the condition stands as the last pass wrote it.
+        None => {}
+        Some(None) => conds.retain(|c| c.type_ != inference_pool::CONDITION),
+        Some(Some(p)) => conditions::set(&mut conds, inference_pool::CONDITION, p.ok, p.reason, p.message.clone(), generation, &o.now),
     }
 
     let phase = match refused_now {

@@ -495,3 +495,79 @@ fn serving_pods_are_probed_and_one_a_probe_caught_is_out_and_degraded() {
     assert_eq!(plan.unverified, [message]);
     assert_eq!(plan.status.current_revision.as_deref(), Some("r1"), "the serving revision keeps serving on its other pods");
 }
+
+#[test]
+fn the_counters_are_scraped_only_while_a_promotion_or_a_bake_needs_them_and_a_partial_scrape_is_no_baseline() {
+    // Serving r1 and nothing in flight: no scrape.
+    let (mut d, world) = serving_r1();
+    d.spec.rollout.bake_seconds = 60;
+    assert_eq!(pass(&mut d, "r1", &world).scrape, None);
+
+    // r2 verified and ready over r1: its baseline is wanted from every worker pod of both.
+    let (mut d, mut world) = bake_from_r1(4096);
+    world.mismatches = None;
+    let plan = pass_at(&mut d.clone(), "r2", &world, 1_000);
+    let scraped = plan.scrape.expect("counters wanted before a promotion that bakes");
+    assert_eq!(scraped.len(), world.pods.iter().filter(|p| p.role.holds_kv()).count(), "{scraped:?}");
+    assert_eq!(plan.status.current_revision.as_deref(), Some("r1"), "no promotion before the baseline is read");
+
+    // A scrape that missed a pod is no baseline either; a whole one is.
+    world.mismatches = Some(BTreeMap::from([("timeout".to_string(), 1)]));
+    world.mismatches_partial = true;
+    assert_eq!(pass_at(&mut d.clone(), "r2", &world, 1_000).status.current_revision.as_deref(), Some("r1"));
+    world.mismatches_partial = false;
+    let plan = pass_at(&mut d, "r2", &world, 1_000);
+    assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r2"), "Baking"));
+    assert!(plan.scrape.is_some(), "a bake is judged on the counters");
+
+    // An external engine has no counters: nothing is ever scraped.
+    let mut engine = InferenceDeployment::for_test(serde_json::json!({
+        "engine": "vllm", "model": { "name": "tiny" }, "contextWindow": WINDOW, "server": { "container": { "name": "vllm", "image": "v" } },
+        "rollout": { "canary": { "prompts": 0 }, "bakeSeconds": 60 },
+    }));
+    assert_eq!(pass(&mut engine, "r1", &World::default()).scrape, None);
+}
+
+#[test]
+fn a_pod_missing_the_deployments_own_handoff_secret_gets_it_created_again() {
+    let (mut d, mut world) = serving_r1();
+    let secret = crate::render::secret::secret_name(&d);
+    let stuck = |message: String| crate::reconcile::pod_problems::StuckPod {
+        pod: "p".into(),
+        revision: Some("r1".into()),
+        reason: "CreateContainerConfigError".into(),
+        message,
+    };
+    world.stuck = vec![stuck(format!("container worker: secret \"{secret}\" not found"))];
+    assert!(pass(&mut d.clone(), "r1", &world).recreate_secret);
+    // Another Secret (the user's, say) is not the operator's to create.
+    world.stuck = vec![stuck("container worker: secret \"someone-elses\" not found".into())];
+    assert!(!pass(&mut d.clone(), "r1", &world).recreate_secret);
+    world.stuck.clear();
+    assert!(!pass(&mut d, "r1", &world).recreate_secret);
+}
+
+#[test]
+fn the_inference_pool_condition_says_what_the_last_sync_found_and_a_change_is_announced_once() {
+    use crate::reconcile::inference_pool::{CONDITION, PoolCondition};
+    let (mut d, mut world) = serving_r1();
+    let pool = |ok: bool, reason: &'static str| Some(Some(PoolCondition { ok, reason, message: format!("{reason} message") }));
+    let announced = |plan: &Plan| plan.events.iter().filter(|e| e.action == "InferencePool").map(|e| (e.warning, e.reason)).collect::<Vec<_>>();
+
+    world.inference_pool = pool(false, "CRDNotInstalled");
+    let plan = pass(&mut d, "r1", &world);
+    assert_eq!((condition(&plan, CONDITION), announced(&plan)), ((false, "CRDNotInstalled".into()), vec![(true, "CRDNotInstalled")]));
+    assert!(announced(&pass(&mut d, "r1", &world)).is_empty(), "the same finding again is no news");
+
+    world.inference_pool = pool(true, "Applied");
+    let plan = pass(&mut d, "r1", &world);
+    assert_eq!((condition(&plan, CONDITION), announced(&plan)), ((true, "Applied".into()), vec![(false, "Applied")]));
+
+    // A restarted operator has not synced yet: the condition stands as written.
+    world.inference_pool = None;
+    assert_eq!(condition(&pass(&mut d, "r1", &world), CONDITION), (true, "Applied".into()));
+    // No pool wanted any more: no condition.
+    world.inference_pool = Some(None);
+    let plan = pass(&mut d, "r1", &world);
+    assert!(plan.status.conditions.iter().all(|c| c.type_ != CONDITION) && announced(&plan).is_empty());
+}
