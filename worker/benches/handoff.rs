@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvgate_worker::kv::host_region::HostRegion;
+use kvgate_worker::kv::host_region::HostBuffer;
 use kvgate_worker::kv::{KvDtype, KvLayout, KvPool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -126,7 +126,7 @@ async fn side_by_side(l: KvLayout, tokens: usize) -> Round {
     let bytes = l.pages_for(tokens) * l.page_bytes();
     let (on, off) = (rig(l, tokens, true).await, rig(l, tokens, false).await);
     // Memory of the pools' kind (huge pages where the kernel grants them).
-    let region = || HostRegion::commit(bytes).expect("memory for the stream's buffers");
+    let region = || HostBuffer::commit(bytes).expect("memory for the stream's buffers");
     let (mut src, mut dst) = (region(), region());
     let (mut tcp, mut with, mut without, mut memory) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs(bytes) {

@@ -65,14 +65,18 @@ impl StuckPod {
         format!("pod {} cannot start: {}: {}", self.pod, self.reason, self.message)
     }
 
-    /// The Secret the kubelet could not find for it (`secret "NAME" not found`), if that is why.
+    /// The Secret the kubelet could not find for it (`secret "NAME" not found`, or the API's
+    /// own `secrets "NAME" not found` quoted in a longer message), if that is why.
     pub fn missing_secret(&self) -> Option<&str> {
         if self.reason != "CreateContainerConfigError" {
             return None;
         }
-        let (_, rest) = self.message.split_once("secret \"")?;
-        let (name, rest) = rest.split_once('"')?;
-        rest.trim_start().starts_with("not found").then_some(name)
+        self.message.match_indices("\" not found").find_map(|(end, _)| {
+            let before = &self.message[..end];
+            let open = before.rfind('"')?;
+            let kind = before[..open].trim_end_matches(' ');
+            (kind.ends_with("secret") || kind.ends_with("secrets")).then(|| &before[open + 1..])
+        })
     }
 }
 
@@ -132,6 +136,8 @@ mod tests {
     fn a_missing_secret_is_named_only_when_the_kubelet_says_so() {
         let stuck = |reason: &str, message: &str| StuckPod { pod: "p".into(), revision: None, reason: reason.into(), message: message.into() };
         assert_eq!(stuck("CreateContainerConfigError", "container worker: secret \"llm-handoff-1\" not found").missing_secret(), Some("llm-handoff-1"));
+        let mount = "container worker: volume handoff-secret: secret llm-handoff-1: ApiError: secrets \"llm-handoff-1\" not found: NotFound (Status { message: \"secrets \\\"llm-handoff-1\\\" not found\" })";
+        assert_eq!(stuck("CreateContainerConfigError", mount).missing_secret(), Some("llm-handoff-1"));
         assert_eq!(stuck("CreateContainerConfigError", "container worker: configmap \"x\" not found").missing_secret(), None);
         assert_eq!(stuck("ImagePullBackOff", "secret \"llm-handoff-1\" not found").missing_secret(), None);
     }

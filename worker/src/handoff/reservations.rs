@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kvgate_proto::auth::FrameKey;
 use kvgate_proto::auth::{Mac, ReservationFields};
-use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageFields, PageView};
+use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageFields};
 use kvgate_proto::refusal::{Mismatch, PortRefusal, Refusal};
 use kvgate_telemetry::TraceContext;
 use tokio::sync::Notify;
@@ -444,8 +444,10 @@ impl Reservations {
         Ok(())
     }
 
-    /// A whole page frame, already read: claimed, written and completed.
-    pub fn accept_page(&self, f: &PageView, authentic: bool, payload_tag: u128) -> Result<(), Verdict> {
+    /// A whole page frame, already read: claimed, written and completed (the receiver streams
+    /// pages in pieces instead; the table's tests drive it whole).
+    #[cfg(test)]
+    pub fn accept_page(&self, f: &kvgate_proto::handoff::PageView, authentic: bool, payload_tag: u128) -> Result<(), Verdict> {
         let claim = self.claim_page(&f.fields, f.checksum, authentic)?;
         self.write_claimed(&claim, 0, f.payload)?;
         self.complete_page(claim, payload_tag)

@@ -63,19 +63,31 @@ impl HostRegion {
     }
 }
 
-/// The whole region as bytes (for a buffer that is not a pool, e.g. a benchmark's).
-impl std::ops::Deref for HostRegion {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: the region's bytes, all committed; `&self` rules out a writer through `&mut`.
-        unsafe { std::slice::from_raw_parts(self.start.as_ptr(), self.len) }
+/// A region with one user, who may see it whole as bytes: a buffer that is not a pool (the
+/// handoff bench's). A pool's `HostRegion` gives out no slice of itself: its pages are reached
+/// only through the store's per-page locks, so nothing can alias a page another thread writes.
+pub struct HostBuffer(HostRegion);
+
+impl HostBuffer {
+    /// As `HostRegion::commit`.
+    pub fn commit(len: usize) -> Option<Self> {
+        HostRegion::commit(len).map(HostBuffer)
     }
 }
 
-impl std::ops::DerefMut for HostRegion {
+impl std::ops::Deref for HostBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the region's bytes, all committed; the buffer owns the region alone, and
+        // `&self` rules out a writer through `&mut`.
+        unsafe { std::slice::from_raw_parts(self.0.start.as_ptr(), self.0.len) }
+    }
+}
+
+impl std::ops::DerefMut for HostBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above; `&mut self` rules out any other user.
-        unsafe { std::slice::from_raw_parts_mut(self.start.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.0.start.as_ptr(), self.0.len) }
     }
 }
 
