@@ -7,7 +7,6 @@ use clap::{Args, Parser, Subcommand};
 
 use kvgate_proto::contract::{self, flag};
 
-use crate::handoff::Fault;
 use crate::kv::{KvDtype, PoolSize};
 use crate::model::ModelSource;
 
@@ -250,13 +249,13 @@ pub struct HandoffArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct FaultArgs {
-    /// Make prefill break the handoff protocol in one way, to prove decode or the operator's
-    /// canary catches it (tests only; builds without the `testing` feature refuse it at start-up):
-    /// truncate-transfer, corrupt-page, drop-page, duplicate-page, wrong-auth, wrong-fingerprint,
-    /// die-mid-transfer, ignore-rejection, wrong-layout. Test images set it through the
-    /// environment (KVGATE_INJECT_FAULT with KVGATE_ALLOW_FAULT_INJECTION=true).
+    /// Make prefill break the handoff protocol in one named way, to prove decode or the
+    /// operator's canary catches it. Tests only: a build without the `testing` feature holds no
+    /// fault and refuses the flag at start-up (a `testing` build names the faults it knows when
+    /// given an unknown one). Test images set it through the environment (KVGATE_INJECT_FAULT
+    /// with KVGATE_ALLOW_FAULT_INJECTION=true).
     #[arg(long, env = "KVGATE_INJECT_FAULT", requires = "allow_fault_injection")]
-    pub inject_fault: Option<Fault>,
+    pub inject_fault: Option<String>,
     /// Required with --inject-fault, so a fault cannot be switched on by accident.
     #[arg(long, env = "KVGATE_ALLOW_FAULT_INJECTION")]
     pub allow_fault_injection: bool,

@@ -158,9 +158,6 @@ pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: 
 }
 
 pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret: Secret, exit_on_death: bool) -> anyhow::Result<Started> {
-    if let Some(f) = args.faults.inject_fault {
-        tracing::warn!(fault = ?f, "FAULT INJECTION ENABLED: this prefill worker breaks the handoff protocol on purpose");
-    }
     let me = Instance::random();
     let (engine, mut report) = start_engine(&args.engine, &args.scheduler, registry, "prefill", Some(me))?;
     let probe = (args.prefill_probe_tokens).min(args.engine.context_window).min(report.capacity_tokens) as usize;
@@ -168,17 +165,9 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret
     let summary = describe("prefill", &report, args.engine.context_window);
     let state = AppState::for_engine(engine.clone(), report, registry.clone(), &args.serve).signed_by(&secret, &args.engine);
     let ready = state.ready.clone();
-    let role = PrefillRole {
-        engine,
-        secret: secret.clone(),
-        metrics: HandoffMetrics::new(registry, "prefill"),
-        fault: args.faults.inject_fault,
-        fault_every: args.faults.fault_every,
-        fault_after: args.faults.fault_after,
-        handoffs: Default::default(),
-        exit_on_death,
-    };
-    let app = server::ops(state).merge(internal(prefill::routes(role), &secret, me, args.engine.context_window, registry, "prefill"));
+    let role = PrefillRole { engine, secret: secret.clone(), metrics: HandoffMetrics::new(registry, "prefill") };
+    let routes = prefill_routes(role, &args.faults, exit_on_death)?;
+    let app = server::ops(state).merge(internal(routes, &secret, me, args.engine.context_window, registry, "prefill"));
     Ok(Started::new(bind(args.listen).await?, app, ready, summary, &args.serve, Refusals::new(registry, "prefill")))
 }
 
@@ -247,7 +236,10 @@ pub async fn run_single(started: Started) -> anyhow::Result<()> {
 }
 
 pub fn fault_args_check(f: &FaultArgs) -> anyhow::Result<()> {
-    faults_allowed(f, cfg!(feature = "testing"))
+    faults_allowed(f, cfg!(feature = "testing"))?;
+    #[cfg(feature = "testing")]
+    injected(f)?;
+    Ok(())
 }
 
 /// `--inject-fault` needs a build with the `testing` feature and `--allow-fault-injection`.
@@ -263,15 +255,36 @@ fn faults_allowed(f: &FaultArgs, testing_build: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The fault `--inject-fault` names, if any.
+#[cfg(feature = "testing")]
+fn injected(f: &FaultArgs) -> anyhow::Result<Option<crate::handoff::faults::Fault>> {
+    f.inject_fault.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow::anyhow!("--inject-fault: {e}"))
+}
+
+/// The prefill route: the honest one, or (a `testing` build asked for a fault) the one that
+/// wraps it in the fault.
+#[cfg(feature = "testing")]
+fn prefill_routes(role: PrefillRole, f: &FaultArgs, exit_on_death: bool) -> anyhow::Result<axum::Router> {
+    use crate::roles::prefill_faults::{self, Injector};
+    Ok(match Injector::new(injected(f)?, f.fault_every, f.fault_after, exit_on_death) {
+        Some(injector) => prefill_faults::routes(role, injector),
+        None => prefill::routes(role),
+    })
+}
+
+#[cfg(not(feature = "testing"))]
+fn prefill_routes(role: PrefillRole, _: &FaultArgs, _: bool) -> anyhow::Result<axum::Router> {
+    Ok(prefill::routes(role))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handoff::Fault;
 
     #[test]
     fn faults_need_a_testing_build_and_the_allow_flag() {
         let args = |inject: bool, allow: bool| FaultArgs {
-            inject_fault: inject.then_some(Fault::CorruptPage),
+            inject_fault: inject.then(|| "corrupt-page".to_string()),
             allow_fault_injection: allow,
             fault_every: 1,
             fault_after: 0,
@@ -281,5 +294,8 @@ mod tests {
         assert!(faults_allowed(&args(true, false), true).unwrap_err().to_string().contains("--allow-fault-injection"));
         assert!(faults_allowed(&args(true, true), true).is_ok());
         assert!(faults_allowed(&args(false, false), false).is_ok(), "a release build without the flag starts");
+        let unknown = FaultArgs { inject_fault: Some("nope".into()), ..args(true, true) };
+        let message = fault_args_check(&unknown).unwrap_err().to_string();
+        assert!(message.contains("unknown fault `nope`") && message.contains("truncate-transfer"), "{message}");
     }
 }

@@ -1,7 +1,9 @@
 //! The KV handoff between prefill and decode: reservations and their checks (decode), the KV
-//! port that receives frames (decode), the sender (prefill), auth tags and fault injection.
+//! port that receives frames (decode), the sender (prefill), auth tags and, in `testing` builds
+//! only, fault injection.
 
 pub mod auth;
+#[cfg(feature = "testing")]
 pub mod faults;
 #[cfg(feature = "testing")]
 pub mod faulty;
@@ -14,6 +16,5 @@ pub mod sender;
 pub mod verify;
 
 pub use auth::Secret;
-pub use faults::Fault;
 pub use metrics::HandoffMetrics;
 pub use reservations::{Reservations, Verdict};

@@ -16,7 +16,7 @@ pub fn after() -> Option<u64> {
     static AFTER_N: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *AFTER_N.get_or_init(|| {
         let allowed = std::env::var("KVGATE_ALLOW_FAULT_INJECTION").is_ok_and(|v| v == "true");
-        cfg!(feature = "testing").then_some(()).filter(|_| allowed).and_then(|_| std::env::var(AFTER).ok()?.parse().ok())
+        allowed.then(|| std::env::var(AFTER).ok()?.parse().ok()).flatten()
     })
 }
 

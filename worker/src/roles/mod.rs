@@ -5,6 +5,8 @@ pub mod discovery;
 pub mod internal_auth;
 pub mod peers;
 pub mod prefill;
+#[cfg(feature = "testing")]
+pub mod prefill_faults;
 pub mod prefill_rate;
 pub mod retry;
 pub mod router;

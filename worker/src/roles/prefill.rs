@@ -1,8 +1,9 @@
 //! The prefill role: computes a prompt's KV and streams it into decode's reservation. A prompt
-//! that can never fit is rejected before anything is computed or sent.
+//! that can never fit is rejected before anything is computed or sent. This is the honest
+//! prefill only: a testing build's faults (`prefill_faults.rs`) wrap it, chosen at start-up.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -18,7 +19,7 @@ use tracing::field::Empty;
 
 use crate::engine::{Engine, Event, Mode, Prefilled, Rejection};
 use crate::handoff::sender::{SendError, SendOutcome, Transfer, check_reservation};
-use crate::handoff::{Fault, HandoffMetrics, Secret, faults};
+use crate::handoff::{HandoffMetrics, Secret};
 use crate::model::SamplingParams;
 use crate::server::api;
 use crate::server::error::ApiError;
@@ -28,15 +29,6 @@ pub struct PrefillRole {
     pub engine: Engine,
     pub secret: Secret,
     pub metrics: HandoffMetrics,
-    pub fault: Option<Fault>,
-    /// The fault hits handoffs number `fault_after + fault_every`, `fault_after + 2 * fault_every`,
-    /// ... (counted from 1).
-    pub fault_every: u64,
-    pub fault_after: u64,
-    pub handoffs: Arc<AtomicU64>,
-    /// A dedicated prefill process really exits for `die-mid-transfer`; `local` drops the
-    /// connection instead (its other roles share the process).
-    pub exit_on_death: bool,
 }
 
 /// The internal route; the caller wraps it in the signature check.
@@ -55,10 +47,15 @@ fn reservation_error(e: SendError) -> ApiError {
 }
 
 async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response {
-    let req: PrefillRequest = match api::parse(&body) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
+    match request(&body) {
+        Ok((req, span)) => handle(role, req).instrument(span).await,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+/// The request and its span (joined to the caller's trace).
+pub(crate) fn request(body: &Bytes) -> Result<(PrefillRequest, tracing::Span), ApiError> {
+    let req: PrefillRequest = api::parse(body)?;
     let span = tracing::info_span!(
         "prefill",
         otel.kind = "server",
@@ -70,50 +67,55 @@ async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response 
         prompt_tokens = req.prompt.len() as i64,
     );
     super::join_trace(&span, req.traceparent.as_deref());
-    handle(role, req).instrument(span).await
+    Ok((req, span))
 }
 
-async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Response {
-    let n = role.handoffs.fetch_add(1, Ordering::SeqCst) + 1;
-    let fault = role.fault.filter(|_| faults::hits(n, role.fault_after, role.fault_every));
-    // The incident's bug touches only what prefill rejects: a prompt that fits is prefilled,
-    // checked and sent like any other (`forward_placeholder` is the bug's own path).
-    let (ignores_rejections, fault) = match fault {
-        Some(Fault::IgnoreRejection) => (true, None),
-        other => (false, other),
-    };
-    let vocab = role.engine.model.vocab_size();
-    if let Some(at) = req.prompt.iter().position(|t| *t as usize >= vocab) {
-        let message = format!("prompt token {} at position {at} is outside the vocabulary of {vocab} tokens", req.prompt[at]);
-        return ApiError::invalid(format!("prompt[{at}]"), message).into_response();
+pub(crate) async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Response {
+    if let Err(refused) = vocabulary(&role, &req) {
+        return refused.into_response();
     }
-    let layout = *role.engine.pool.layout();
-    let capacity = role.engine.pool.capacity_tokens();
-    let rejected = req.prompt.is_empty() || req.prompt.len() > capacity;
-    // Nothing is computed, and no address dialled, for a reservation decode did not mint (the
-    // bug's placeholder for a rejected prompt skips this: its lease is not the reservation's).
-    if !(rejected && ignores_rejections)
-        && let Err(e) = check_reservation(&req.reservation, &role.secret, req.prompt.len(), &layout.fingerprint(), layout.page_size)
-    {
+    if let Err(e) = reservation(&role, &req) {
         return reservation_error(e).into_response();
     }
-    if rejected {
-        let r = Rejection::NeverFits { prompt: req.prompt.len(), max_tokens: 0, needed: req.prompt.len(), capacity };
-        role.engine.metrics.rejected.with_label_values(&[r.reason()]).inc();
-        if ignores_rejections && !req.prompt.is_empty() {
-            // The incident's bug: the prompt is rejected, yet a one-token placeholder is
-            // computed and handed off anyway, after the rejection went out.
-            let role = role.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let _ = forward_placeholder(&role, req).await;
-            });
-        }
-        return ApiError::from(r).into_response();
+    if let Some(r) = rejection(&role, &req) {
+        return refuse(&role, r);
     }
-    let outcome = run(&role, &req, fault).await;
-    #[cfg(feature = "testing")]
-    crate::handoff::restart_fault::handoff_done(n);
+    respond(run(&role, &req, &Honest).await)
+}
+
+/// A prompt token outside the model's vocabulary is the caller's error, named by position.
+pub(crate) fn vocabulary(role: &PrefillRole, req: &PrefillRequest) -> Result<(), ApiError> {
+    let vocab = role.engine.model.vocab_size();
+    match req.prompt.iter().position(|t| *t as usize >= vocab) {
+        Some(at) => {
+            let message = format!("prompt token {} at position {at} is outside the vocabulary of {vocab} tokens", req.prompt[at]);
+            Err(ApiError::invalid(format!("prompt[{at}]"), message))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Nothing is computed, and no address dialled, for a reservation decode did not mint.
+fn reservation(role: &PrefillRole, req: &PrefillRequest) -> Result<(), SendError> {
+    let layout = role.engine.pool.layout();
+    check_reservation(&req.reservation, &role.secret, req.prompt.len(), &layout.fingerprint(), layout.page_size).map(|_| ())
+}
+
+/// Why the pool can never hold this prompt, if it cannot.
+pub(crate) fn rejection(role: &PrefillRole, req: &PrefillRequest) -> Option<Rejection> {
+    let capacity = role.engine.pool.capacity_tokens();
+    let tokens = req.prompt.len();
+    (tokens == 0 || tokens > capacity).then_some(Rejection::NeverFits { prompt: tokens, max_tokens: 0, needed: tokens, capacity })
+}
+
+/// The rejection, counted by reason.
+pub(crate) fn refuse(role: &PrefillRole, r: Rejection) -> Response {
+    role.engine.metrics.rejected.with_label_values(&[r.reason()]).inc();
+    ApiError::from(r).into_response()
+}
+
+/// The answer to a prefill that ran (or failed).
+pub(crate) fn respond(outcome: Result<PrefillResponse, Failed>) -> Response {
     match outcome {
         Ok(resp) if resp.ok => Json(resp).into_response(),
         Ok(resp) => {
@@ -129,7 +131,7 @@ async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Response {
 
 /// Why a prefill did not end with decode's ack.
 #[derive(Debug, thiserror::Error)]
-enum Failed {
+pub(crate) enum Failed {
     #[error("computing the prompt's KV: prefill was dropped")]
     Dropped,
     #[error("computing the prompt's KV: {0}")]
@@ -138,7 +140,8 @@ enum Failed {
     Engine(String),
     #[error(transparent)]
     Send(#[from] SendError),
-    #[error("prefill died mid-transfer (injected fault)")]
+    /// The sink dropped the connection mid-transfer (only a testing build's fault does).
+    #[error("prefill dropped the transfer mid-way")]
     Died,
     #[error("computing the prompt's KV: {0}")]
     Deadline(String),
@@ -166,7 +169,26 @@ async fn compute(role: &PrefillRole, prompt: Vec<u32>, sampling: Option<Sampling
     }
 }
 
-async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> Result<PrefillResponse, Failed> {
+/// How a transfer goes out and what its commit claims: honestly here; a testing build's fault
+/// decorates it (`prefill_faults.rs`).
+pub(crate) trait Via: Sync {
+    /// The prompt tokens the commit claims, for a lease holding `computed`.
+    fn claims(&self, computed: usize, _req: &PrefillRequest) -> usize {
+        computed
+    }
+    fn send<'t>(&'t self, transfer: &'t Transfer<'t>) -> impl Future<Output = Result<SendOutcome, SendError>> + Send + 't;
+}
+
+/// The transfer as the protocol says.
+pub(crate) struct Honest;
+
+impl Via for Honest {
+    fn send<'t>(&'t self, transfer: &'t Transfer<'t>) -> impl Future<Output = Result<SendOutcome, SendError>> + Send + 't {
+        transfer.run()
+    }
+}
+
+pub(crate) async fn run(role: &PrefillRole, req: &PrefillRequest, via: &impl Via) -> Result<PrefillResponse, Failed> {
     let started = Instant::now();
     // The work is bounded by the reservation's deadline: past it decode frees the pages, so
     // computing on is wasted (and, dropped, the prompt leaves the batch at its next chunk).
@@ -181,8 +203,7 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
     let transfer = Transfer {
         pool: &role.engine.pool,
         lease: &prefilled.lease,
-        // The incident's bug takes its one-token placeholder for the whole prompt.
-        prompt_tokens: if fault == Some(Fault::IgnoreRejection) { req.reservation.reserved_tokens as usize } else { prefilled.lease.tokens() },
+        prompt_tokens: via.claims(prefilled.lease.tokens(), req),
         reservation: &req.reservation,
         secret: &role.secret,
         first_token: prefilled.first_token,
@@ -193,7 +214,7 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
         integrity: true,
     };
     let span = tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
-    let outcome = send(&transfer, fault).instrument(span.clone()).await;
+    let outcome = via.send(&transfer).instrument(span.clone()).await;
     match &outcome {
         Ok(SendOutcome::Acked(ack)) if !ack.ok => mark_failed(&span, &ack.reason),
         Err(e) => mark_failed(&span, &e.to_string()),
@@ -206,31 +227,8 @@ async fn run(role: &PrefillRole, req: &PrefillRequest, fault: Option<Fault>) -> 
             Ok(PrefillResponse { ok: ack.ok, reason: ack.reason, message: ack.message, prompt_logprobs: prefilled.prompt_logprobs.clone() })
         }
         SendOutcome::Died => {
-            if role.exit_on_death {
-                tracing::error!("die-mid-transfer: exiting mid-transfer as instructed");
-                std::process::exit(137);
-            }
             role.metrics.total.with_label_values(&["failed"]).inc();
             Err(Failed::Died)
         }
     }
-}
-
-/// The transfer, through the fault decorator when this handoff gets a fault (faults exist only in
-/// a `testing` build; any other build refuses `--inject-fault` at start-up).
-async fn send(transfer: &Transfer<'_>, fault: Option<Fault>) -> Result<SendOutcome, SendError> {
-    match fault {
-        #[cfg(feature = "testing")]
-        Some(fault) => {
-            let port = crate::handoff::sender::KvConnection::new(&transfer.reservation.kv_addr, transfer.metrics);
-            transfer.run_into(crate::handoff::faulty::Faulty::new(fault, port, transfer.secret, transfer.reservation)).await
-        }
-        _ => transfer.run().await,
-    }
-}
-
-/// The buggy path of `ignore-rejection`: one token of the prompt, handed off as if it were all.
-async fn forward_placeholder(role: &PrefillRole, mut req: PrefillRequest) -> Result<PrefillResponse, Failed> {
-    req.prompt.truncate(1);
-    run(role, &req, Some(Fault::IgnoreRejection)).await
 }
