@@ -67,6 +67,20 @@ impl Mac {
     }
 }
 
+/// In JSON as its hex digits.
+impl serde::Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Mac {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Mac::from_hex(&s).map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Debug for Mac {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Mac({:02x}{:02x}..)", self.0[0], self.0[1])

@@ -569,6 +569,34 @@ mod tests {
         assert_eq!(text.parse::<HandoffId>(), Ok(id));
         assert!("xyz".parse::<HandoffId>().is_err());
     }
+
+    #[test]
+    fn a_reservation_carries_its_id_and_tag_as_hex_and_a_malformed_one_is_refused_where_it_is_read() {
+        use crate::auth::Mac;
+        use crate::roles::Reservation;
+        let r = Reservation {
+            handoff_id: HandoffId(0xabc),
+            pages: vec![1],
+            reserved_tokens: 3,
+            max_tokens: 1,
+            expires_ms: 9,
+            tag: Mac([7; MAC_LEN]),
+            kv_addr: "127.0.0.1:1".into(),
+            model_fingerprint: "0".repeat(16),
+            layout_fingerprint: "1".repeat(16),
+        };
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["handoff_id"], "00000000000000000000000000000abc");
+        assert_eq!(json["tag"], "07".repeat(MAC_LEN));
+        assert_eq!(serde_json::from_value::<Reservation>(json.clone()).unwrap(), r);
+        let plus = format!("+{}", "0".repeat(31));
+        for (field, bad) in [("handoff_id", "abc"), ("handoff_id", "zz000000000000000000000000000000"), ("handoff_id", plus.as_str()), ("tag", "00")] {
+            let mut forged = json.clone();
+            forged[field] = bad.into();
+            let e = serde_json::from_value::<Reservation>(forged).unwrap_err().to_string();
+            assert!(e.contains("hex digits"), "{field}={bad}: {e}");
+        }
+    }
 }
 
 #[cfg(test)]

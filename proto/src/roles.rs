@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::auth::ReservationFields;
+use crate::auth::{Mac, ReservationFields};
 use crate::handoff::HandoffId;
 use crate::logprobs::TokenLogprobs;
 
@@ -12,12 +12,12 @@ pub const RESERVE_PATH: &str = "/internal/v1/reserve";
 pub const PREFILL_PATH: &str = "/internal/v1/prefill";
 
 /// Decode: give a reservation's pages back.
-pub fn cancel_path(id: &str) -> String {
+pub fn cancel_path(id: HandoffId) -> String {
     format!("/internal/v1/handoffs/{id}/cancel")
 }
 
 /// Decode: generate from a committed handoff (an NDJSON stream of [`StreamLine`]s).
-pub fn generate_path(id: &str) -> String {
+pub fn generate_path(id: HandoffId) -> String {
     format!("/internal/v1/handoffs/{id}/generate")
 }
 
@@ -36,8 +36,8 @@ pub struct ReserveRequest {
 /// Decode -> router: the reservation prefill must fill.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
-    /// 32 hex digits.
-    pub handoff_id: String,
+    /// 32 hex digits on the wire.
+    pub handoff_id: HandoffId,
     /// Decode page ids the prompt's KV must land in, in order.
     pub pages: Vec<u32>,
     /// Tokens the transfer must carry: exactly the prompt.
@@ -46,9 +46,10 @@ pub struct Reservation {
     pub max_tokens: u32,
     /// Unix time in milliseconds after which the reservation is void.
     pub expires_ms: u64,
-    /// Decode's tag over the reservation (64 hex digits; see `auth::DeploymentKey::reservation_tag`):
-    /// prefill recomputes it and refuses a reservation it does not verify.
-    pub tag: String,
+    /// Decode's tag over the reservation (64 hex digits on the wire; see
+    /// `auth::DeploymentKey::reservation_tag`): prefill recomputes it and refuses a reservation
+    /// it does not verify.
+    pub tag: Mac,
     /// Decode's KV port, `host:port` (covered by the tag).
     pub kv_addr: String,
     pub model_fingerprint: String,
@@ -56,10 +57,10 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    /// What the reservation's tag covers (`id` is `handoff_id`, parsed by the caller).
-    pub fn fields(&self, id: HandoffId) -> ReservationFields<'_> {
+    /// What the reservation's tag covers.
+    pub fn fields(&self) -> ReservationFields<'_> {
         ReservationFields {
-            handoff: id,
+            handoff: self.handoff_id,
             reserved_tokens: self.reserved_tokens,
             max_tokens: self.max_tokens,
             expires_ms: self.expires_ms,

@@ -195,12 +195,12 @@ async fn no_byte_of_a_previous_tenant_leaves_prefill_even_without_scrubbing() {
             let expires_ms = kvgate_worker::roles::internal_auth::now_ms() + 30_000;
             let fields = ReservationFields { handoff: id, reserved_tokens: prompt.len() as u32, max_tokens: 4, expires_ms, pages: &pages, kv_addr };
             let reservation = Reservation {
-                handoff_id: id.to_string(),
+                handoff_id: id,
                 pages: pages.clone(),
                 reserved_tokens: prompt.len() as u32,
                 max_tokens: 4,
                 expires_ms,
-                tag: secret.secret.key().reservation_tag(&fields).to_hex(),
+                tag: secret.secret.key().reservation_tag(&fields),
                 kv_addr: kv_addr.clone(),
                 model_fingerprint: report.model_fingerprint.clone(),
                 layout_fingerprint: report.layout_fingerprint.clone(),

@@ -64,12 +64,12 @@ pub async fn generate(http: &reqwest::Client, key: &DeploymentKey, prefill: &End
     let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens, traceparent: traceparent() };
     let resp = refused(post(http, key, decode, DECODE_PORT, roles::RESERVE_PATH, &reserve).await?, "decode's reservation").await?;
     let reservation: Reservation = resp.json().await.map_err(|e| NoAnswer::failed(format!("decode's reservation: {e}")))?;
-    let id = reservation.handoff_id.clone();
+    let id = reservation.handoff_id;
     let request = PrefillRequest { prompt: prompt.to_vec(), reservation, sampling: Some(sampling), traceparent: traceparent() };
     // Prefill's answer carries decode's verdict on the transfer (a mismatch names its reason).
     refused(post(http, key, prefill, PREFILL_PORT, roles::PREFILL_PATH, &request).await?, "prefill").await?;
     let generate = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling, commit_wait_ms: None, traceparent: traceparent() };
-    let resp = refused(post(http, key, decode, DECODE_PORT, &roles::generate_path(&id), &generate).await?, "decode's generation").await?;
+    let resp = refused(post(http, key, decode, DECODE_PORT, &roles::generate_path(id), &generate).await?, "decode's generation").await?;
     let text = resp.text().await.map_err(|e| NoAnswer::failed(format!("decode's token stream: {e}")))?;
     let mut tokens = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {

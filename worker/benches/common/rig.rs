@@ -39,10 +39,10 @@ impl Rig {
             timeout: Duration::from_secs(60),
             limits: Limits { window, vocab: 256, max_open: 64 },
             kv_addr: kv_addr.clone(),
-            model_fingerprint: "1".into(),
-            layout_fingerprint: "2".into(),
+            model_fingerprint: "0000000000000001".into(),
+            layout_fingerprint: "0000000000000002".into(),
         };
-        let table = Reservations::new(decode_pool, secret.clone(), config, metrics.clone());
+        let table = Reservations::new(decode_pool, secret.clone(), config, metrics.clone()).unwrap();
         let table = Arc::new(if checks { table } else { table.without_integrity_checks() });
         let port = receiver::PortLimits {
             max_connections: 64,
@@ -66,15 +66,15 @@ impl Rig {
     pub async fn send_one(&self) -> Duration {
         let issued = self.table.reserve(self.tokens as u32, 1).unwrap();
         let reservation = Reservation {
-            handoff_id: issued.id.to_string(),
+            handoff_id: issued.id,
             pages: issued.pages.clone(),
             reserved_tokens: issued.reserved_tokens,
             max_tokens: issued.max_tokens,
             expires_ms: issued.expires_ms,
-            tag: issued.tag.to_hex(),
+            tag: issued.tag,
             kv_addr: self.kv_addr.clone(),
-            model_fingerprint: "1".into(),
-            layout_fingerprint: "2".into(),
+            model_fingerprint: "0000000000000001".into(),
+            layout_fingerprint: "0000000000000002".into(),
         };
         let transfer = Transfer {
             pool: &self.prefill_pool,
@@ -84,8 +84,8 @@ impl Rig {
             secret: &self.secret,
             first_token: 0,
             first_logprobs: None,
-            model_fingerprint: "1",
-            layout_fingerprint: "2",
+            model_fingerprint: "0000000000000001",
+            layout_fingerprint: "0000000000000002",
             metrics: &self.metrics,
             integrity: self.checks,
         };

@@ -132,7 +132,7 @@ pub async fn decode(args: &DecodeArgs, registry: &prometheus::Registry, secret: 
         layout_fingerprint: report.layout_fingerprint.clone(),
     };
     let kv_addr = config.kv_addr.clone();
-    let table = Arc::new(Reservations::new(engine.pool.clone(), secret.clone(), config, handoff_metrics));
+    let table = Arc::new(Reservations::new(engine.pool.clone(), secret.clone(), config, handoff_metrics).map_err(anyhow::Error::msg)?);
     let port = receiver::PortLimits {
         max_connections: h.kv_max_connections as usize,
         max_unauthenticated: h.kv_max_unauthenticated as usize,

@@ -24,8 +24,7 @@ pub struct Faulty<S> {
 
 impl<S: Sink> Faulty<S> {
     pub fn new(fault: Fault, inner: S, secret: &Secret, reservation: &Reservation) -> Self {
-        // An unparsable id is refused by the sender before any frame is sealed.
-        let id: HandoffId = reservation.handoff_id.parse().unwrap_or(HandoffId(0));
+        let id = reservation.handoff_id;
         let key = secret.key().frame_key(id);
         let wrong_key = secret.key().frame_key(HandoffId(id.0 ^ 1));
         Faulty { fault, inner, key, wrong_key, pages: reservation.pages.len() }

@@ -209,8 +209,13 @@ impl Table {
     }
 }
 
-pub fn fingerprint_u64(hex: &str) -> u64 {
-    u64::from_str_radix(hex, 16).unwrap_or(0)
+/// A model or layout fingerprint (16 hex digits) as the commit frame carries it. Anything else
+/// is an error, never some number that might match another malformed one.
+pub fn fingerprint_u64(hex: &str) -> Result<u64, String> {
+    match hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        true => u64::from_str_radix(hex, 16).map_err(|e| e.to_string()),
+        false => Err(format!("a fingerprint is 16 hex digits, got {hex:?}")),
+    }
 }
 
 /// Everything `Reservations` is built from besides the pool and the secret.
@@ -224,17 +229,18 @@ pub struct TableConfig {
 }
 
 impl Reservations {
-    pub fn new(pool: Arc<KvPool>, secret: Secret, config: TableConfig, metrics: HandoffMetrics) -> Self {
+    /// The table; an error when a fingerprint of `config` is malformed.
+    pub fn new(pool: Arc<KvPool>, secret: Secret, config: TableConfig, metrics: HandoffMetrics) -> Result<Self, String> {
         let layout = pool.layout();
         let rules = Rules {
             page_size: layout.page_size as u32,
             page_bytes: layout.page_bytes(),
             vocab: config.limits.vocab,
-            model_fingerprint: fingerprint_u64(&config.model_fingerprint),
-            layout_fingerprint: fingerprint_u64(&config.layout_fingerprint),
+            model_fingerprint: fingerprint_u64(&config.model_fingerprint).map_err(|e| format!("model fingerprint: {e}"))?,
+            layout_fingerprint: fingerprint_u64(&config.layout_fingerprint).map_err(|e| format!("layout fingerprint: {e}"))?,
             checksums: true,
         };
-        Reservations {
+        Ok(Reservations {
             pool,
             secret,
             timeout: config.timeout,
@@ -244,7 +250,7 @@ impl Reservations {
             metrics,
             table: Mutex::new(Table::default()),
             changed: Notify::new(),
-        }
+        })
     }
 
     /// Skips the MAC, checksum and digest checks. Only for measuring their cost in

@@ -24,10 +24,10 @@ fn fixture(timeout: Duration) -> Fixture {
         timeout,
         limits: Limits { window: 40, vocab: 100, max_open: 3 },
         kv_addr: "127.0.0.1:1".into(),
-        model_fingerprint: "a".into(),
-        layout_fingerprint: "b".into(),
+        model_fingerprint: format!("{:016x}", 0xa),
+        layout_fingerprint: format!("{:016x}", 0xb),
     };
-    let table = Reservations::new(pool, Secret::new(&[3; 32]).unwrap(), config, HandoffMetrics::new(&Registry::new(), "decode"));
+    let table = Reservations::new(pool, Secret::new(&[3; 32]).unwrap(), config, HandoffMetrics::new(&Registry::new(), "decode")).unwrap();
     Fixture { page_bytes: layout.page_bytes(), table }
 }
 
@@ -226,4 +226,12 @@ fn replayed_frames_and_frames_of_an_earlier_generation_of_the_same_pages_are_ref
         accept(&f.table, &f.page(&new, i), true).unwrap();
     }
     f.table.accept_commit(&f.commit(&new, 1), true).unwrap();
+}
+
+#[test]
+fn a_malformed_fingerprint_is_an_error_never_a_number_that_might_match() {
+    assert_eq!(super::fingerprint_u64("00000000000000ff"), Ok(255));
+    for bad in ["", "ff", "zz00000000000000", "000000000000000000", "+0000000000000ff"] {
+        assert!(super::fingerprint_u64(bad).unwrap_err().contains("16 hex digits"), "{bad:?}");
+    }
 }

@@ -44,6 +44,8 @@ pub enum SendError {
     Pool(#[from] KvError),
     #[error("decode's answer: {0}")]
     Ack(String),
+    #[error("this worker's {0}")]
+    Fingerprint(String),
 }
 
 pub struct Transfer<'a> {
@@ -69,9 +71,8 @@ pub struct Transfer<'a> {
 /// layout. `prompt_tokens` is the prompt prefill was asked to compute.
 pub fn check_reservation(r: &Reservation, secret: &Secret, prompt_tokens: usize, layout_fingerprint: &str, page_size: usize) -> Result<HandoffId, SendError> {
     let bad = |m: String| SendError::Reservation(m);
-    let id: HandoffId = r.handoff_id.parse().map_err(bad)?;
-    let tag = Mac::from_hex(&r.tag).map_err(|e| bad(e.to_string()))?;
-    if !secret.key().reservation_tag(&r.fields(id)).verify(&tag) {
+    let id = r.handoff_id;
+    if !secret.key().reservation_tag(&r.fields()).verify(&r.tag) {
         return Err(bad(format!("reservation {id} does not carry a tag of this deployment's decode (forged or altered; kv_addr {})", r.kv_addr)));
     }
     if r.expires_ms <= kvgate_proto::auth::now_ms() {
@@ -350,8 +351,8 @@ impl Transfer<'_> {
             digest: digest(checksums.iter().copied()),
             first_token: self.first_token,
             first_logprobs: self.first_logprobs.clone(),
-            model_fingerprint: fingerprint_u64(self.model_fingerprint),
-            layout_fingerprint: fingerprint_u64(self.layout_fingerprint),
+            model_fingerprint: fingerprint_u64(self.model_fingerprint).map_err(|e| SendError::Fingerprint(format!("model fingerprint: {e}")))?,
+            layout_fingerprint: fingerprint_u64(self.layout_fingerprint).map_err(|e| SendError::Fingerprint(format!("layout fingerprint: {e}")))?,
             mac: Mac([0; MAC_LEN]),
         };
         sink.commit(commit, key.as_ref()).await?;

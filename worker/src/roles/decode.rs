@@ -98,12 +98,12 @@ async fn reserve(State(role): State<DecodeRole>, body: Bytes) -> Response {
     }
     match reserved {
         Ok(issued) => Json(Reservation {
-            handoff_id: issued.id.to_string(),
+            handoff_id: issued.id,
             pages: issued.pages,
             reserved_tokens: issued.reserved_tokens,
             max_tokens: issued.max_tokens,
             expires_ms: issued.expires_ms,
-            tag: issued.tag.to_hex(),
+            tag: issued.tag,
             kv_addr: role.reservations.kv_addr().to_string(),
             model_fingerprint: role.engine.model.fingerprint.clone(),
             layout_fingerprint: role.engine.pool.layout().fingerprint(),

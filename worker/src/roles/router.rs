@@ -217,7 +217,7 @@ impl Dispatcher {
 
     /// Gives a reservation's pages back to decode (`rejected`: prefill refused the prompt as too
     /// large, so a transfer that still arrives is the incident's bug).
-    async fn cancel(&self, decode: &Peer, id: &str, rejected: bool, request: &RequestContext) {
+    async fn cancel(&self, decode: &Peer, id: kvgate_proto::handoff::HandoffId, rejected: bool, request: &RequestContext) {
         let body = CancelRequest { rejected, traceparent: Some(request.traceparent()) };
         let _ = self.call(decode, &super::cancel_path(id), &body).await;
     }
@@ -253,8 +253,8 @@ impl Dispatcher {
         }
         .instrument(tracing::info_span!("reserve", prompt_tokens = prompt.len() as i64, max_tokens = max_tokens as i64))
         .await?;
-        let id = reservation.handoff_id.clone();
-        dispatch.record("handoff_id", id.as_str());
+        let id = reservation.handoff_id;
+        dispatch.record("handoff_id", tracing::field::display(id));
         self.metrics.prompt_tokens.inc_by(prompt.len() as u64);
 
         // 2. Prefill fills it, or rejects the prompt before computing anything.
@@ -272,7 +272,7 @@ impl Dispatcher {
                 // connection closes), and decode's pages go back now, not at the deadline.
                 self.metrics.abandoned.inc();
                 tracing::info!("client disconnected during prefill; reservation cancelled");
-                self.cancel(&decode, &id, false, request).await;
+                self.cancel(&decode, id, false, request).await;
                 return Ok(());
             }
         };
@@ -291,7 +291,7 @@ impl Dispatcher {
                 if let Event::Failed(f) = &failure {
                     mark_failed(&prefill_span, &f.code);
                 }
-                self.cancel(&decode, &id, rejected, request).await;
+                self.cancel(&decode, id, rejected, request).await;
                 return Err(Failed::last(failure));
             }
             Ok(r) if r.status().is_success() => {
@@ -321,7 +321,7 @@ impl Dispatcher {
         let generated = async {
             let commit_wait_ms = commit_wait.map(|(d, _)| d.as_millis() as u64);
             let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms, traceparent: Some(request.traceparent()) };
-            let resp = self.call_decode(&decode, &super::generate_path(&id), &generate).await?;
+            let resp = self.call_decode(&decode, &super::generate_path(id), &generate).await?;
             self.relay(tx, resp, arrived, prompt_logprobs, &mut delivered).await.map_err(|e| match e {
                 // Decode's stream broke before any token: nothing reached the client.
                 Relay::Broke(event) if !delivered => Failed::retry(event, Retry::DecodeStreamBroke, &[&decode]),

@@ -38,7 +38,7 @@ impl KvClient {
     }
 
     pub fn id(&self) -> HandoffId {
-        self.reservation.handoff_id.parse().unwrap()
+        self.reservation.handoff_id
     }
 
     fn encode(&self, frame: Frame) -> Vec<u8> {
