@@ -184,15 +184,13 @@ impl Metrics {
         }
     }
 
-    /// Exports the index's size and its running tasks, read at each scrape.
-    pub fn watch_index(&self, index: Arc<Index>) {
+    /// Exports the index's size and its running tasks (every one of `kinds`, 0 when none
+    /// runs), read at each scrape.
+    pub fn watch_index(&self, index: Arc<Index>, kinds: &[&'static str]) {
         let deployments = IntGauge::new("kvgate_operator_indexed_deployments", "InferenceDeployments the operator holds state for").unwrap();
-        let tasks = IntGaugeVec::new(
-            Opts::new("kvgate_operator_background_tasks", "Background tasks running for InferenceDeployments, by kind (absent: none of that kind)"),
-            &["kind"],
-        )
-        .unwrap();
-        self.registry.register(Box::new(IndexGauges { index, deployments, tasks })).unwrap();
+        let tasks =
+            IntGaugeVec::new(Opts::new("kvgate_operator_background_tasks", "Background tasks running for InferenceDeployments, by kind"), &["kind"]).unwrap();
+        self.registry.register(Box::new(IndexGauges { index, deployments, tasks, kinds: kinds.to_vec() })).unwrap();
     }
 
     /// Removes every series of one InferenceDeployment (deleted): no alert fires for an
@@ -223,6 +221,7 @@ struct IndexGauges {
     index: Arc<Index>,
     deployments: IntGauge,
     tasks: IntGaugeVec,
+    kinds: Vec<&'static str>,
 }
 
 impl prometheus::core::Collector for IndexGauges {
@@ -233,6 +232,9 @@ impl prometheus::core::Collector for IndexGauges {
     fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
         self.deployments.set(self.index.len() as i64);
         self.tasks.reset();
+        for kind in &self.kinds {
+            self.tasks.with_label_values(&[kind]).set(0);
+        }
         for (kind, n) in self.index.running_tasks() {
             self.tasks.with_label_values(&[kind]).set(n as i64);
         }

@@ -83,7 +83,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (trigger, triggers) = Trigger::new();
     let http = crate::capacity::client();
     let index = Arc::new(Index::default());
-    metrics.watch_index(index.clone());
+    metrics.watch_index(
+        index.clone(),
+        &[crate::tasks::probes::TASK, crate::tasks::scrapes::TASK, crate::tasks::canaries::TASK, crate::tasks::serving_probes::TASK],
+    );
     let probes = Probes::new(http.clone(), trigger.clone(), index.clone());
     let pods_gone = probes.clone();
     let stores = Stores::start(&client, args.namespace.as_deref(), &trigger, move |pod| pods_gone.forget_pod(&pod.metadata.uid.clone().unwrap_or_default()));

@@ -16,7 +16,8 @@ use crate::crd::{CanaryStatus, InferenceDeployment};
 use crate::index::Index;
 use crate::metrics::Metrics;
 
-const TASK: &str = "canary";
+/// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
+pub const TASK: &str = "canary";
 
 /// The revision whose run was started last, and its result once it finished.
 #[derive(Default)]

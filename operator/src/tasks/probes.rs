@@ -38,7 +38,8 @@ pub const FIRST_RETRY: Duration = Duration::from_millis(250);
 const STARTING: Duration = Duration::from_secs(60);
 /// Retries stop when no reconcile asked for the pod this long.
 const WANTED: Duration = Duration::from_secs(10);
-const TASK: &str = "probe";
+/// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
+pub const TASK: &str = "probe";
 /// Reads in flight at once, over every deployment.
 const CONCURRENT: usize = 32;
 

@@ -19,7 +19,8 @@ use crate::scrape;
 /// Every pod's `/metrics` is a few hundred bytes of text: cheap enough to read twice a second
 /// while a bake lasts, and a rollback follows a mismatch within about half a second.
 pub const EVERY: Duration = Duration::from_millis(500);
-const TASK: &str = "scrape";
+/// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
+pub const TASK: &str = "scrape";
 const IDLE: Duration = Duration::from_secs(10);
 
 /// A pod's address and the port of its `/metrics`.

@@ -25,7 +25,8 @@ use crate::metrics::Metrics;
 use crate::rollout_state::RefusalReason;
 
 const HOUR: Duration = Duration::from_secs(3600);
-const TASK: &str = "serving-probe";
+/// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
+pub const TASK: &str = "serving-probe";
 
 /// Why a serving pod fails the probes: the refusal reason its gate shows, and the message.
 pub type Failures = BTreeMap<String, (RefusalReason, String)>;
