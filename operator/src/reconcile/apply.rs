@@ -123,11 +123,13 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     if Some(&plan.status) != d.status.as_ref() {
         status(ctx, d, &plan.status).await?;
     }
-    // The gateway's pool: what this sync finds is the next pass's condition (woken when it
-    // changed).
-    let had_pool = plan.status.conditions.iter().any(|c| c.type_ == inference_pool::CONDITION);
-    let pool = inference_pool::sync(ctx, d, &ns, had_pool).await;
-    if ctx.memory.pool_synced(d, inference_pool::condition(d, &pool)) {
+    // The gateway's pool: what this sync finds is the next pass's condition; a pass is woken
+    // only when it says something the status just written does not.
+    let written = plan.status.conditions.iter().find(|c| c.type_ == inference_pool::CONDITION);
+    let found = inference_pool::condition(d, &inference_pool::sync(ctx, d, &ns, written.is_some()).await);
+    let news = inference_pool::differs(found.as_ref(), written);
+    ctx.memory.pool_synced(d, found);
+    if news {
         ctx.trigger.reconcile(&ObjectRef::from_obj(d));
     }
     let reference = d.object_ref(&());

@@ -10,6 +10,7 @@
 //! (remembered per deployment, `Memory::pool_synced`): a sync whose finding changed wakes the
 //! next pass, which writes it.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 
@@ -115,6 +116,15 @@ pub fn condition(d: &InferenceDeployment, outcome: &Outcome) -> Option<PoolCondi
     Some(PoolCondition { ok, reason, message })
 }
 
+/// Whether what a sync found says something else than the condition status holds.
+pub fn differs(found: Option<&PoolCondition>, shown: Option<&Condition>) -> bool {
+    match (found, shown) {
+        (None, None) => false,
+        (Some(f), Some(c)) => (c.status == "True") != f.ok || c.reason != f.reason || c.message != f.message,
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +144,15 @@ mod tests {
         let forbidden = kube::Error::Api(kube::core::Status::failure("no", "Forbidden").with_code(403).boxed());
         let failed = condition(&d, &Outcome::Failed(Error::api("applying InferencePool llm")(forbidden))).unwrap();
         assert!(!failed.ok && failed.reason == "Forbidden" && failed.message.starts_with("applying InferencePool llm: forbidden"), "{failed:?}");
+
+        // A finding is news only when status does not already say it (a first sync that finds
+        // no pool wanted wakes nothing).
+        let mut conds = Vec::new();
+        assert!(!differs(None, None));
+        assert!(differs(Some(&applied), None));
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        crate::conditions::set(&mut conds, CONDITION, true, applied.reason, applied.message.clone(), None, &at);
+        assert!(!differs(Some(&applied), conds.first()));
+        assert!(differs(Some(&missing), conds.first()) && differs(None, conds.first()));
     }
 }

@@ -91,9 +91,9 @@ impl Memory {
         self.with(d, |r| r.pool.clone()).flatten()
     }
 
-    /// Records what a sync found; whether it differs from what was known.
-    pub fn pool_synced(&self, d: &InferenceDeployment, found: Option<PoolCondition>) -> bool {
-        self.with(d, |r| r.pool.replace(found.clone()) != Some(found)).unwrap_or(false)
+    /// Records what a sync found.
+    pub fn pool_synced(&self, d: &InferenceDeployment, found: Option<PoolCondition>) {
+        self.with(d, |r| r.pool = Some(found));
     }
 
     pub fn applied(&self, d: &InferenceDeployment, key: &str, hash: u64, seen_version: Option<&str>) -> bool {
