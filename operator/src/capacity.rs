@@ -19,13 +19,33 @@ pub fn client() -> reqwest::Client {
 /// does not verify as this pod's (`reason` is the gate condition's).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NoReport {
-    pub reason: &'static str,
+    pub reason: NoReportReason,
     pub message: String,
+}
+
+/// The gate condition's reason for a pod without a verified report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+pub enum NoReportReason {
+    /// Not running, not answering, or not read yet: it may still come.
+    #[strum(serialize = "AwaitingCapacityReport")]
+    Awaiting,
+    /// A report that does not verify as this pod's (forged, or signed with another key).
+    #[strum(serialize = "UnauthenticatedReport")]
+    Unauthenticated,
+    /// An external engine answered, but not with the capacity its adapter reads.
+    #[strum(serialize = "CapacityUnreadable")]
+    Unreadable,
+}
+
+impl NoReportReason {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 impl NoReport {
     pub fn waiting(message: impl Into<String>) -> Self {
-        NoReport { reason: "AwaitingCapacityReport", message: message.into() }
+        NoReport { reason: NoReportReason::Awaiting, message: message.into() }
     }
 }
 
@@ -53,10 +73,10 @@ pub enum ReportError {
 
 impl ReportError {
     /// The gate condition's reason for a pod whose report is refused or missing.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> NoReportReason {
         match self {
-            ReportError::Unauthenticated { .. } => "UnauthenticatedReport",
-            _ => "AwaitingCapacityReport",
+            ReportError::Unauthenticated { .. } => NoReportReason::Unauthenticated,
+            _ => NoReportReason::Awaiting,
         }
     }
 }

@@ -120,10 +120,6 @@ pub struct EngineCapacity {
     pub detail: String,
 }
 
-/// Why an engine's answer could not be used: the gate condition's reason when a pod answers
-/// but not with something its engine's adapter can read.
-pub const UNREADABLE: &str = "CapacityUnreadable";
-
 /// How long one read or one canary completion may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const GENERATE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -139,7 +135,7 @@ async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, NoReport>
 /// An answer the adapter cannot read: `CapacityUnreadable`, naming the endpoint and what is
 /// missing.
 fn unreadable(url: String, why: String) -> NoReport {
-    NoReport { reason: UNREADABLE, message: format!("GET {url}: {why}") }
+    NoReport { reason: crate::capacity::NoReportReason::Unreadable, message: format!("GET {url}: {why}") }
 }
 
 /// A capacity read from one endpoint's body (`GET {base}{path}`), by the engine's parser.

@@ -191,7 +191,7 @@ mod tests {
     fn only_a_new_report_or_a_new_kind_of_failure_is_news() {
         let refused = |m: &str| Err(NoReport::waiting(m));
         assert!(!differs(&refused("connection refused"), &refused("timed out")));
-        let forged: Report = Err(NoReport { reason: "UnauthenticatedReport", message: "x".into() });
+        let forged: Report = Err(NoReport { reason: crate::capacity::NoReportReason::Unauthenticated, message: "x".into() });
         assert!(differs(&refused("connection refused"), &forged));
     }
 

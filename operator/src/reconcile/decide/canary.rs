@@ -168,7 +168,7 @@ mod tests {
         assert_eq!(plan.status.canary.as_ref().map(|c| c.passed), Some(true));
         assert_eq!(plan.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["CanaryPassed"]);
         assert!(plan.canary.is_none(), "passed: no run wanted");
-        assert!(plan.pod_gates.iter().all(|g| g.status == "True"), "the same pass opens the gates: {:?}", plan.pod_gates);
+        assert!(plan.pod_gates.iter().all(|g| g.verified), "the same pass opens the gates: {:?}", plan.pod_gates);
         let again = pass(&mut d, "r1", &world);
         assert!(again.events.iter().all(|e| e.reason != "CanaryPassed"), "recorded once");
 
@@ -193,6 +193,6 @@ mod tests {
         let plan = pass(&mut d, "r1", &world);
         assert!(plan.canary.is_none());
         assert_eq!(phase(&plan), "Progressing", "not Canary: not every pod was verified");
-        assert!(plan.pod_gates.iter().all(|g| g.status == "False"), "verified pods still take no traffic: {:?}", plan.pod_gates);
+        assert!(plan.pod_gates.iter().all(|g| !g.verified), "verified pods still take no traffic: {:?}", plan.pod_gates);
     }
 }

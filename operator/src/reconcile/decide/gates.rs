@@ -43,11 +43,23 @@ pub struct PrefillEstimate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodGate {
     pub pod: String,
-    pub status: &'static str,
+    /// The condition's status: `True` lets the pod become Ready.
+    pub verified: bool,
     pub reason: String,
     pub message: String,
     /// The transition time: kept while the status is unchanged, else the pass's.
     pub since: Time,
+}
+
+impl PodGate {
+    /// The condition's status as Kubernetes spells it.
+    pub fn status(&self) -> &'static str {
+        condition_status(self.verified)
+    }
+}
+
+fn condition_status(ok: bool) -> &'static str {
+    if ok { "True" } else { "False" }
 }
 
 pub(super) struct Gates {
@@ -131,29 +143,30 @@ pub(super) fn verify(world: &World, revision: &str, context_window: u64) -> (Ver
 fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[PodVerdict], held: Option<&str>, now: &Time) -> Vec<PodGate> {
     pods.zip(verdicts)
         .filter_map(|(pod, verdict)| {
-            let (status, reason, message) = match verdict {
+            let (verified, reason, message) = match verdict {
                 PodVerdict::Pending => {
                     let (reason, why) = match &pod.report {
-                        Err(why) => (why.reason, why.message.clone()),
+                        Err(why) => (why.reason.as_str(), why.message.clone()),
                         Ok(_) => {
                             let peer = pod.role.peer().map_or("other", |p| p.as_str());
                             ("AwaitingCapacityReport", format!("waiting for the {peer} pods' capacity reports to compare fingerprints"))
                         }
                     };
-                    ("False", reason.to_string(), why)
+                    (false, reason.to_string(), why)
                 }
                 PodVerdict::Verified { message } => match held {
-                    Some(why) => ("False", "AwaitingCanary".to_string(), format!("{message}; {why}")),
-                    None => ("True", "KVPoolVerified".to_string(), message.clone()),
+                    Some(why) => (false, "AwaitingCanary".to_string(), format!("{message}; {why}")),
+                    None => (true, "KVPoolVerified".to_string(), message.clone()),
                 },
-                PodVerdict::Failed { failure, message } => ("False", failure.to_string(), message.clone()),
+                PodVerdict::Failed { failure, message } => (false, failure.to_string(), message.clone()),
             };
+            let status = condition_status(verified);
             let existing = pod.condition.as_ref();
             if existing.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(&reason) && c.message.as_deref() == Some(&message)) {
                 return None;
             }
             let since = existing.filter(|c| c.status == status).and_then(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
-            Some(PodGate { pod: pod.name.clone(), status, reason, message, since })
+            Some(PodGate { pod: pod.name.clone(), verified, reason, message, since })
         })
         .collect()
 }
@@ -202,7 +215,7 @@ mod tests {
         restarted.pods[0].report = Err(NoReport::waiting("the container restarted: reading its capacity report again"));
         let plan = pass(&mut d, "r1", &restarted);
         let gate = plan.pod_gates.iter().find(|g| g.pod == "llm-prefill-r1-0").expect("a gate write");
-        assert_eq!((gate.status, gate.reason.as_str()), ("False", "AwaitingCapacityReport"));
+        assert_eq!((gate.status(), gate.reason.as_str()), ("False", "AwaitingCapacityReport"));
         assert!(gate.message.contains("restarted"), "{gate:?}");
         // Unread is not unverified: no Degraded Event for a pod being read.
         assert!(plan.unverified.is_empty() && plan.events.is_empty(), "{plan:?}");

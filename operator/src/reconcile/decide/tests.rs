@@ -97,7 +97,7 @@ fn first_rollout_waits_for_reports_then_serves_once_verified_and_ready() {
     revision(&mut world, &d, "r1", Err(NoReport::waiting("GET http://10.0.0.1:8081/v1/kv-pool: connection refused")), false);
     let plan = pass(&mut d, "r1", &world);
     let prefill = &plan.pod_gates[0];
-    assert_eq!((prefill.status, prefill.reason.as_str()), ("False", "AwaitingCapacityReport"));
+    assert_eq!((prefill.status(), prefill.reason.as_str()), ("False", "AwaitingCapacityReport"));
     assert_eq!(prefill.message, "GET http://10.0.0.1:8081/v1/kv-pool: connection refused");
     assert!(plan.pod_gates[1].message.contains("waiting for the prefill pods"), "{:?}", plan.pod_gates[1]);
     assert_eq!(condition(&plan, CAPACITY_VERIFIED), (false, "AwaitingCapacityReports".into()));
@@ -106,7 +106,7 @@ fn first_rollout_waits_for_reports_then_serves_once_verified_and_ready() {
     let mut world = World::default();
     revision(&mut world, &d, "r1", Ok(report(8192, "l")), false);
     let plan = pass(&mut d, "r1", &world);
-    assert!(plan.pod_gates.iter().all(|g| g.status == "True" && g.reason == "KVPoolVerified"), "{:?}", plan.pod_gates);
+    assert!(plan.pod_gates.iter().all(|g| g.verified && g.reason == "KVPoolVerified"), "{:?}", plan.pod_gates);
     assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (None, "Progressing"));
     assert_eq!(condition(&plan, CAPACITY_VERIFIED), (true, "KVPoolVerified".into()));
 
@@ -133,7 +133,7 @@ pub(super) fn world_with_conditions(world: &World, plan: &Plan) -> World {
         if let Some(g) = plan.pod_gates.iter().find(|g| g.pod == pod.name) {
             pod.condition = Some(k8s_openapi::api::core::v1::PodCondition {
                 type_: gate::CONDITION.into(),
-                status: g.status.into(),
+                status: g.status().into(),
                 reason: Some(g.reason.clone()),
                 message: Some(g.message.clone()),
                 ..Default::default()
@@ -192,7 +192,7 @@ fn an_update_refused_while_the_old_revision_keeps_serving_untouched() {
     assert_eq!(condition(&plan, AVAILABLE), (true, "Serving".into()));
     // The status describes the serving revision's pods, verified against its own window.
     assert_eq!(plan.status.prefill.as_ref().unwrap().revision.as_deref(), Some("r1"));
-    assert!(plan.pod_gates.iter().filter(|g| g.pod.contains("-r1-")).all(|g| g.status == "True"), "{:?}", plan.pod_gates);
+    assert!(plan.pod_gates.iter().filter(|g| g.pod.contains("-r1-")).all(|g| g.verified), "{:?}", plan.pod_gates);
 }
 
 #[test]
@@ -286,7 +286,7 @@ fn a_first_revision_takes_no_traffic_until_its_canary_passed() {
     revision(&mut world, &d, "r1", Ok(report(8192, "l")), false);
     let plan = pass(&mut d, "r1", &world);
     // Every pool verified: the gates stay False while the canary runs over all 1 x 2 pairs.
-    assert!(plan.pod_gates.iter().all(|g| g.status == "False" && g.reason == "AwaitingCanary"), "{:?}", plan.pod_gates);
+    assert!(plan.pod_gates.iter().all(|g| !g.verified && g.reason == "AwaitingCanary"), "{:?}", plan.pod_gates);
     assert_eq!(phase(&plan), "Canary");
     let run = plan.canary.clone().expect("a canary to run");
     let Target::Pairs { prefill, decode } = &run.target else { panic!("{run:?}") };
@@ -304,7 +304,7 @@ fn a_first_revision_takes_no_traffic_until_its_canary_passed() {
     canary_result(&mut d, "r1", true, "3 prompts ... no handoff mismatch");
     let plan = pass(&mut d, "r1", &world_with_conditions(&world, &plan));
     assert!(plan.canary.is_none());
-    assert!(plan.pod_gates.iter().all(|g| g.status == "True"), "{:?}", plan.pod_gates);
+    assert!(plan.pod_gates.iter().all(|g| g.verified), "{:?}", plan.pod_gates);
     let mut ready = World::default();
     revision(&mut ready, &d, "r1", Ok(report(8192, "l")), true);
     let plan = pass(&mut d, "r1", &world_with_conditions(&ready, &plan));
@@ -375,7 +375,7 @@ fn a_serving_pod_that_restarts_smaller_is_unverified_at_once_and_the_deployment_
     restarted.pods.iter_mut().find(|p| p.role == Role::Prefill).unwrap().report = Ok(report(1024, "l"));
     let plan = pass(&mut d, "r1", &restarted);
     let gate = plan.pod_gates.iter().find(|g| g.pod == "llm-prefill-r1-0").expect("the prefill pod's gate");
-    assert_eq!((gate.status, gate.reason.as_str()), ("False", "KVPoolBelowContextWindow"));
+    assert_eq!((gate.status(), gate.reason.as_str()), ("False", "KVPoolBelowContextWindow"));
     assert_eq!(plan.unverified, ["prefill pod llm-prefill-r1-0 measured 1024 tokens < contextWindow 2048"]);
     assert_eq!(condition(&plan, conditions::DEGRADED), (true, "ServingPodUnverified".into()));
     assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Available"), "still the serving revision");
@@ -490,7 +490,7 @@ fn serving_pods_are_probed_and_one_a_probe_caught_is_out_and_degraded() {
     caught.probe_failures.insert("llm-decode-r1-0".into(), (RefusalReason::CanaryFailed, message.into()));
     let plan = pass(&mut d, "r1", &caught);
     let gate = plan.pod_gates.iter().find(|g| g.pod == "llm-decode-r1-0").expect("its gate");
-    assert_eq!((gate.status, gate.reason.as_str(), gate.message.as_str()), ("False", "CanaryFailed", message));
+    assert_eq!((gate.status(), gate.reason.as_str(), gate.message.as_str()), ("False", "CanaryFailed", message));
     assert!(conditions::is_true(&plan.status.conditions, conditions::DEGRADED));
     assert_eq!(plan.unverified, [message]);
     assert_eq!(plan.status.current_revision.as_deref(), Some("r1"), "the serving revision keeps serving on its other pods");
