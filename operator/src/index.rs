@@ -116,6 +116,11 @@ impl Index {
         self.entries.lock().unwrap().iter().map(|(uid, e)| (uid.clone(), e.namespace.clone(), e.name.clone())).collect()
     }
 
+    /// Whether `uid` is known (admitted and not removed).
+    pub fn contains(&self, uid: &str) -> bool {
+        self.entries.lock().unwrap().contains_key(uid)
+    }
+
     pub fn len(&self) -> usize {
         self.entries.lock().unwrap().len()
     }

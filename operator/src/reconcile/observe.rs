@@ -17,6 +17,7 @@ use crate::gate::{self, Measured, Role};
 use crate::labels;
 use crate::render::router;
 use crate::tasks::probes::{Source, Target};
+use crate::tasks::scrapes::Endpoint;
 use crate::watch::cached;
 
 pub use crate::capacity::NoReport;
@@ -75,6 +76,11 @@ impl World {
     /// Ready pods of the owned Deployment named `deployment_name` (0 when there is none).
     pub fn ready(&self, deployment_name: &str) -> i32 {
         self.deployments.iter().find(|d| d.name == deployment_name).map_or(0, |d| d.ready)
+    }
+
+    /// Where the deployment's KV-holding pods serve `/metrics` (their mismatch counters).
+    pub fn counter_endpoints(&self, spec: &crate::crd::InferenceDeploymentSpec) -> Vec<Endpoint> {
+        self.pods.iter().filter(|p| p.role.holds_kv()).filter_map(|p| Some((p.ip.clone()?, spec.port(p.role)))).collect()
     }
 
     pub fn pods_of<'w>(&'w self, revision: &'w str) -> impl Iterator<Item = &'w WorkerPod> + 'w {
@@ -159,23 +165,14 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> (World, 
         .collect();
 
     let canary = ctx.canaries.result(&uid, revision);
-    // The counters scraped for the last pass that asked (`decide` says when), for its pods.
-    let targets: Vec<_> = workers.iter().filter(|p| p.role.holds_kv()).filter_map(|p| Some((p.ip.clone()?, d.spec.port(p.role)))).collect();
-    let counters = ctx.scrapes.latest(&uid, &targets);
     let probe_failures = d.status.as_ref().and_then(|s| s.current_revision.as_deref()).map(|s| ctx.serving_probes.failures(&uid, s)).unwrap_or_default();
     let inference_pool = ctx.memory.pool(d);
-    let world = World {
-        deployments,
-        router_ready,
-        pods: workers,
-        mismatches_partial: counters.as_ref().is_some_and(|c| !c.complete),
-        mismatches: counters.map(|c| c.by_reason),
-        canary,
-        stuck,
-        unread,
-        probe_failures,
-        inference_pool,
-    };
+    let mut world =
+        World { deployments, router_ready, pods: workers, mismatches: None, mismatches_partial: false, canary, stuck, unread, probe_failures, inference_pool };
+    // The counters scraped for the last pass that asked (`decide` says when), for these pods.
+    if let Some(c) = ctx.scrapes.latest(&uid, &world.counter_endpoints(&d.spec)) {
+        (world.mismatches, world.mismatches_partial) = (Some(c.by_reason), !c.complete);
+    }
     (world, reads)
 }
 

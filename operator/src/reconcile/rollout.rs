@@ -17,7 +17,7 @@ use crate::render::revision;
 
 pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Action, Error> {
     // Being deleted, or deleted already (its index entry is gone): nothing to write.
-    if cached.metadata.deletion_timestamp.is_some() || ctx.index.with(&cached.uid().unwrap_or_default(), |_| ()).is_none() {
+    if cached.metadata.deletion_timestamp.is_some() || !ctx.index.contains(&cached.uid().unwrap_or_default()) {
         return Ok(Action::await_change());
     }
     // The status this operator last wrote, if the watch has not delivered it yet.

@@ -52,8 +52,10 @@ impl Canaries {
             }
             *current = Run { revision: run.revision.clone(), result: None };
             tracing::info!(name = owner.name, namespace = owner.namespace, revision = run.revision, "integrity canary");
-        // Its own trace: the canary's calls carry it, so the candidate pods' spans join it.
-        let span = tracing::info_span!(parent: None, "canary", deployment = owner.name, namespace = owner.namespace, revision = run.revision, passed = tracing::field::Empty);
+            // Its own trace: the canary's calls carry it, so the candidate pods' spans join it.
+            let span = tracing::info_span!(
+                parent: None, "canary", deployment = owner.name, namespace = owner.namespace, revision = run.revision, passed = tracing::field::Empty
+            );
             entry.spawn(TASK, "", self.clone().run(owner.clone(), owner_uid.to_string(), run.clone(), key).instrument(span));
         });
     }

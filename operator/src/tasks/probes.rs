@@ -115,7 +115,9 @@ impl Probes {
                     None if p.restarted => (Some(Err(NoReport::waiting("the container restarted: reading its capacity report again"))), true),
                     None if first || p.in_flight => (None, true),
                     None => (Some(Err(NoReport::waiting("reading the pod's capacity report"))), true),
-                    Some((report, at)) => (Some(report.clone()), report.is_ok() && at.elapsed() >= REFRESH),
+                    // A failure is retried by the read's own task; one whose task stopped (nobody
+                    // asked for a while) is read again when asked.
+                    Some((report, at)) => (Some(report.clone()), at.elapsed() >= if report.is_ok() { REFRESH } else { RETRY }),
                 };
                 (known, due && !p.in_flight)
             })

@@ -48,7 +48,7 @@ fn reservation_error(e: SendError) -> ApiError {
 
 async fn prefill(State(role): State<Arc<PrefillRole>>, body: Bytes) -> Response {
     match request(&body) {
-        Ok((req, span)) => handle(role, req).instrument(span).await,
+        Ok((req, span)) => handle(role, req, &Honest).instrument(span).await,
         Err(refused) => refused.into_response(),
     }
 }
@@ -70,7 +70,9 @@ pub(crate) fn request(body: &Bytes) -> Result<(PrefillRequest, tracing::Span), A
     Ok((req, span))
 }
 
-pub(crate) async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Response {
+/// Checks the request (vocabulary, reservation, the pool's room), then prefills it and sends
+/// its KV `via` the honest transfer or (a testing build) a fault.
+pub(crate) async fn handle(role: Arc<PrefillRole>, req: PrefillRequest, via: &impl Via) -> Response {
     if let Err(refused) = vocabulary(&role, &req) {
         return refused.into_response();
     }
@@ -80,7 +82,7 @@ pub(crate) async fn handle(role: Arc<PrefillRole>, req: PrefillRequest) -> Respo
     if let Some(r) = rejection(&role, &req) {
         return refuse(&role, r);
     }
-    respond(run(&role, &req, &Honest).await)
+    respond(run(&role, &req, via).await)
 }
 
 /// A prompt token outside the model's vocabulary is the caller's error, named by position.

@@ -15,7 +15,7 @@ use axum::routing::post;
 use kvgate_proto::roles::PrefillRequest;
 use tracing::Instrument;
 
-use super::prefill::{self, Failed, PrefillRole, Via};
+use super::prefill::{self, Failed, Honest, PrefillRole, Via};
 use crate::handoff::faults::{self, Fault};
 use crate::handoff::faulty::Faulty;
 use crate::handoff::restart_fault;
@@ -59,20 +59,12 @@ async fn serve(State((role, injector)): State<(Arc<PrefillRole>, Arc<Injector>)>
     let n = injector.handoffs.fetch_add(1, Ordering::SeqCst) + 1;
     let fault = injector.fault.filter(|_| faults::hits(n, injector.after, injector.every));
     let response = match fault {
-        None => prefill::handle(role, req).instrument(span).await,
+        None => prefill::handle(role, req, &Honest).instrument(span).await,
         Some(Fault::IgnoreRejection) => ignore_rejection(role, req, injector.exit_on_death).instrument(span).await,
-        Some(fault) => faulted(role, req, Faulted { fault, exit_on_death: injector.exit_on_death }).instrument(span).await,
+        Some(fault) => prefill::handle(role, req, &Faulted { fault, exit_on_death: injector.exit_on_death }).instrument(span).await,
     };
     restart_fault::handoff_done(n);
     response
-}
-
-/// A prefill whose transfer goes through the fault, after the honest checks.
-async fn faulted(role: Arc<PrefillRole>, req: PrefillRequest, via: Faulted) -> Response {
-    if let Some(r) = prefill::rejection(&role, &req) {
-        return prefill::refuse(&role, r);
-    }
-    prefill::respond(prefill::run(&role, &req, &via).await)
 }
 
 /// The incident's bug: a prompt that fits is served as any other; one that cannot is rejected,
@@ -83,7 +75,7 @@ async fn ignore_rejection(role: Arc<PrefillRole>, req: PrefillRequest, exit_on_d
     if let Err(refused) = prefill::vocabulary(&role, &req) {
         return refused.into_response();
     }
-    let Some(r) = prefill::rejection(&role, &req) else { return prefill::handle(role, req).await };
+    let Some(r) = prefill::rejection(&role, &req) else { return prefill::handle(role, req, &Honest).await };
     if !req.prompt.is_empty() {
         let role = role.clone();
         let mut placeholder = req;

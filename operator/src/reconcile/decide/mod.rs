@@ -201,10 +201,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
     r.events.extend(pool_event(&prev, &status, &observed));
     let settled = (r.serving.as_deref() == Some(i.revision) && r.bake.is_none()) || r.refused(i.revision);
     let serving_probe = canary::serving(&i, &r);
-    let scrape = bake::counters_wanted(&i, &r).then(|| {
-        let kv_pods = i.world.pods.iter().filter(|p| p.role.holds_kv());
-        kv_pods.filter_map(|p| Some((p.ip.clone()?, i.d.spec.port(p.role)))).collect()
-    });
+    let scrape = bake::counters_wanted(&i, &r).then(|| i.world.counter_endpoints(&i.d.spec));
     Plan {
         workers: workloads.workers,
         delete: workloads.delete,
@@ -220,11 +217,14 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         unverified: gates.unverified,
         rollback: r.rollback,
         scrape,
-        recreate_secret: i.d.spec.engine().integrity() && {
-            let secret = crate::render::secret::secret_name(i.d);
-            i.world.stuck.iter().any(|s| s.missing_secret() == Some(secret.as_str()))
-        },
+        recreate_secret: secret_missing(&i),
     }
+}
+
+/// A pod cannot find the deployment's own handoff Secret (someone deleted it).
+fn secret_missing(i: &Inputs<'_>) -> bool {
+    let secret = crate::render::secret::secret_name(i.d);
+    i.d.spec.engine().integrity() && i.world.stuck.iter().any(|s| s.missing_secret() == Some(secret.as_str()))
 }
 
 /// The Event of an InferencePool condition whose status changed.
