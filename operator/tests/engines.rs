@@ -335,10 +335,15 @@ fn a_serving_pod_answering_from_stale_kv_beside_live_traffic_is_taken_out() {
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "stale")["status"]["phase"] == "Available");
     let server = service_endpoints(cp, &ns, "stale").pop().expect("a ready server");
     let before = op.metric(r#"kvgate_operator_probe_mismatches_total{engine="llamacpp",probe="stale_kv",role="server"}"#).unwrap_or(0.0);
-    eventually(cp, &ns, "Degraded by the serving probe", LONG, || {
-        // Live traffic on the engine's own API, between the probe's rounds.
+    // Live traffic on the engine's own API, between the probe's rounds. It keeps flowing until
+    // the pod is out: a round with no traffic between it and the last passes again, and the pod
+    // goes back into the Service (by design), which a poll could otherwise miss.
+    let live = || {
         let body = serde_json::json!({ "prompt": [5, 6, 7, 8], "n_predict": 4, "temperature": 0.0, "return_tokens": true }).to_string();
         let _ = request("POST", &format!("http://{server}/completion"), Some(&body));
+    };
+    eventually(cp, &ns, "Degraded by the serving probe", LONG, || {
+        live();
         condition_true(&infd(cp, &ns, "stale"), "Degraded")
     });
     let d = infd(cp, &ns, "stale");
@@ -346,7 +351,10 @@ fn a_serving_pod_answering_from_stale_kv_beside_live_traffic_is_taken_out() {
     assert!(degraded.contains("stale KV: llamacpp pod stale-server-") && degraded.contains("beside live traffic"), "{degraded}");
     // The gate condition goes False in the pass that writes Degraded; the endpoint controller
     // takes the pod out of the Service right after.
-    eventually(cp, &ns, "the caught pod out of the Service", Duration::from_secs(30), || service_endpoints(cp, &ns, "stale").is_empty());
+    eventually(cp, &ns, "the caught pod out of the Service", Duration::from_secs(30), || {
+        live();
+        service_endpoints(cp, &ns, "stale").is_empty()
+    });
     assert!(op.metric(r#"kvgate_operator_probe_mismatches_total{engine="llamacpp",probe="stale_kv",role="server"}"#).unwrap_or(0.0) > before);
 }
 
