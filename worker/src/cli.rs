@@ -70,6 +70,8 @@ pub struct LocalArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
     #[command(flatten)]
+    pub tenants: TenantArgs,
+    #[command(flatten)]
     pub engine: EngineArgs,
     #[command(flatten)]
     pub scheduler: SchedulerArgs,
@@ -107,6 +109,8 @@ pub struct RouterArgs {
     pub context_window: u64,
     #[command(flatten)]
     pub serve: ServeArgs,
+    #[command(flatten)]
+    pub tenants: TenantArgs,
     #[command(flatten)]
     pub secret: SecretArgs,
 }
@@ -170,10 +174,38 @@ pub struct ServeArgs {
     /// decode: routers reuse an idle connection to a peer for up to 2 s.
     #[arg(long, env = "KVGATE_IDLE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
-    /// Most requests one client (its API key, else its address) may have in flight on the
-    /// public API; more are answered 429.
+    /// Most requests one tenant (see --api-keys; its address where nobody is authenticated)
+    /// may have in flight on the public API; more are answered 429.
     #[arg(long, env = "KVGATE_MAX_REQUESTS_PER_CLIENT", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_requests_per_client: u64,
+}
+
+/// Who may call the public API, and how much each tenant may use it. With neither --api-keys
+/// nor --trusted-proxy-header nobody is authenticated and each client address is a tenant
+/// (for a deployment that a gateway or NetworkPolicy already closes).
+#[derive(Debug, Args, Clone, Default)]
+pub struct TenantArgs {
+    /// Directory of API keys, as a Kubernetes Secret is mounted: one file per tenant, named for
+    /// the tenant, holding its keys one per line (at least 16 characters each). Requests without
+    /// a known `Authorization: Bearer` key get 401. Only hashes are kept; the directory is read
+    /// again every 2 s, so keys change without a restart.
+    #[arg(long, env = "KVGATE_API_KEYS")]
+    pub api_keys: Option<PathBuf>,
+    /// A gateway in front authenticates clients and names the tenant in this header, believed
+    /// only from --trusted-proxy-cidr addresses. Without --api-keys, requests from anywhere else
+    /// get 401; with it, they authenticate with a key.
+    #[arg(long, env = "KVGATE_TRUSTED_PROXY_HEADER", requires = "trusted_proxy_cidr")]
+    pub trusted_proxy_header: Option<String>,
+    /// The gateway's source addresses (CIDR), space-separated or repeated.
+    #[arg(long, num_args = 1.., requires = "trusted_proxy_header")]
+    pub trusted_proxy_cidr: Vec<String>,
+    /// Prompt + generated tokens per minute each tenant may use (0: no quota). A request whose
+    /// prompt its tenant's bucket cannot hold now is answered 429 naming the quota.
+    #[arg(long, env = "KVGATE_TENANT_TOKENS_PER_MINUTE", default_value_t = 0)]
+    pub tenant_tokens_per_minute: u64,
+    /// One tenant's own quota, `NAME=TOKENS_PER_MINUTE` (0: none), space-separated or repeated.
+    #[arg(long, num_args = 1..)]
+    pub tenant_quota: Vec<String>,
 }
 
 #[derive(Debug, Args, Clone)]

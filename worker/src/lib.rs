@@ -12,6 +12,7 @@ pub mod model;
 pub mod roles;
 pub mod server;
 pub mod setup;
+pub mod tenants;
 #[cfg(test)]
 mod test_data;
 pub mod tokenizer;

@@ -8,7 +8,7 @@ use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounte
 pub const REJECTION_REASONS: [&str; 4] = ["context_length_exceeded", "prompt_too_large", "pool_busy", "invalid_request"];
 
 /// HTTP status codes the worker answers with (the `code` label).
-pub const CODES: [&str; 10] = ["200", "400", "404", "408", "413", "429", "500", "502", "503", "504"];
+pub const CODES: [&str; 11] = ["200", "400", "401", "404", "408", "413", "429", "500", "502", "503", "504"];
 
 /// What every serving role exports: requests, rejections, latencies, tokens.
 #[derive(Clone)]

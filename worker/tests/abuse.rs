@@ -513,7 +513,9 @@ async fn one_client_cannot_hold_the_whole_pool() {
     let router = ["--context-window", "8192", "--max-requests-per-client", "2"];
     let c = cluster_with(&pool, &pool, &router);
     let baseline = honest(&c.router).await;
-    let greedy = reqwest::Client::new();
+    // Nobody is authenticated here, so the greedy client is its address (a key it sends names
+    // nobody; `tenants.rs` has the authenticated rows).
+    let greedy = reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, 2])).build().unwrap();
     let ask = || {
         greedy
             .post(format!("{}/v1/completions", c.router.base))
@@ -721,7 +723,7 @@ async fn a_mixed_abuse_soak_leaves_honest_requests_served() {
         // front), and more streams than it may have in flight (the rest refused, 429).
         let greedy = stop.clone();
         tasks.push(tokio::spawn(async move {
-            let http = reqwest::Client::new();
+            let http = reqwest::Client::builder().local_address(std::net::IpAddr::from([127, 0, 0, 12])).build().unwrap();
             let mut streams = Vec::new();
             while !greedy.load(Ordering::SeqCst) {
                 let oversized = json!({"prompt": "x".repeat(4000), "echo": true, "logprobs": 20, "n": 16});

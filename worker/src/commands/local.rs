@@ -66,6 +66,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             decode_service: None,
             namespace: String::new(),
             serve: args.serve.clone(),
+            tenants: args.tenants.clone(),
             secret: args.handoff.secret.clone(),
         },
         &registry,

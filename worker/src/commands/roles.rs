@@ -94,10 +94,17 @@ fn describe(role: &str, r: &kvgate_proto::CapacityReport, window: u64) -> String
 pub async fn colocated(args: &LocalArgs, registry: &prometheus::Registry) -> anyhow::Result<Started> {
     let (engine, report) = start_engine(&args.engine, &args.scheduler, registry, "local", None)?;
     let summary = describe("colocated", &report, args.engine.context_window);
-    let state = AppState::for_engine(engine, report, registry.clone(), &args.serve);
+    let state = AppState::for_engine(engine, report, registry.clone(), &args.serve).with_tenants(tenants(&args.tenants, registry, "local")?);
     let ready = state.ready.clone();
     let refusals = Refusals::new(registry, "local");
     Ok(Started::new(bind(args.listen).await?, server::app(state), ready, summary, &args.serve, refusals))
+}
+
+/// The public API's tenants (keys read once here; read again in the background).
+fn tenants(args: &crate::cli::TenantArgs, registry: &prometheus::Registry, role: &str) -> anyhow::Result<Arc<crate::tenants::Tenants>> {
+    let tenants = crate::tenants::Tenants::from_args(args, registry, role).map_err(anyhow::Error::msg)?;
+    tenants.spawn_reload();
+    Ok(tenants)
 }
 
 /// The deployment's secret for a role that talks to its peers. There is no "auth off": a role
@@ -216,6 +223,7 @@ pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: 
         ready: Arc::new(AtomicBool::new(true)),
         registry: registry.clone(),
         in_flight: server::fairness::in_flight(args.serve.max_requests_per_client as usize),
+        tenants: tenants(&args.tenants, registry, "router")?,
     };
     let summary = format!("router: {peers_text}, context window {window} tokens");
     let ready = state.ready.clone();

@@ -22,6 +22,7 @@ use super::limits;
 use super::{AppState, RequestContext};
 use crate::engine::{Event, FinishReason};
 use crate::model::SamplingParams;
+use crate::tenants::Tenant;
 use crate::tokenizer::{self, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +46,8 @@ pub struct Job {
     /// Completions only: the prompt goes in front of each choice's text.
     pub echo: bool,
     pub request: RequestContext,
+    /// Whose request it is: its quota is charged for the prompt and every generated token.
+    pub tenant: Tenant,
 }
 
 /// One choice being generated: its first event (already received) and the rest.
@@ -72,6 +75,13 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     span.record("gen_ai.usage.input_tokens", prompt_tokens as i64);
     let shape = limits::ResponseShape { choices: job.choices, prompt_tokens, max_tokens, echo: job.echo, logprobs: job.sampling.logprobs };
     shape.check()?;
+    let tenants = &state.tenants;
+    let prompt_charge = (prompt_tokens * job.choices) as u64;
+    if let Err(over) = tenants.quota.admit(&job.tenant, prompt_charge) {
+        tenants.metrics.refused(Some(&job.tenant), "token_quota");
+        return Err(over.error());
+    }
+    tenants.metrics.tokens(&job.tenant, "prompt", prompt_charge);
     let mut pending: Vec<Pending> = Vec::with_capacity(job.choices);
     for i in 0..job.choices {
         let sampling = SamplingParams { seed: job.sampling.seed.map(|s| s.wrapping_add(i as u64)), ..job.sampling };
@@ -99,6 +109,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
         choices: job.choices,
         streamed: AtomicUsize::new(0),
         span,
+        tenant: job.tenant.clone(),
     });
     state.count(200);
     if job.stream {
@@ -109,7 +120,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     }
     let mut choices = Vec::with_capacity(pending.len());
     for (first, rx) in pending {
-        choices.push(collect(state, job.stop.clone(), first, rx).await?);
+        choices.push(collect(state, &job.tenant, job.stop.clone(), first, rx).await?);
     }
     Ok(Json(meta.whole(tokenizer, &choices)).into_response())
 }
@@ -122,7 +133,7 @@ struct Outcome {
 
 /// Reads one choice to its end: the engine's `Done`, or a stop string (the receiver is dropped,
 /// which ends the generation).
-async fn collect(state: &AppState, stops: Vec<String>, first: Event, mut rx: UnboundedReceiver<Event>) -> Result<Outcome, ApiError> {
+async fn collect(state: &AppState, tenant: &Tenant, stops: Vec<String>, first: Event, mut rx: UnboundedReceiver<Event>) -> Result<Outcome, ApiError> {
     let tok = &state.tokenizer;
     let mut out = Outcome { choice: Choice::new(stops), prompt_logprobs: None };
     let mut event = Some(first);
@@ -130,6 +141,7 @@ async fn collect(state: &AppState, stops: Vec<String>, first: Event, mut rx: Unb
         match event {
             Some(Event::PromptLogprobs(p)) => out.prompt_logprobs = Some(p),
             Some(Event::Token(id, logprobs)) => {
+                state.tenants.generated(tenant, 1);
                 if out.choice.push(tok, id, logprobs).map_err(internal)? {
                     return Ok(out);
                 }
@@ -178,6 +190,7 @@ struct Meta {
     streamed: AtomicUsize,
     /// The request's span: a streamed answer keeps it open until its last chunk.
     span: tracing::Span,
+    tenant: Tenant,
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
@@ -341,7 +354,10 @@ fn choice_stream(state: AppState, meta: Arc<Meta>, stops: Vec<String>, index: us
             }
             let ended = match event {
                 Some(Event::PromptLogprobs(_)) => false,
-                Some(Event::Token(id, logprobs)) => s.choice.push(&tok, id, logprobs).unwrap_or(false),
+                Some(Event::Token(id, logprobs)) => {
+                    s.state.tenants.generated(&s.meta.tenant, 1);
+                    s.choice.push(&tok, id, logprobs).unwrap_or(false)
+                }
                 Some(Event::Done { finish, .. }) => {
                     let _ = s.choice.end(&tok, finish);
                     true

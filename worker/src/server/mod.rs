@@ -29,6 +29,7 @@ use serde_json::json;
 use crate::engine::{Engine, Event, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
+use crate::tenants::Tenant;
 use crate::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, PromptInput};
 use error::ApiError;
@@ -110,8 +111,10 @@ pub struct AppState {
     pub report_signer: Option<report::ReportSigner>,
     pub ready: Arc<AtomicBool>,
     pub registry: prometheus::Registry,
-    /// Requests in flight per client (public routes with a body).
+    /// Requests in flight per tenant (public routes with a body).
     pub in_flight: Arc<fairness::InFlight>,
+    /// Who may call the public API and how much each tenant may use.
+    pub tenants: Arc<crate::tenants::Tenants>,
 }
 
 impl AppState {
@@ -130,7 +133,14 @@ impl AppState {
             ready: Arc::new(AtomicBool::new(true)),
             registry,
             in_flight: fairness::in_flight(serve.max_requests_per_client as usize),
+            // Prefill and decode serve no public API; a colocated engine gets its tenants with
+            // `with_tenants`.
+            tenants: crate::tenants::Tenants::open(&prometheus::Registry::new(), "none"),
         }
+    }
+
+    pub fn with_tenants(self, tenants: Arc<crate::tenants::Tenants>) -> Self {
+        AppState { tenants, ..self }
     }
 
     /// Reports asked for with a nonce are signed with `secret` and this pod's name.
@@ -151,8 +161,9 @@ impl AppState {
 }
 
 /// The OpenAI-compatible API plus the operational endpoints. A request with a body gets its id
-/// and trace position (`request_context`), then takes one of its client's places (`fairness`,
-/// 429 past the share), and only then is its body read:
+/// and trace position (`request_context`), is given its tenant or a 401 (`tenants::identify`),
+/// takes one of its tenant's places (`fairness`, 429 past the share), and only then is its body
+/// read:
 /// as large as a prompt of the whole window needs (`limits::public_body`; larger ones get a
 /// JSON 413), within its deadline (408).
 pub fn app(state: AppState) -> Router {
@@ -164,12 +175,16 @@ pub fn app(state: AppState) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .layer(axum::middleware::from_fn_with_state(state.clone(), limits::read_public_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), fairness::limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::tenants::identify::identify))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn(request_context::open));
-    Router::new()
-        .merge(with_body)
+    let listing = Router::new()
         .route("/v1/models", get(models))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::tenants::identify::identify));
+    Router::new()
+        .merge(with_body)
+        .merge(listing)
         .merge(ops(state.clone()))
         .with_state(state)
 }
@@ -221,7 +236,12 @@ fn body_or_error(state: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
     })
 }
 
-async fn completions(State(state): State<AppState>, Extension(request): Extension<RequestContext>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(
+    State(state): State<AppState>,
+    Extension(request): Extension<RequestContext>,
+    Extension(tenant): Extension<Tenant>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let result = async {
         let body = body_or_error(&state, body)?;
         fields::check(&body, false)?;
@@ -240,6 +260,7 @@ async fn completions(State(state): State<AppState>, Extension(request): Extensio
             stop: req.common.stops()?,
             echo: req.echo,
             request,
+            tenant,
         };
         generate::run(&state, job).await
     }
@@ -247,7 +268,12 @@ async fn completions(State(state): State<AppState>, Extension(request): Extensio
     respond(&state, result).await
 }
 
-async fn chat(State(state): State<AppState>, Extension(request): Extension<RequestContext>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(
+    State(state): State<AppState>,
+    Extension(request): Extension<RequestContext>,
+    Extension(tenant): Extension<Tenant>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let result = async {
         let body = body_or_error(&state, body)?;
         fields::check(&body, true)?;
@@ -269,6 +295,7 @@ async fn chat(State(state): State<AppState>, Extension(request): Extension<Reque
             stop: req.common.stops()?,
             echo: false,
             request,
+            tenant,
         };
         generate::run(&state, job).await
     }

@@ -56,6 +56,7 @@ pub async fn open(mut req: Request, next: Next) -> Response {
         otel.status_description = Empty, error.type = Empty,
         http.route = req.uri().path(),
         request_id = %id,
+        tenant = Empty,
         trace_id = Empty,
         span_id = Empty,
         gen_ai.operation.name = Empty,
