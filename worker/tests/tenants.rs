@@ -195,7 +195,14 @@ async fn a_tenant_at_its_token_quota_gets_429_naming_it_while_others_are_served(
     let refusal = beside("acme past its token quota", &c.router, Some(GLOBEX), async {
         let mut served = 0;
         loop {
-            match completion(&attacker, &c.router, Some(ACME), &json!({"prompt": "spend my quota on this", "max_tokens": 16, "temperature": 0, "ignore_eos": true})).await {
+            match completion(
+                &attacker,
+                &c.router,
+                Some(ACME),
+                &json!({"prompt": "spend my quota on this", "max_tokens": 16, "temperature": 0, "ignore_eos": true}),
+            )
+            .await
+            {
                 (200, _) => served += 1,
                 (429, v) => return (served, v),
                 (s, v) => panic!("HTTP {s}: {v}"),
@@ -249,7 +256,10 @@ async fn bad_tenant_flags_stop_the_start_naming_the_flag() {
     for (args, want) in [
         (vec![keys.arg()], "API key file `acme` line 1: a key is 5 characters, at least 16 are needed"),
         (vec!["--tenant-quota".into(), "acme".into()], "--tenant-quota `acme` is not NAME=TOKENS_PER_MINUTE"),
-        (vec!["--trusted-proxy-header".into(), "x-tenant".into(), "--trusted-proxy-cidr".into(), "10.0.0.300/8".into()], "--trusted-proxy-cidr `10.0.0.300/8` is not a CIDR range"),
+        (
+            vec!["--trusted-proxy-header".into(), "x-tenant".into(), "--trusted-proxy-cidr".into(), "10.0.0.300/8".into()],
+            "--trusted-proxy-cidr `10.0.0.300/8` is not a CIDR range",
+        ),
     ] {
         let out = std::process::Command::new(Worker::bin())
             .args(["router", "--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2", &secret.arg()])

@@ -182,11 +182,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .layer(axum::middleware::from_fn_with_state(state.clone(), crate::tenants::identify::identify));
-    Router::new()
-        .merge(with_body)
-        .merge(listing)
-        .merge(ops(state.clone()))
-        .with_state(state)
+    Router::new().merge(with_body).merge(listing).merge(ops(state.clone())).with_state(state)
 }
 
 /// Capacity report, health and metrics only (prefill and decode roles).

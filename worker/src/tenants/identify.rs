@@ -39,9 +39,14 @@ pub enum Unauthenticated {
     MissingKey,
     UnknownKey,
     /// A gateway-only deployment, called from outside the gateway's addresses.
-    NotFromGateway { header: String },
+    NotFromGateway {
+        header: String,
+    },
     /// The gateway's header is not a tenant name.
-    BadTenantHeader { header: String, why: String },
+    BadTenantHeader {
+        header: String,
+        why: String,
+    },
 }
 
 impl Unauthenticated {
@@ -49,10 +54,13 @@ impl Unauthenticated {
         let (code, message) = match self {
             Unauthenticated::MissingKey => ("missing_api_key", "This deployment needs an API key: send it as `Authorization: Bearer KEY`.".to_string()),
             Unauthenticated::UnknownKey => ("invalid_api_key", "The API key is not one of this deployment's keys (it may have been revoked).".to_string()),
-            Unauthenticated::NotFromGateway { header } => {
-                ("not_from_gateway", format!("This deployment is served through its gateway only (which names the tenant in `{header}`); this request came from elsewhere."))
+            Unauthenticated::NotFromGateway { header } => (
+                "not_from_gateway",
+                format!("This deployment is served through its gateway only (which names the tenant in `{header}`); this request came from elsewhere."),
+            ),
+            Unauthenticated::BadTenantHeader { header, why } => {
+                ("invalid_tenant_header", format!("The gateway's `{header}` header is not a tenant name: {why}."))
             }
-            Unauthenticated::BadTenantHeader { header, why } => ("invalid_tenant_header", format!("The gateway's `{header}` header is not a tenant name: {why}.")),
         };
         ApiError { status: StatusCode::UNAUTHORIZED, kind: "invalid_request_error", code: code.into(), param: None, message }
     }

@@ -143,7 +143,8 @@ mod tests {
 
     #[test]
     fn keys_name_their_tenant_and_are_kept_hashed() {
-        let keys = Keys::parse([("acme", "# rotated 2026-12\nsk-acme-0123456789abcdef\n\nsk-acme-new-0123456789\n"), ("globex", "sk-globex-0123456789ab")]).unwrap();
+        let keys =
+            Keys::parse([("acme", "# rotated 2026-12\nsk-acme-0123456789abcdef\n\nsk-acme-new-0123456789\n"), ("globex", "sk-globex-0123456789ab")]).unwrap();
         assert_eq!(keys.tenant("sk-acme-0123456789abcdef").map(|t| t.as_str()), Some("acme"));
         assert_eq!(keys.tenant("sk-acme-new-0123456789").map(|t| t.as_str()), Some("acme"));
         assert_eq!(keys.tenant("sk-globex-0123456789ab").map(|t| t.as_str()), Some("globex"));

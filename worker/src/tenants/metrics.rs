@@ -45,7 +45,11 @@ impl TenantMetrics {
                 &["tenant", "reason"],
             ),
             key_tenants: IntGauge::with_opts(opts("kvgate_api_key_tenants", "Tenants with at least one API key in force (0 when keys are off).")).unwrap(),
-            key_reloads: vec("kvgate_api_key_reloads_total", "Readings of the API key directory that changed the keys, or failed (the last good keys stay).", &["result"]),
+            key_reloads: vec(
+                "kvgate_api_key_reloads_total",
+                "Readings of the API key directory that changed the keys, or failed (the last good keys stay).",
+                &["result"],
+            ),
         };
         registry.register(Box::new(m.key_tenants.clone())).unwrap();
         for result in ["changed", "failed"] {
