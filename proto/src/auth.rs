@@ -11,7 +11,7 @@
 //!   the same pod after a restart;
 //! - **reservation key**: the tag decode mints over a reservation, which prefill checks before it
 //!   dials the KV address the reservation names ([`DeploymentKey::reservation_tag`]);
-//! - **frame key**: the parent of one key per handoff id ([`DeploymentKey::frame_key`]) with which
+//! - **frame key**: the parent of one key per handoff id and tenant ([`DeploymentKey::frame_key`]) with which
 //!   every page and commit frame is MACed (keyed BLAKE3 over header and body; a page's payload
 //!   enters through its tag, a Carter-Wegman MAC under keys derived from the same frame key,
 //!   [`crate::page_tag`]);
@@ -26,6 +26,7 @@ use std::fmt;
 
 use crate::handoff_id::HandoffId;
 use crate::page_tag::PageTagKey;
+use crate::tenant_tag::TenantTag;
 
 /// Length of every key, tag and MAC here (BLAKE3's output).
 pub const MAC_LEN: usize = 32;
@@ -36,7 +37,7 @@ pub const SIGNATURE_HEADER: &str = "x-kvgate-signature";
 
 const REQUEST_CONTEXT: &str = "kvgate 2026-11 internal request v1";
 const RESERVATION_CONTEXT: &str = "kvgate 2026-11 reservation tag v1";
-const FRAME_CONTEXT: &str = "kvgate 2026-11 handoff frame v2";
+const FRAME_CONTEXT: &str = "kvgate 2026-12 handoff frame v3";
 const REPORT_CONTEXT: &str = "kvgate 2026-12 capacity report v1";
 /// Header carrying the MAC of a capacity report asked for with a nonce.
 pub const REPORT_MAC_HEADER: &str = "x-kvgate-report-mac";
@@ -260,6 +261,8 @@ pub struct ReservationFields<'a> {
     pub expires_ms: u64,
     pub pages: &'a [u32],
     pub kv_addr: &'a str,
+    /// The tenant whose request the reservation holds room for.
+    pub tenant: TenantTag,
 }
 
 /// The keys of one deployment, derived from its handoff secret.
@@ -341,9 +344,13 @@ impl DeploymentKey {
         })
     }
 
-    /// The key for the frames of handoff `id`; decode and prefill derive it independently.
-    pub fn frame_key(&self, id: HandoffId) -> FrameKey {
-        let mac = *blake3::keyed_hash(&self.frame, &id.0.to_le_bytes()).as_bytes();
+    /// The key for the frames of handoff `id` sealed for `tenant`; decode and prefill derive it
+    /// independently, so a frame sealed for one tenant never verifies as another's.
+    pub fn frame_key(&self, id: HandoffId, tenant: TenantTag) -> FrameKey {
+        let mut h = blake3::Hasher::new_keyed(&self.frame);
+        h.update(&id.0.to_le_bytes());
+        h.update(&tenant.0);
+        let mac = *h.finalize().as_bytes();
         FrameKey { mac, tags: PageTagKey::derive(&mac) }
     }
 
@@ -360,6 +367,7 @@ impl DeploymentKey {
             h.update(&p.to_le_bytes());
         }
         h.update(r.kv_addr.as_bytes());
+        h.update(&r.tenant.0);
         Mac(*h.finalize().as_bytes())
     }
 
@@ -425,7 +433,15 @@ mod tests {
     }
 
     fn fields(pages: &[u32]) -> ReservationFields<'_> {
-        ReservationFields { handoff: HandoffId(1), reserved_tokens: 100, max_tokens: 8, expires_ms: 5, pages, kv_addr: "10.0.0.1:8083" }
+        ReservationFields {
+            handoff: HandoffId(1),
+            reserved_tokens: 100,
+            max_tokens: 8,
+            expires_ms: 5,
+            pages,
+            kv_addr: "10.0.0.1:8083",
+            tenant: TenantTag::of("acme"),
+        }
     }
 
     #[test]
@@ -451,6 +467,7 @@ mod tests {
             ReservationFields { max_tokens: 9, ..fields(&[3, 4]) },
             ReservationFields { expires_ms: 6, ..fields(&[3, 4]) },
             ReservationFields { kv_addr: "10.0.0.2:8083", ..fields(&[3, 4]) },
+            ReservationFields { tenant: TenantTag::of("globex"), ..fields(&[3, 4]) },
             fields(&[4, 3]),
             fields(&[3, 4, 5]),
         ];
@@ -461,14 +478,16 @@ mod tests {
     }
 
     #[test]
-    fn frame_keys_differ_per_handoff_and_per_secret() {
+    fn frame_keys_differ_per_handoff_per_tenant_and_per_secret() {
         let k = key(1);
-        let mac = |k: &DeploymentKey, id| k.frame_key(HandoffId(id)).mac(&[b"header", b"body"]);
-        assert_eq!(mac(&k, 1), mac(&k, 1));
-        assert_ne!(mac(&k, 1), mac(&k, 2));
-        assert_ne!(mac(&k, 1), mac(&key(2), 1));
+        let acme = TenantTag::of("acme");
+        let mac = |k: &DeploymentKey, id, tenant| k.frame_key(HandoffId(id), tenant).mac(&[b"header", b"body"]);
+        assert_eq!(mac(&k, 1, acme), mac(&k, 1, acme));
+        assert_ne!(mac(&k, 1, acme), mac(&k, 2, acme));
+        assert_ne!(mac(&k, 1, acme), mac(&k, 1, TenantTag::of("globex")));
+        assert_ne!(mac(&k, 1, acme), mac(&key(2), 1, acme));
         // The split between parts does not matter, the bytes do.
-        assert_eq!(k.frame_key(HandoffId(1)).mac(&[b"headerbody"]), mac(&k, 1));
+        assert_eq!(k.frame_key(HandoffId(1), acme).mac(&[b"headerbody"]), mac(&k, 1, acme));
     }
 
     const ME: Instance = Instance(42);
@@ -517,6 +536,6 @@ mod tests {
         assert_eq!(DeploymentKey::new(b"short").unwrap_err().to_string(), "the handoff secret must be at least 16 bytes, got 5");
         let k = DeploymentKey::new(b"super-secret-value-123").unwrap();
         assert!(!format!("{k:?}").contains("super"));
-        assert_eq!(format!("{:?}", k.frame_key(HandoffId(1))), "FrameKey(<redacted>)");
+        assert_eq!(format!("{:?}", k.frame_key(HandoffId(1), TenantTag::default())), "FrameKey(<redacted>)");
     }
 }

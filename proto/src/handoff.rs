@@ -1,4 +1,4 @@
-//! The KV handoff wire format, version 5 (see `docs/handoff-protocol.md`).
+//! The KV handoff wire format, version 6 (see `docs/handoff-protocol.md`).
 //!
 //! Every frame is `header | body`. The header is 12 bytes, little-endian:
 //! `magic "KVGF" | version u16 | kind u8 | flags u8 | body_len u32`. `body_len` is checked
@@ -18,22 +18,26 @@ pub use crate::page_tag::TAG_LEN;
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"KVGF";
 /// Protocol version this build speaks.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest body accepted (a page of a large model fits with room to spare).
 pub const MAX_BODY: u32 = 64 << 20;
-/// A page body's fixed fields before the payload: handoff, index, page, tokens, payload length.
-pub const PAGE_FIELDS_LEN: usize = 32;
+/// A page body's fixed fields before the payload: handoff, tenant, index, page, tokens, payload
+/// length.
+pub const PAGE_FIELDS_LEN: usize = 48;
 /// A page body's tag and MAC, between its fields and its payload.
 pub const PAGE_SEAL_LEN: usize = TAG_LEN + MAC_LEN;
 
 pub use crate::handoff_id::HandoffId;
+pub use crate::tenant_tag::TenantTag;
 
 /// One page of KV on its way from prefill to decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageFrame {
     pub handoff: HandoffId,
+    /// The tenant whose request the KV was computed for.
+    pub tenant: TenantTag,
     /// Position of the page in the reservation (0-based).
     pub index: u32,
     /// Decode-side page id it must land in.
@@ -54,7 +58,14 @@ impl PageFrame {
     }
 
     fn fields(&self) -> PageFields {
-        PageFields { handoff: self.handoff, index: self.index, page: self.page, tokens: self.tokens, payload_len: self.payload.len() as u32 }
+        PageFields {
+            handoff: self.handoff,
+            tenant: self.tenant,
+            index: self.index,
+            page: self.page,
+            tokens: self.tokens,
+            payload_len: self.payload.len() as u32,
+        }
     }
 }
 
@@ -63,6 +74,7 @@ impl PageFrame {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageFields {
     pub handoff: HandoffId,
+    pub tenant: TenantTag,
     pub index: u32,
     pub page: u32,
     pub tokens: u32,
@@ -73,8 +85,9 @@ impl PageFields {
     pub fn encode(&self) -> [u8; PAGE_FIELDS_LEN] {
         let mut out = [0u8; PAGE_FIELDS_LEN];
         out[..16].copy_from_slice(&self.handoff.0.to_le_bytes());
+        out[16..32].copy_from_slice(&self.tenant.0);
         for (i, v) in [self.index, self.page, self.tokens, self.payload_len].into_iter().enumerate() {
-            out[16 + 4 * i..20 + 4 * i].copy_from_slice(&v.to_le_bytes());
+            out[32 + 4 * i..36 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
         out
     }
@@ -83,10 +96,11 @@ impl PageFields {
         let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
         PageFields {
             handoff: HandoffId(u128::from_le_bytes(b[..16].try_into().expect("16 bytes"))),
-            index: u32_at(16),
-            page: u32_at(20),
-            tokens: u32_at(24),
-            payload_len: u32_at(28),
+            tenant: TenantTag(b[16..32].try_into().expect("16 bytes")),
+            index: u32_at(32),
+            page: u32_at(36),
+            tokens: u32_at(40),
+            payload_len: u32_at(44),
         }
     }
 
@@ -113,7 +127,16 @@ pub struct PageView<'a> {
 impl PageView<'_> {
     pub fn to_owned(&self) -> PageFrame {
         let f = self.fields;
-        PageFrame { handoff: f.handoff, index: f.index, page: f.page, tokens: f.tokens, checksum: self.checksum, payload: self.payload.to_vec(), mac: self.mac }
+        PageFrame {
+            handoff: f.handoff,
+            tenant: f.tenant,
+            index: f.index,
+            page: f.page,
+            tokens: f.tokens,
+            checksum: self.checksum,
+            payload: self.payload.to_vec(),
+            mac: self.mac,
+        }
     }
 }
 
@@ -152,6 +175,7 @@ fn frame_header(kind: u8, body_len: u32) -> [u8; HEADER_LEN] {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommitFrame {
     pub handoff: HandoffId,
+    pub tenant: TenantTag,
     pub total_tokens: u32,
     pub page_count: u32,
     /// [`digest`] of the page tags in index order.
@@ -257,6 +281,7 @@ impl Frame {
             }
             Frame::Commit(c) => {
                 out.extend_from_slice(&c.handoff.0.to_le_bytes());
+                out.extend_from_slice(&c.tenant.0);
                 for v in [c.total_tokens, c.page_count] {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
@@ -326,6 +351,15 @@ impl Frame {
         }
     }
 
+    /// The tenant a page or commit frame was sealed for.
+    pub fn tenant(&self) -> Option<TenantTag> {
+        match self {
+            Frame::Page(p) => Some(p.tenant),
+            Frame::Commit(c) => Some(c.tenant),
+            Frame::Ack(_) => None,
+        }
+    }
+
     /// The handoff a page or commit frame names.
     pub fn handoff(&self) -> Option<HandoffId> {
         match self {
@@ -376,6 +410,7 @@ impl Frame {
             KIND_PAGE => return Ok(Frame::Page(PageView::decode_body(body)?.to_owned())),
             KIND_COMMIT => Frame::Commit(CommitFrame {
                 handoff: HandoffId(r.u128()?),
+                tenant: TenantTag(r.bytes(16)?.try_into().unwrap()),
                 total_tokens: r.u32()?,
                 page_count: r.u32()?,
                 digest: r.u64()?,
@@ -478,7 +513,16 @@ mod tests {
     use super::*;
 
     fn page() -> Frame {
-        Frame::Page(PageFrame { handoff: HandoffId(42), index: 1, page: 9, tokens: 16, checksum: 0xabc, payload: vec![1, 2, 3], mac: Mac([7; MAC_LEN]) })
+        Frame::Page(PageFrame {
+            handoff: HandoffId(42),
+            tenant: TenantTag::of("acme"),
+            index: 1,
+            page: 9,
+            tokens: 16,
+            checksum: 0xabc,
+            payload: vec![1, 2, 3],
+            mac: Mac([7; MAC_LEN]),
+        })
     }
 
     #[test]
@@ -487,6 +531,7 @@ mod tests {
             page(),
             Frame::Commit(CommitFrame {
                 handoff: HandoffId(u128::MAX),
+                tenant: TenantTag::of("acme"),
                 total_tokens: 681_280,
                 page_count: 42_580,
                 digest: 5,
@@ -506,7 +551,7 @@ mod tests {
 
     #[test]
     fn a_signed_frame_verifies_and_any_flipped_bit_does_not() {
-        let key = crate::auth::DeploymentKey::new(&[9; 32]).unwrap().frame_key(HandoffId(42));
+        let key = crate::auth::DeploymentKey::new(&[9; 32]).unwrap().frame_key(HandoffId(42), TenantTag::of("acme"));
         let bytes = page().encode_signed(&key);
         // What decode checks: the MAC over header, fields and tag, and the tag over the payload.
         let check = |bytes: &[u8]| {
@@ -520,7 +565,7 @@ mod tests {
             b[i] ^= 0x10;
             assert!(!check(&b), "flipping byte {i} went unnoticed");
         }
-        let other = crate::auth::DeploymentKey::new(&[9; 32]).unwrap().frame_key(HandoffId(43));
+        let other = crate::auth::DeploymentKey::new(&[9; 32]).unwrap().frame_key(HandoffId(43), TenantTag::of("acme"));
         assert!(!Frame::decode(&bytes).unwrap().0.verifies(&other, bytes[..HEADER_LEN].try_into().unwrap(), &bytes[HEADER_LEN..]));
     }
 
@@ -584,6 +629,7 @@ mod tests {
             kv_addr: "127.0.0.1:1".into(),
             model_fingerprint: "0".repeat(16),
             layout_fingerprint: "1".repeat(16),
+            tenant: "acme".into(),
         };
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["handoff_id"], "00000000000000000000000000000abc");
@@ -616,6 +662,7 @@ mod fuzz {
         };
         let valid = Frame::Commit(CommitFrame {
             handoff: HandoffId(1),
+            tenant: TenantTag::of("acme"),
             total_tokens: 1,
             page_count: 1,
             digest: 0,

@@ -13,5 +13,6 @@ pub mod page_tag;
 pub mod polyval;
 pub mod refusal;
 pub mod roles;
+pub mod tenant_tag;
 
 pub use capacity::{CapacityReport, KV_POOL_PATH, PeerReport, PeerReports, PrefillTimings};

@@ -31,10 +31,12 @@ pub enum Mismatch {
     FirstToken,
     /// An authenticated frame that breaks the frame format (a page payload shorter than a page).
     Protocol,
+    /// KV sealed for one tenant offered to another tenant's reservation or generation.
+    Tenant,
 }
 
 impl Mismatch {
-    pub const ALL: [Mismatch; 10] = [
+    pub const ALL: [Mismatch; 11] = [
         Mismatch::TokenCount,
         Mismatch::Checksum,
         Mismatch::PageSet,
@@ -45,6 +47,7 @@ impl Mismatch {
         Mismatch::RejectedForwarded,
         Mismatch::FirstToken,
         Mismatch::Protocol,
+        Mismatch::Tenant,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -59,6 +62,7 @@ impl Mismatch {
             Mismatch::RejectedForwarded => "rejected_forwarded",
             Mismatch::FirstToken => "first_token",
             Mismatch::Protocol => "protocol",
+            Mismatch::Tenant => "tenant",
         }
     }
 
@@ -77,6 +81,9 @@ impl Mismatch {
             Mismatch::RejectedForwarded => "KV arrived for a prompt prefill had rejected (the incident)",
             Mismatch::FirstToken => "the committed first token is outside the model's vocabulary",
             Mismatch::Protocol => "an authenticated frame that breaks the frame format (a page payload shorter than a page)",
+            Mismatch::Tenant => {
+                "KV sealed for one tenant offered to another tenant's reservation, or a generation asked for by another tenant than the reservation's"
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 //! altered in any way no longer verifies (its MAC, and a page's tag over its payload).
 
 use kvgate_proto::auth::{DeploymentKey, Mac};
-use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame};
+use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame, TenantTag};
 use proptest::prelude::*;
 
 fn cases() -> u32 {
@@ -12,12 +12,22 @@ fn cases() -> u32 {
 }
 
 fn page(payload: Vec<u8>, index: u32, tokens: u32) -> Frame {
-    Frame::Page(PageFrame { handoff: HandoffId(7), index, page: index.wrapping_mul(3), tokens, checksum: 1, payload, mac: Mac([0; MAC_LEN]) })
+    Frame::Page(PageFrame {
+        handoff: HandoffId(7),
+        tenant: TenantTag::of("acme"),
+        index,
+        page: index.wrapping_mul(3),
+        tokens,
+        checksum: 1,
+        payload,
+        mac: Mac([0; MAC_LEN]),
+    })
 }
 
 fn commit(first_token: u32, total_tokens: u32) -> Frame {
     Frame::Commit(CommitFrame {
         handoff: HandoffId(7),
+        tenant: TenantTag::of("acme"),
         total_tokens,
         page_count: 3,
         digest: 9,
@@ -88,7 +98,7 @@ proptest! {
 
     #[test]
     fn an_edited_signed_frame_never_verifies(frame in frames(), edits in edits(), secret in proptest::collection::vec(any::<u8>(), 16..64)) {
-        let key = DeploymentKey::new(&secret).unwrap().frame_key(HandoffId(7));
+        let key = DeploymentKey::new(&secret).unwrap().frame_key(HandoffId(7), TenantTag::of("acme"));
         let original = frame.encode_signed(&key);
         let mut bytes = original.clone();
         apply(&mut bytes, &edits);

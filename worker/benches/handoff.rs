@@ -234,7 +234,8 @@ async fn main() {
         return;
     }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let key = kvgate_proto::auth::DeploymentKey::new(&[7; 32]).unwrap().frame_key(kvgate_proto::handoff::HandoffId(1));
+    let key =
+        kvgate_proto::auth::DeploymentKey::new(&[7; 32]).unwrap().frame_key(kvgate_proto::handoff::HandoffId(1), kvgate_proto::handoff::TenantTag::of("bench"));
     for (name, l, tokens) in [("tiny, 32k", TINY, 32 * 1024), ("8B-shaped, 8k", LLAMA_8B, 8 * 1024)] {
         let (page, bytes) = (l.page_bytes(), l.page_bytes() * l.pages_for(tokens));
         let mib = bytes as f64 / (1 << 20) as f64;

@@ -461,7 +461,7 @@ async fn a_captured_call_is_refused_at_every_other_process_and_after_a_restart()
     let wrong_target = |role: &str| format!(r#"kvgate_internal_requests_rejected_total{{reason="wrong_target",role="{role}"}}"#);
 
     // Row 8: a reserve captured on its way to one decode, replayed to another.
-    let reserve = Captured::of(&c.secret, &c.decode, "/internal/v1/reserve", &json!({"prompt_tokens": 64, "max_tokens": 64})).await;
+    let reserve = Captured::of(&c.secret, &c.decode, "/internal/v1/reserve", &json!({"prompt_tokens": 64, "max_tokens": 64, "tenant": "acme"})).await;
     let (status, v) = reserve.send_to(&other_decode).await;
     assert_eq!(status, 401, "{v}");
     assert_eq!(v["error"]["code"], "wrong_target");
@@ -473,15 +473,18 @@ async fn a_captured_call_is_refused_at_every_other_process_and_after_a_restart()
 
     // Row 9: a prefill call captured on its way to one prefill, replayed to another, moves no
     // integrity counter: it is refused as a call before anything is computed or sent.
-    let (_, reservation) = c.decode.post_signed(&c.secret.signer(), "/internal/v1/reserve", &json!({"prompt_tokens": 3, "max_tokens": 2})).await;
-    let prefill_call = Captured::of(&c.secret, &c.prefill, "/internal/v1/prefill", &json!({"prompt": [256, 104, 105], "reservation": reservation})).await;
+    let (_, reservation) =
+        c.decode.post_signed(&c.secret.signer(), "/internal/v1/reserve", &json!({"prompt_tokens": 3, "max_tokens": 2, "tenant": "acme"})).await;
+    let prefill_call =
+        Captured::of(&c.secret, &c.prefill, "/internal/v1/prefill", &json!({"prompt": [256, 104, 105], "tenant": "acme", "reservation": reservation})).await;
     let (status, v) = prefill_call.send_to(&other_prefill).await;
     assert_eq!((status, v["error"]["code"].as_str()), (401, Some("wrong_target")), "{v}");
     assert_eq!(other_prefill.metric(&wrong_target("prefill")).await, 1.0);
     assert_eq!(c.decode.family_sum("kvgate_handoff_mismatch_total").await, 0.0);
 
     // Row 10: after a restart the process is another one, and its old calls are refused.
-    let captured_for_old = Captured::of(&c.secret, &other_decode, "/internal/v1/reserve", &json!({"prompt_tokens": 8, "max_tokens": 8})).await;
+    let captured_for_old =
+        Captured::of(&c.secret, &other_decode, "/internal/v1/reserve", &json!({"prompt_tokens": 8, "max_tokens": 8, "tenant": "acme"})).await;
     drop(other_decode);
     let restarted = decode(&[&secret_arg]);
     let (status, v) = captured_for_old.send_to(&restarted).await;

@@ -215,9 +215,9 @@ fn shaped() -> impl Strategy<Value = Value> {
     prop_oneof![
         (text, number(), temperature(), any::<bool>()).prop_map(|(p, m, t, stream)| serde_json::json!({"prompt": p, "max_tokens": m, "temperature": t, "stream": stream})),
         (text, number()).prop_map(|(p, m)| serde_json::json!({"messages": [{"role": "user", "content": p}], "max_tokens": m})),
-        (number(), number()).prop_map(|(p, m)| serde_json::json!({"prompt_tokens": p, "max_tokens": m})),
-        (ids.clone(), number(), number()).prop_map(|(ids, m, w)| serde_json::json!({"prompt": ids, "max_tokens": m, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}, "commit_wait_ms": w})),
-        (ids, number()).prop_map(|(ids, n)| serde_json::json!({"prompt": ids, "reservation": {"handoff_id": "0123456789abcdef0123456789abcdef", "pages": [0], "reserved_tokens": n, "max_tokens": 1, "expires_ms": n, "tag": "00", "kv_addr": "127.0.0.1:9", "model_fingerprint": "0", "layout_fingerprint": "0"}})),
+        (number(), number()).prop_map(|(p, m)| serde_json::json!({"prompt_tokens": p, "max_tokens": m, "tenant": "acme"})),
+        (ids.clone(), number(), number()).prop_map(|(ids, m, w)| serde_json::json!({"prompt": ids, "tenant": "fuzz", "max_tokens": m, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}, "commit_wait_ms": w})),
+        (ids, number()).prop_map(|(ids, n)| serde_json::json!({"prompt": ids, "tenant": "fuzz", "reservation": {"handoff_id": "0123456789abcdef0123456789abcdef", "pages": [0], "reserved_tokens": n, "max_tokens": 1, "expires_ms": n, "tag": "00", "kv_addr": "127.0.0.1:9", "model_fingerprint": "0", "layout_fingerprint": "0", "tenant": "fuzz"}})),
         any::<bool>().prop_map(|r| serde_json::json!({"rejected": r})),
     ]
 }
@@ -276,7 +276,7 @@ fn the_allocation_counter_sees_allocations() {
     assert!(seen >= 1 << 20, "the allocator counted nothing");
     // And a body that asks for the largest reservation allocates nothing for it.
     let a = apps();
-    let body = serde_json::to_vec(&serde_json::json!({"prompt_tokens": u32::MAX, "max_tokens": u32::MAX})).unwrap();
+    let body = serde_json::to_vec(&serde_json::json!({"prompt_tokens": u32::MAX, "max_tokens": u32::MAX, "tenant": "acme"})).unwrap();
     let peak = post(&a.decode, "/internal/v1/reserve", body.clone(), Some((&a.signer, a.decode_is))).unwrap();
     assert!(bounded(peak, body.len()), "{peak}");
 }

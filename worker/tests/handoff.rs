@@ -54,6 +54,11 @@ async fn caught(fault: &str, reason: &str, expect_in_message: &str) {
 }
 
 #[tokio::test]
+async fn kv_sealed_for_another_tenant_is_refused_by_tenant() {
+    caught("wrong-tenant", "tenant", "kv_handoff_tenant: page index 0 was sealed for another tenant than the reservation's").await;
+}
+
+#[tokio::test]
 async fn the_incident_truncated_transfer_is_refused_by_token_count() {
     caught("truncate-transfer", "token_count", "kv_handoff_incomplete: received 16 of 99 reserved tokens").await;
 }

@@ -1,7 +1,8 @@
 //! Tenants on the public API, against real router, prefill and decode processes with
 //! hand-written clients: keys that name nobody get 401 (and a deployment without keys counts a
 //! client by its address, never by a key it made up), a tenant at its token quota gets 429
-//! naming the quota while another tenant is served, and keys change without a restart. Honest
+//! naming the quota while another tenant is served, keys change without a restart, and KV bound
+//! to one tenant is never committed or decoded for another. Honest
 //! traffic is measured *during* each attack and held to `abuse.rs`'s bar (>= 95 % served, p95
 //! within 3x of the same run's baseline).
 //!
@@ -14,7 +15,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Worker, cluster_with};
+use support::kv::KvClient;
+use support::{Worker, cluster, cluster_with, eventually};
 
 /// One attack at a time (tests of one binary run in parallel).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -269,4 +271,66 @@ async fn bad_tenant_flags_stop_the_start_naming_the_flag() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(want), "{args:?}: {stderr}");
     }
+}
+
+fn tenant_mismatches() -> &'static str {
+    r#"kvgate_handoff_mismatch_total{reason="tenant",role="decode"}"#
+}
+
+// A peer holding the secret (a prefill with a routing bug, say) hands KV computed for tenant
+// `globex` into a reservation held for another tenant: authentic frames, refused before a byte
+// of the page is written, counted, and the reservation's pages go back.
+#[tokio::test]
+async fn a_page_sealed_for_another_tenant_is_refused_and_counted() {
+    let c = cluster(&[], &[]);
+    let kv = KvClient::reserve(&c.decode, &c.secret.signer(), 20, 4).await.sealed_for(&c.secret.secret, "globex");
+    let mut frames = kv.pages();
+    frames.push(kv.commit(65));
+    let (ok, reason, message) = kv.send(&frames).await;
+    assert!(!ok);
+    assert_eq!(reason, "tenant", "{message}");
+    assert_eq!(message, "kv_handoff_tenant: page index 0 was sealed for another tenant than the reservation's");
+    assert_eq!(c.decode.metric(tenant_mismatches()).await, 1.0);
+    eventually(&c.decode, r#"kvgate_kv_pool_pages_in_use{role="decode"}"#, 0.0).await;
+}
+
+// A committed handoff is decoded for its own tenant only: another tenant's generate call fails
+// it (counted) and nobody decodes it afterwards.
+#[tokio::test]
+async fn a_committed_handoff_is_never_decoded_for_another_tenant() {
+    let c = cluster(&[], &[]);
+    let signer = c.secret.signer();
+    let kv = KvClient::reserve(&c.decode, &signer, 20, 4).await.holding(&c.secret.secret);
+    let mut frames = kv.pages();
+    frames.push(kv.commit(65));
+    let (ok, reason, message) = kv.send(&frames).await;
+    assert!(ok, "{reason}: {message}");
+    let path = format!("/internal/v1/handoffs/{}/generate", kv.id());
+    let generate = |tenant: &str| json!({"prompt": (0..20).collect::<Vec<u32>>(), "tenant": tenant, "max_tokens": 4, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}});
+    let (status, v) = c.decode.post_signed(&signer, &path, &generate("globex")).await;
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["error"]["code"], "kv_handoff_tenant", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("reserved for tenant `kv-client`, tenant `globex` asked to decode it"), "{v}");
+    let (status, _) = c.decode.post_signed(&signer, &path, &generate(support::kv::TENANT)).await;
+    assert_eq!(status, 502, "its own tenant cannot decode it after either: the handoff failed");
+    assert_eq!(c.decode.metric(tenant_mismatches()).await, 1.0);
+    assert_eq!(c.decode.metric(r#"kvgate_generation_tokens_total{role="decode"}"#).await, 0.0);
+    eventually(&c.decode, r#"kvgate_kv_pool_pages_in_use{role="decode"}"#, 0.0).await;
+}
+
+// Prefill computes nothing for a reservation held for another tenant than the prompt's.
+#[tokio::test]
+async fn prefill_refuses_a_reservation_held_for_another_tenant() {
+    let c = cluster(&[], &[]);
+    let signer = c.secret.signer();
+    let kv = KvClient::reserve(&c.decode, &signer, 3, 2).await;
+    let computed = r#"kvgate_prompt_tokens_total{role="prefill"}"#;
+    let before = c.prefill.metric(computed).await; // its start-up timing probe
+    let body = json!({"prompt": [256, 104, 105], "tenant": "globex", "reservation": kv.reservation});
+    let (status, v) = c.prefill.post_signed(&signer, "/internal/v1/prefill", &body).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "reservation_invalid", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("holds room for tenant `kv-client`, this prompt is tenant `globex`'s"), "{v}");
+    assert_eq!(c.prefill.metric(r#"kvgate_handoff_mismatch_total{reason="tenant",role="prefill"}"#).await, 1.0);
+    assert_eq!(c.prefill.metric(computed).await, before, "nothing computed");
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use kvgate_proto::auth::ReservationFields;
-use kvgate_proto::handoff::{AckFrame, Frame, HEADER_LEN, HandoffId, parse_header};
+use kvgate_proto::handoff::{AckFrame, Frame, HEADER_LEN, HandoffId, TenantTag, parse_header};
 use kvgate_proto::roles::Reservation;
 use kvgate_worker::kv::{KvDtype, KvLayout};
 use serde_json::{Value, json};
@@ -53,7 +53,7 @@ fn victims() -> Vec<String> {
 #[tokio::test]
 async fn internal_endpoints_refuse_callers_without_the_deployment_secret() {
     let c = cluster(&[], &[]);
-    let reserve = json!({"prompt_tokens": 4, "max_tokens": 4});
+    let reserve = json!({"prompt_tokens": 4, "max_tokens": 4, "tenant": "acme"});
     let id = "0".repeat(32);
     let calls = [
         (&c.decode, "decode", "/internal/v1/reserve".to_string(), reserve.clone()),
@@ -62,7 +62,7 @@ async fn internal_endpoints_refuse_callers_without_the_deployment_secret() {
             &c.decode,
             "decode",
             format!("/internal/v1/handoffs/{id}/generate"),
-            json!({"prompt": [1], "max_tokens": 1, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}}),
+            json!({"prompt": [1], "tenant": "acme", "max_tokens": 1, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}}),
         ),
         (&c.prefill, "prefill", "/internal/v1/prefill".to_string(), json!({"prompt": [1], "reservation": {}})),
     ];
@@ -102,8 +102,10 @@ async fn internal_endpoints_refuse_callers_without_the_deployment_secret() {
     let kv = KvClient::reserve(&c.decode, &c.secret.signer(), 3, 4).await;
     let mut redirected = kv.reservation.clone();
     redirected.kv_addr = trap.local_addr().unwrap().to_string();
-    let (status, resp) =
-        c.prefill.post_signed(&c.secret.signer(), "/internal/v1/prefill", &json!({"prompt": [256, 104, 105], "reservation": redirected})).await;
+    let (status, resp) = c
+        .prefill
+        .post_signed(&c.secret.signer(), "/internal/v1/prefill", &json!({"prompt": [256, 104, 105], "tenant": "acme", "reservation": redirected}))
+        .await;
     assert_eq!(status, 400, "{resp}");
     assert_eq!(resp["error"]["code"], "reservation_invalid");
     assert!(resp["error"]["message"].as_str().unwrap().contains("does not carry a tag"), "{resp}");
@@ -123,17 +125,17 @@ async fn reservations_and_generation_are_bounded_by_checked_arithmetic_and_a_cap
     let signer = secret.signer();
     let field = |resp: &Value| resp["error"]["param"].as_str().unwrap_or_default().to_string();
     // 16 + (2^32 - 1) used to wrap around and reserve a single page.
-    let (status, resp) = d.post_signed(&signer, "/internal/v1/reserve", &json!({"prompt_tokens": 16, "max_tokens": u32::MAX})).await;
+    let (status, resp) = d.post_signed(&signer, "/internal/v1/reserve", &json!({"prompt_tokens": 16, "max_tokens": u32::MAX, "tenant": "acme"})).await;
     assert_eq!((status, field(&resp)), (400, "max_tokens".into()), "{resp}");
-    let (status, resp) = d.post_signed(&signer, "/internal/v1/reserve", &json!({"prompt_tokens": 0, "max_tokens": 4})).await;
+    let (status, resp) = d.post_signed(&signer, "/internal/v1/reserve", &json!({"prompt_tokens": 0, "max_tokens": 4, "tenant": "acme"})).await;
     assert_eq!((status, field(&resp)), (400, "prompt_tokens".into()), "{resp}");
-    let (status, resp) = d.post_signed(&signer, "/internal/v1/reserve", &json!({"prompt_tokens": 8000, "max_tokens": 500})).await;
+    let (status, resp) = d.post_signed(&signer, "/internal/v1/reserve", &json!({"prompt_tokens": 8000, "max_tokens": 500, "tenant": "acme"})).await;
     assert_eq!(status, 400, "{resp}");
     assert_eq!(resp["error"]["code"], "context_length_exceeded");
 
     // At most three open reservations.
     let held = [KvClient::reserve(&d, &signer, 20, 4).await, KvClient::reserve(&d, &signer, 1, 1).await, KvClient::reserve(&d, &signer, 1, 1).await];
-    let (status, resp) = d.post_signed(&signer, "/internal/v1/reserve", &json!({"prompt_tokens": 1, "max_tokens": 1})).await;
+    let (status, resp) = d.post_signed(&signer, "/internal/v1/reserve", &json!({"prompt_tokens": 1, "max_tokens": 1, "tenant": "acme"})).await;
     assert_eq!(status, 503, "{resp}");
     assert_eq!(resp["error"]["code"], "too_many_reservations");
     assert!(resp["error"]["message"].as_str().unwrap().contains("--max-open-reservations"), "{resp}");
@@ -145,7 +147,7 @@ async fn reservations_and_generation_are_bounded_by_checked_arithmetic_and_a_cap
     let (ok, reason, message) = c.send(&frames).await;
     assert!(ok, "{reason}: {message}");
     let prompt: Vec<u32> = (0..20).collect();
-    let generate = |max_tokens: u32| json!({"prompt": prompt, "max_tokens": max_tokens, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}});
+    let generate = |max_tokens: u32| json!({"prompt": prompt, "tenant": support::kv::TENANT, "max_tokens": max_tokens, "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": null}});
     let (status, resp) = d.post_signed(&signer, &format!("/internal/v1/handoffs/{}/generate", c.reservation.handoff_id), &generate(u32::MAX)).await;
     assert_eq!((status, field(&resp)), (400, "max_tokens".into()), "{resp}");
     assert!(resp["error"]["message"].as_str().unwrap().contains("4 reserved"), "{resp}");
@@ -193,7 +195,15 @@ async fn no_byte_of_a_previous_tenant_leaves_prefill_even_without_scrubbing() {
             let id = HandoffId(rand::random());
             let pages = vec![0u32];
             let expires_ms = kvgate_worker::roles::internal_auth::now_ms() + 30_000;
-            let fields = ReservationFields { handoff: id, reserved_tokens: prompt.len() as u32, max_tokens: 4, expires_ms, pages: &pages, kv_addr };
+            let fields = ReservationFields {
+                handoff: id,
+                reserved_tokens: prompt.len() as u32,
+                max_tokens: 4,
+                expires_ms,
+                pages: &pages,
+                kv_addr,
+                tenant: TenantTag::of("acme"),
+            };
             let reservation = Reservation {
                 handoff_id: id,
                 pages: pages.clone(),
@@ -204,8 +214,9 @@ async fn no_byte_of_a_previous_tenant_leaves_prefill_even_without_scrubbing() {
                 kv_addr: kv_addr.clone(),
                 model_fingerprint: report.model_fingerprint.clone(),
                 layout_fingerprint: report.layout_fingerprint.clone(),
+                tenant: "acme".into(),
             };
-            let (signer, body) = (secret.signer(), json!({"prompt": prompt, "reservation": reservation}));
+            let (signer, body) = (secret.signer(), json!({"prompt": prompt, "tenant": "acme", "reservation": reservation}));
             let call = prefill.post_signed(&signer, "/internal/v1/prefill", &body);
             let receive = async {
                 let (mut s, _) = sink.accept().await.unwrap();
@@ -217,7 +228,7 @@ async fn no_byte_of_a_previous_tenant_leaves_prefill_even_without_scrubbing() {
                     let mut body = vec![0u8; h.body_len as usize];
                     s.read_exact(&mut body).await.unwrap();
                     let frame = Frame::decode_body(h.kind, &body).unwrap();
-                    assert!(frame.mac_verifies(&secret.secret.key().frame_key(id), &header, &body));
+                    assert!(frame.mac_verifies(&secret.secret.key().frame_key(id, TenantTag::of("acme")), &header, &body));
                     match frame {
                         Frame::Page(p) => payload = p.payload,
                         Frame::Commit(_) => break,

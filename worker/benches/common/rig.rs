@@ -64,7 +64,7 @@ impl Rig {
     /// Reserves, sends and commits one handoff, then frees its pages as a finished decode
     /// would; returns how long the transfer took (reservation to ack).
     pub async fn send_one(&self) -> Duration {
-        let issued = self.table.reserve(self.tokens as u32, 1).unwrap();
+        let issued = self.table.reserve(self.tokens as u32, 1, "bench").unwrap();
         let reservation = Reservation {
             handoff_id: issued.id,
             pages: issued.pages.clone(),
@@ -75,12 +75,14 @@ impl Rig {
             kv_addr: self.kv_addr.clone(),
             model_fingerprint: "0000000000000001".into(),
             layout_fingerprint: "0000000000000002".into(),
+            tenant: issued.tenant.clone(),
         };
         let transfer = Transfer {
             pool: &self.prefill_pool,
             lease: &self.lease,
             prompt_tokens: self.tokens,
             reservation: &reservation,
+            tenant: kvgate_proto::handoff::TenantTag::of(&issued.tenant),
             secret: &self.secret,
             first_token: 0,
             first_logprobs: None,
@@ -95,7 +97,7 @@ impl Rig {
             SendOutcome::Died => unreachable!("the receiver is in this process"),
         }
         let took = t.elapsed();
-        drop(self.table.take_committed(issued.id, None).await.unwrap());
+        drop(self.table.take_committed(issued.id, None, &issued.tenant).await.unwrap());
         took
     }
 }

@@ -80,7 +80,10 @@ mod tests {
         let from_file = Secret::from_file(&a).unwrap();
         let direct = Secret::new(b"0123456789abcdef0123").unwrap();
         let id = kvgate_proto::handoff::HandoffId(1);
-        assert_eq!(from_file.key().frame_key(id).mac(&[b"x"]), direct.key().frame_key(id).mac(&[b"x"]));
+        assert_eq!(
+            from_file.key().frame_key(id, kvgate_proto::handoff::TenantTag::default()).mac(&[b"x"]),
+            direct.key().frame_key(id, kvgate_proto::handoff::TenantTag::default()).mac(&[b"x"])
+        );
         let err = Secret::from_file(&b).unwrap_err().to_string();
         assert!(err.contains(&b.display().to_string()) && err.contains("16 bytes"), "{err}");
         let err = Secret::from_file(&dir.join("missing")).unwrap_err().to_string();

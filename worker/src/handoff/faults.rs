@@ -18,6 +18,9 @@ pub enum Fault {
     WrongAuth,
     /// Commit with a model fingerprint that is not this worker's.
     WrongFingerprint,
+    /// Seal every frame for another tenant than the reservation's (KV computed for another
+    /// tenant's request, handed to this one's reservation).
+    WrongTenant,
     /// Stop mid-transfer: a dedicated prefill process exits; in `local` the connection drops.
     DieMidTransfer,
     /// Reject a prompt that cannot fit, but still hand off a one-token placeholder for it.
@@ -31,13 +34,14 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [(&'static str, Fault); 9] = [
+    pub const ALL: [(&'static str, Fault); 10] = [
         ("truncate-transfer", Fault::TruncateTransfer),
         ("corrupt-page", Fault::CorruptPage),
         ("drop-page", Fault::DropPage),
         ("duplicate-page", Fault::DuplicatePage),
         ("wrong-auth", Fault::WrongAuth),
         ("wrong-fingerprint", Fault::WrongFingerprint),
+        ("wrong-tenant", Fault::WrongTenant),
         ("die-mid-transfer", Fault::DieMidTransfer),
         ("ignore-rejection", Fault::IgnoreRejection),
         ("wrong-layout", Fault::WrongLayout),

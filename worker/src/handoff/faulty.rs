@@ -4,7 +4,7 @@
 //! sender itself has no fault branches.
 
 use kvgate_proto::auth::FrameKey;
-use kvgate_proto::handoff::{AckFrame, CommitFrame, HandoffId};
+use kvgate_proto::handoff::{AckFrame, CommitFrame, HandoffId, TenantTag};
 use kvgate_proto::roles::Reservation;
 
 use super::Secret;
@@ -18,16 +18,19 @@ pub struct Faulty<S> {
     key: FrameKey,
     /// A key that is not the handoff's (the wrong-auth fault signs with it).
     wrong_key: FrameKey,
+    /// Another tenant, and the handoff's key for it (the wrong-tenant fault seals with them).
+    other_tenant: (TenantTag, FrameKey),
     /// Pages in the transfer: the page-level faults hit the middle one.
     pages: usize,
 }
 
 impl<S: Sink> Faulty<S> {
-    pub fn new(fault: Fault, inner: S, secret: &Secret, reservation: &Reservation) -> Self {
+    pub fn new(fault: Fault, inner: S, secret: &Secret, reservation: &Reservation, tenant: TenantTag) -> Self {
         let id = reservation.handoff_id;
-        let key = secret.key().frame_key(id);
-        let wrong_key = secret.key().frame_key(HandoffId(id.0 ^ 1));
-        Faulty { fault, inner, key, wrong_key, pages: reservation.pages.len() }
+        let key = secret.key().frame_key(id, tenant);
+        let wrong_key = secret.key().frame_key(HandoffId(id.0 ^ 1), tenant);
+        let other = TenantTag::of("kvgate-fault-other-tenant");
+        Faulty { fault, inner, key, wrong_key, other_tenant: (other, secret.key().frame_key(id, other)), pages: reservation.pages.len() }
     }
 }
 
@@ -63,6 +66,12 @@ impl<S: Sink> Sink for Faulty<S> {
                 frame.seal(Some(&self.key))?;
             }
             Fault::WrongAuth => frame.seal(Some(&self.wrong_key))?,
+            Fault::WrongTenant => {
+                // KV computed for another tenant's request, sealed as that tenant's: every MAC
+                // and tag holds; only the tenant is not the reservation's.
+                frame.fields.tenant = self.other_tenant.0;
+                frame.seal(Some(&self.other_tenant.1))?;
+            }
             Fault::DuplicatePage if middle => self.inner.page(frame).await?,
             _ => {}
         }
@@ -73,6 +82,10 @@ impl<S: Sink> Sink for Faulty<S> {
         match self.fault {
             Fault::WrongFingerprint => commit.model_fingerprint ^= 1,
             Fault::WrongAuth => return self.inner.commit(commit, Some(&self.wrong_key)).await,
+            Fault::WrongTenant => {
+                commit.tenant = self.other_tenant.0;
+                return self.inner.commit(commit, Some(&self.other_tenant.1)).await;
+            }
             _ => {}
         }
         self.inner.commit(commit, key).await

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use kvgate_proto::auth::FrameKey;
 use kvgate_proto::handoff::{
-    AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, KIND_PAGE, Mac, PAGE_FIELDS_LEN, PAGE_SEAL_LEN, PageFields, TAG_LEN, page_mac, parse_header,
+    AckFrame, Frame, FrameError, HEADER_LEN, HandoffId, KIND_PAGE, Mac, PAGE_FIELDS_LEN, PAGE_SEAL_LEN, PageFields, TAG_LEN, TenantTag, page_mac, parse_header,
 };
 use kvgate_proto::refusal::{PortRefusal, Refusal};
 use kvgate_telemetry::trace_context::mark_failed;
@@ -158,9 +158,10 @@ fn read_timeout(timeout: Duration) -> (PortRefusal, String) {
     (PortRefusal::ReadTimeout, format!("kv_port_read_timeout: no whole frame within {} ms", timeout.as_millis()))
 }
 
-/// The last handoff's key a connection derived: a connection carries one handoff, so its key
-/// (three BLAKE3 calls and the tag's powers) is derived once, not once per page.
-type KeyCache = Option<(HandoffId, Option<FrameKey>)>;
+/// The last handoff's key a connection derived (for the tenant its frames name): a connection
+/// carries one handoff, so its key (three BLAKE3 calls and the tag's powers) is derived once,
+/// not once per page.
+type KeyCache = Option<(HandoffId, TenantTag, Option<FrameKey>)>;
 
 async fn read_page_head(
     stream: &mut BufReader<TcpStream>,
@@ -195,8 +196,8 @@ async fn read_page_head(
     let mac = Mac(seal[TAG_LEN..].try_into().expect("a MAC"));
     let started = std::time::Instant::now();
     let key = match keys {
-        Some((id, key)) if *id == fields.handoff => key.clone(),
-        _ => keys.insert((fields.handoff, table.frame_key(fields.handoff))).1.clone(),
+        Some((id, tenant, key)) if *id == fields.handoff && *tenant == fields.tenant => key.clone(),
+        _ => keys.insert((fields.handoff, fields.tenant, table.frame_key(fields.handoff, fields.tenant))).2.clone(),
     };
     let authentic = key.as_ref().is_none_or(|k| page_mac(k, &head, checksum).verify(&mac));
     Read::Page(Box::new(PageHead { fields, checksum, key, authentic, hashing: started.elapsed(), deadline }))

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kvgate_proto::auth::FrameKey;
 use kvgate_proto::auth::{Mac, ReservationFields};
-use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageFields};
+use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, PageFields, TenantTag};
 use kvgate_proto::refusal::{Mismatch, PortRefusal, Refusal};
 use kvgate_telemetry::TraceContext;
 use tokio::sync::Notify;
@@ -68,6 +68,8 @@ pub struct Committed {
     pub reserved_tokens: u32,
     /// Most tokens generate may ask for: what the reservation has room for.
     pub max_tokens: u32,
+    /// The tenant it was reserved for: only that tenant's generate call may take it.
+    pub tenant: String,
     /// A committed handoff nobody asks to decode is freed at the reservation's deadline too.
     deadline: Instant,
 }
@@ -79,6 +81,7 @@ struct Open {
     deadline: Instant,
     created: Instant,
     transfer: Transfer,
+    tenant: String,
 }
 
 impl Open {
@@ -155,6 +158,7 @@ pub struct Issued {
     pub max_tokens: u32,
     pub expires_ms: u64,
     pub tag: Mac,
+    pub tenant: String,
 }
 
 /// Bounds every reservation is checked against.
@@ -280,18 +284,22 @@ impl Reservations {
         if !self.rules.checksums {
             return true;
         }
-        frame.handoff().is_some_and(|id| frame.mac_verifies(&self.secret.key().frame_key(id), header, body))
+        match (frame.handoff(), frame.tenant()) {
+            (Some(id), Some(tenant)) => frame.mac_verifies(&self.secret.key().frame_key(id, tenant), header, body),
+            _ => false,
+        }
     }
 
-    /// The key a page frame of handoff `id` must be sealed with (its MAC and its tag); `None`
-    /// with integrity checks off (the benchmark), where every frame passes.
-    pub fn frame_key(&self, id: HandoffId) -> Option<FrameKey> {
-        self.rules.checksums.then(|| self.secret.key().frame_key(id))
+    /// The key a page frame of handoff `id` sealed for `tenant` must carry (its MAC and its
+    /// tag); `None` with integrity checks off (the benchmark), where every frame passes. A frame
+    /// that verifies under it is authentic; whether `tenant` is the reservation's is a rule.
+    pub fn frame_key(&self, id: HandoffId, tenant: TenantTag) -> Option<FrameKey> {
+        self.rules.checksums.then(|| self.secret.key().frame_key(id, tenant))
     }
 
     /// Reserves pages for `prompt + max_tokens` tokens; the transfer must fill the first
     /// `prompt` of them. Nothing is reserved when the answer is an error.
-    pub fn reserve(&self, prompt: u32, max_tokens: u32) -> Result<Issued, ReserveError> {
+    pub fn reserve(&self, prompt: u32, max_tokens: u32, tenant: &str) -> Result<Issued, ReserveError> {
         if prompt == 0 {
             return Err(ReserveError::Invalid { field: "prompt_tokens", message: "`prompt_tokens` must be at least 1".into() });
         }
@@ -318,12 +326,15 @@ impl Reservations {
         let id = HandoffId(rand::random());
         let pages: Vec<u32> = lease.pages().iter().take(self.pool.layout().pages_for(prompt as usize)).map(|p| p.id).collect();
         let expires_ms = kvgate_proto::auth::now_ms() + self.timeout.as_millis() as u64;
-        let fields = ReservationFields { handoff: id, reserved_tokens: prompt, max_tokens, expires_ms, pages: &pages, kv_addr: &self.kv_addr };
+        let tag_of_tenant = TenantTag::of(tenant);
+        let fields =
+            ReservationFields { handoff: id, reserved_tokens: prompt, max_tokens, expires_ms, pages: &pages, kv_addr: &self.kv_addr, tenant: tag_of_tenant };
         let tag = self.secret.key().reservation_tag(&fields);
         let now = Instant::now();
-        let open = Open { lease: Arc::new(lease), max_tokens, deadline: now + self.timeout, created: now, transfer: Transfer::new(pages.clone(), prompt) };
+        let transfer = Transfer::new(tag_of_tenant, pages.clone(), prompt);
+        let open = Open { lease: Arc::new(lease), max_tokens, deadline: now + self.timeout, created: now, transfer, tenant: tenant.to_string() };
         table.entries.insert(id, Entry::Open(open));
-        Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag })
+        Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag, tenant: tenant.to_string() })
     }
 
     /// Files handoff `id` under its request's trace.
@@ -492,6 +503,7 @@ impl Reservations {
             first_logprobs: c.first_logprobs.clone(),
             reserved_tokens: open.transfer.reserved_tokens,
             max_tokens: open.max_tokens,
+            tenant: open.tenant,
             deadline: open.deadline,
         };
         table.entries.insert(c.handoff, Entry::Committed(committed));
@@ -539,8 +551,10 @@ impl Reservations {
 
     /// Waits until the handoff is committed (and takes it) or has failed. Past `wait`, an
     /// uncommitted handoff is failed as timed out. A commit, a failure or a cancel wakes the
-    /// waiter at once; otherwise it sleeps until the reservation's own deadline.
-    pub async fn take_committed(&self, id: HandoffId, wait: Option<Duration>) -> Result<Committed, Verdict> {
+    /// waiter at once; otherwise it sleeps until the reservation's own deadline. Only `tenant`,
+    /// the reservation's, may take it: another tenant's call fails the handoff (its pages are
+    /// freed unread) as a `tenant` mismatch.
+    pub async fn take_committed(&self, id: HandoffId, wait: Option<Duration>, tenant: &str) -> Result<Committed, Verdict> {
         let give_up = wait.map(|w| Instant::now() + w);
         loop {
             if give_up.is_some_and(|t| Instant::now() >= t) {
@@ -558,6 +572,13 @@ impl Reservations {
             let deadline = {
                 let mut table = self.lock();
                 match table.entries.get(&id) {
+                    Some(Entry::Committed(c)) if c.tenant != tenant => {
+                        let v = Verdict::new(
+                            Mismatch::Tenant,
+                            format!("kv_handoff_tenant: handoff {id} was reserved for tenant `{}`, tenant `{tenant}` asked to decode it", c.tenant),
+                        );
+                        return Err(self.fail(&mut table, id, v, true));
+                    }
                     Some(Entry::Committed(_)) => {
                         let Some(Entry::Committed(c)) = table.entries.remove(&id) else { unreachable!() };
                         table.traces.remove(&id);

@@ -4,13 +4,15 @@
 use std::time::Duration;
 
 use kvgate_proto::auth::Mac;
-use kvgate_proto::handoff::{CommitFrame, HandoffId, MAC_LEN, PageFrame, digest};
+use kvgate_proto::handoff::{CommitFrame, HandoffId, MAC_LEN, PageFrame, TenantTag, digest};
 use prometheus::Registry;
 
 use super::*;
 use crate::kv::{KvDtype, KvLayout};
 
 const PAGE: usize = 4;
+/// The tenant the tests reserve for.
+const ACME: &str = "acme";
 
 struct Fixture {
     table: Reservations,
@@ -33,7 +35,7 @@ fn fixture(timeout: Duration) -> Fixture {
 
 /// The tag of page `index` of handoff `id` under the table's secret.
 fn tag(table: &Reservations, id: HandoffId, index: u32, payload: &[u8]) -> u128 {
-    table.frame_key(id).expect("checks on").page_tags().tag(index, payload)
+    table.frame_key(id, TenantTag::of(ACME)).expect("checks on").page_tags().tag(index, payload)
 }
 
 /// `accept_page` of a whole frame, its payload's tag computed as the receiver does.
@@ -46,13 +48,23 @@ impl Fixture {
         let payload = vec![index as u8 + 1; self.page_bytes];
         let tokens = (issued.reserved_tokens - index * PAGE as u32).min(PAGE as u32);
         let checksum = tag(&self.table, issued.id, index, &payload);
-        PageFrame { handoff: issued.id, index, page: issued.pages[index as usize], tokens, checksum, payload, mac: Mac([0; MAC_LEN]) }
+        PageFrame {
+            handoff: issued.id,
+            tenant: TenantTag::of(ACME),
+            index,
+            page: issued.pages[index as usize],
+            tokens,
+            checksum,
+            payload,
+            mac: Mac([0; MAC_LEN]),
+        }
     }
 
     fn commit(&self, issued: &Issued, first_token: u32) -> CommitFrame {
         let sums = (0..issued.pages.len() as u32).map(|i| self.page(issued, i).checksum);
         CommitFrame {
             handoff: issued.id,
+            tenant: TenantTag::of(ACME),
             total_tokens: issued.reserved_tokens,
             page_count: issued.pages.len() as u32,
             digest: digest(sums),
@@ -84,37 +96,65 @@ fn reservations_are_checked_before_any_page_is_taken() {
         Err(ReserveError::Invalid { field, .. }) => field,
         other => panic!("{other:?}"),
     };
-    assert_eq!(invalid(f.table.reserve(0, 4)), "prompt_tokens");
-    assert_eq!(invalid(f.table.reserve(4, 0)), "max_tokens");
+    assert_eq!(invalid(f.table.reserve(0, 4, ACME)), "prompt_tokens");
+    assert_eq!(invalid(f.table.reserve(4, 0, ACME)), "max_tokens");
     // 16 + (2^32 - 1) used to wrap around to 15 tokens: one page.
-    assert_eq!(invalid(f.table.reserve(16, u32::MAX)), "max_tokens");
-    assert_eq!(f.table.reserve(30, 11).unwrap_err(), ReserveError::ContextLength { prompt: 30, max_tokens: 11, window: 40 });
+    assert_eq!(invalid(f.table.reserve(16, u32::MAX, ACME)), "max_tokens");
+    assert_eq!(f.table.reserve(30, 11, ACME).unwrap_err(), ReserveError::ContextLength { prompt: 30, max_tokens: 11, window: 40 });
     assert_eq!(f.table.pool.used_pages(), 0);
-    let held: Vec<Issued> = (0..3).map(|_| f.table.reserve(1, 1).unwrap()).collect();
-    assert_eq!(f.table.reserve(1, 1).unwrap_err(), ReserveError::TooMany { open: 3, limit: 3 });
+    let held: Vec<Issued> = (0..3).map(|_| f.table.reserve(1, 1, ACME).unwrap()).collect();
+    assert_eq!(f.table.reserve(1, 1, ACME).unwrap_err(), ReserveError::TooMany { open: 3, limit: 3 });
     f.table.cancel(held[0].id, false).unwrap();
-    assert!(f.table.reserve(1, 1).is_ok(), "a cancelled reservation frees its slot");
+    assert!(f.table.reserve(1, 1, ACME).is_ok(), "a cancelled reservation frees its slot");
 }
 
 #[test]
 fn a_whole_authenticated_transfer_commits_and_keeps_the_reserved_bounds() {
     let f = fixture(Duration::from_secs(5));
-    let issued = f.table.reserve(6, 3).unwrap();
+    let issued = f.table.reserve(6, 3, ACME).unwrap();
     assert_eq!((issued.pages.len(), issued.max_tokens), (2, 3));
     for i in 0..2 {
         accept(&f.table, &f.page(&issued, i), true).unwrap();
     }
     f.table.accept_commit(&f.commit(&issued, 7), true).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-    let committed = rt.block_on(f.table.take_committed(issued.id, None)).unwrap();
+    let committed = rt.block_on(f.table.take_committed(issued.id, None, ACME)).unwrap();
     assert_eq!((committed.first_token, committed.reserved_tokens, committed.max_tokens), (7, 6, 3));
     assert_eq!(f.mismatches(), 0);
 }
 
 #[test]
+fn a_committed_handoff_is_decoded_for_its_own_tenant_only() {
+    let f = fixture(Duration::from_secs(5));
+    let issued = f.table.reserve(6, 3, ACME).unwrap();
+    for i in 0..2 {
+        accept(&f.table, &f.page(&issued, i), true).unwrap();
+    }
+    f.table.accept_commit(&f.commit(&issued, 7), true).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let v = rt.block_on(f.table.take_committed(issued.id, None, "globex")).unwrap_err();
+    assert_eq!(v.reason.as_str(), "tenant");
+    assert_eq!(v.message, format!("kv_handoff_tenant: handoff {} was reserved for tenant `acme`, tenant `globex` asked to decode it", issued.id));
+    assert_eq!(f.mismatch("tenant"), 1);
+    assert_eq!(f.table.pool.used_pages(), 0, "its pages are freed unread");
+    assert!(rt.block_on(f.table.take_committed(issued.id, None, ACME)).is_err(), "and nobody decodes it after");
+}
+
+#[test]
+fn a_page_sealed_for_another_tenant_fails_the_handoff_before_a_byte_is_written() {
+    let f = fixture(Duration::from_secs(5));
+    let issued = f.table.reserve(6, 3, ACME).unwrap();
+    let globex = PageFrame { tenant: TenantTag::of("globex"), ..f.page(&issued, 0) };
+    let Err(v) = f.table.claim_page(&globex.view().fields, globex.checksum, true) else { panic!("claimed") };
+    assert_eq!(v.reason.as_str(), "tenant");
+    assert_eq!(f.mismatch("tenant"), 1);
+    assert_eq!(f.table.pool.used_pages(), 0);
+}
+
+#[test]
 fn a_first_token_outside_the_vocabulary_is_refused_at_commit() {
     let f = fixture(Duration::from_secs(5));
-    let issued = f.table.reserve(2, 2).unwrap();
+    let issued = f.table.reserve(2, 2, ACME).unwrap();
     accept(&f.table, &f.page(&issued, 0), true).unwrap();
     let v = f.table.accept_commit(&f.commit(&issued, 100_000), true).unwrap_err();
     assert_eq!(v.reason.as_str(), "first_token");
@@ -125,7 +165,7 @@ fn a_first_token_outside_the_vocabulary_is_refused_at_commit() {
 #[test]
 fn an_unauthenticated_frame_on_a_live_handoff_fails_it_as_forged() {
     let f = fixture(Duration::from_secs(5));
-    let issued = f.table.reserve(2, 2).unwrap();
+    let issued = f.table.reserve(2, 2, ACME).unwrap();
     let v = accept(&f.table, &f.page(&issued, 0), false).unwrap_err();
     assert_eq!(v.reason.as_str(), "auth");
     assert_eq!(f.mismatch("auth"), 1);
@@ -135,7 +175,7 @@ fn an_unauthenticated_frame_on_a_live_handoff_fails_it_as_forged() {
 #[test]
 fn frames_nobody_with_the_secret_sent_are_protocol_noise_not_integrity_events() {
     let f = fixture(Duration::from_secs(5));
-    let issued = f.table.reserve(2, 2).unwrap();
+    let issued = f.table.reserve(2, 2, ACME).unwrap();
     let mut stray = f.page(&issued, 0);
     stray.handoff = HandoffId(12345);
     assert_eq!(accept(&f.table, &stray, false).unwrap_err().reason.as_str(), "unauthenticated");
@@ -151,7 +191,7 @@ fn frames_nobody_with_the_secret_sent_are_protocol_noise_not_integrity_events() 
 #[test]
 fn a_frame_after_the_deadline_is_refused_before_the_sweeper_runs() {
     let f = fixture(Duration::from_millis(30));
-    let issued = f.table.reserve(6, 2).unwrap();
+    let issued = f.table.reserve(6, 2, ACME).unwrap();
     accept(&f.table, &f.page(&issued, 0), true).unwrap();
     std::thread::sleep(Duration::from_millis(60));
     let v = accept(&f.table, &f.page(&issued, 1), true).unwrap_err();
@@ -164,8 +204,8 @@ fn a_frame_after_the_deadline_is_refused_before_the_sweeper_runs() {
 #[test]
 fn an_unused_reservation_expires_without_an_integrity_mismatch() {
     let f = fixture(Duration::from_millis(20));
-    let unused = f.table.reserve(6, 2).unwrap();
-    let partial = f.table.reserve(6, 2).unwrap();
+    let unused = f.table.reserve(6, 2, ACME).unwrap();
+    let partial = f.table.reserve(6, 2, ACME).unwrap();
     accept(&f.table, &f.page(&partial, 0), true).unwrap();
     std::thread::sleep(Duration::from_millis(40));
     f.table.expire();
@@ -180,21 +220,21 @@ fn an_unused_reservation_expires_without_an_integrity_mismatch() {
 fn page_set_token_count_and_checksum_rules_hold() {
     let f = fixture(Duration::from_secs(5));
     let reason = |frame: PageFrame| {
-        let issued = f.table.reserve(6, 2).unwrap();
+        let issued = f.table.reserve(6, 2, ACME).unwrap();
         let frame = PageFrame { handoff: issued.id, page: if frame.page == u32::MAX { u32::MAX } else { issued.pages[frame.index as usize] }, ..frame };
         accept(&f.table, &frame, true).unwrap_err().reason.as_str()
     };
     let template = |issued: &Issued| f.page(issued, 1);
-    let base = template(&f.table.reserve(6, 2).unwrap());
+    let base = template(&f.table.reserve(6, 2, ACME).unwrap());
     assert_eq!(reason(PageFrame { page: u32::MAX, ..base.clone() }), "page_set");
     assert_eq!(reason(PageFrame { tokens: 3, ..base.clone() }), "token_count");
     assert_eq!(reason(PageFrame { checksum: 1, ..base.clone() }), "checksum");
     // Twice the same index.
-    let issued = f.table.reserve(6, 2).unwrap();
+    let issued = f.table.reserve(6, 2, ACME).unwrap();
     accept(&f.table, &f.page(&issued, 0), true).unwrap();
     assert_eq!(accept(&f.table, &f.page(&issued, 0), true).unwrap_err().reason.as_str(), "page_set");
     // A commit before the last page.
-    let issued = f.table.reserve(6, 2).unwrap();
+    let issued = f.table.reserve(6, 2, ACME).unwrap();
     accept(&f.table, &f.page(&issued, 0), true).unwrap();
     assert_eq!(f.table.accept_commit(&f.commit(&issued, 1), true).unwrap_err().reason.as_str(), "token_count");
 }
@@ -203,7 +243,7 @@ fn page_set_token_count_and_checksum_rules_hold() {
 fn replayed_frames_and_frames_of_an_earlier_generation_of_the_same_pages_are_refused() {
     let f = fixture(Duration::from_secs(5));
     // Replay: every frame of a committed transfer sent again.
-    let done = f.table.reserve(6, 2).unwrap();
+    let done = f.table.reserve(6, 2, ACME).unwrap();
     let frames: Vec<PageFrame> = (0..2).map(|i| f.page(&done, i)).collect();
     for p in &frames {
         accept(&f.table, p, true).unwrap();
@@ -213,13 +253,13 @@ fn replayed_frames_and_frames_of_an_earlier_generation_of_the_same_pages_are_ref
     assert_eq!(f.table.accept_commit(&f.commit(&done, 1), true).unwrap_err().reason.as_str(), "unknown_handoff");
     assert_eq!(f.mismatch("unknown_handoff"), 2);
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-    drop(rt.block_on(f.table.take_committed(done.id, None)).unwrap());
+    drop(rt.block_on(f.table.take_committed(done.id, None, ACME)).unwrap());
 
     // An earlier generation: a late frame of a cancelled handoff, addressed to a page the next
     // reservation now holds, must not land in it.
-    let old = f.table.reserve(6, 2).unwrap();
+    let old = f.table.reserve(6, 2, ACME).unwrap();
     f.table.cancel(old.id, false).unwrap();
-    let new = f.table.reserve(6, 2).unwrap();
+    let new = f.table.reserve(6, 2, ACME).unwrap();
     let stale = PageFrame { page: new.pages[0], ..f.page(&old, 0) };
     assert_eq!(accept(&f.table, &stale, true).unwrap_err().reason.as_str(), "unknown_handoff");
     for i in 0..2 {

@@ -5,7 +5,7 @@
 
 use kvgate_proto::auth::{FrameKey, Mac};
 use kvgate_proto::handoff::{
-    AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PAGE_FIELDS_LEN, PAGE_SEAL_LEN, PageFields, TAG_LEN, digest, page_mac, page_seal,
+    AckFrame, CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PAGE_FIELDS_LEN, PAGE_SEAL_LEN, PageFields, TAG_LEN, TenantTag, digest, page_mac, page_seal,
     parse_header,
 };
 use kvgate_proto::logprobs::TokenLogprobs;
@@ -54,6 +54,9 @@ pub struct Transfer<'a> {
     /// The prompt tokens prefill computed (the lease's, for an honest prefill).
     pub prompt_tokens: usize,
     pub reservation: &'a Reservation,
+    /// The tenant whose prompt the KV was computed for: every frame carries it and is sealed
+    /// under its key.
+    pub tenant: TenantTag,
     pub secret: &'a Secret,
     pub first_token: u32,
     /// Its log-probabilities, when the client asked for them (they travel in the commit).
@@ -313,7 +316,7 @@ impl Transfer<'_> {
         let r = self.reservation;
         let layout = *self.pool.layout();
         let id = check_reservation(r, self.secret, self.prompt_tokens, self.layout_fingerprint, layout.page_size)?;
-        let key = self.integrity().then(|| self.secret.key().frame_key(id));
+        let key = self.integrity().then(|| self.secret.key().frame_key(id, self.tenant));
         let page_size = layout.page_size as u32;
         let page_bytes = layout.page_bytes();
         let n = r.pages.len();
@@ -333,7 +336,7 @@ impl Transfer<'_> {
                 }
             }
             let tokens = (r.reserved_tokens - i as u32 * page_size).min(page_size);
-            let fields = PageFields { handoff: id, index: i as u32, page: dest, tokens, payload_len: page_bytes as u32 };
+            let fields = PageFields { handoff: id, tenant: self.tenant, index: i as u32, page: dest, tokens, payload_len: page_bytes as u32 };
             let page = PoolPage { pool: self.pool, lease: self.lease, index: i };
             let mut frame =
                 if in_place && tokens == page_size { PageFrame::in_pool(fields, page, &mut buf) } else { PageFrame::staged(fields, page, &mut buf)? };
@@ -346,6 +349,7 @@ impl Transfer<'_> {
         }
         let commit = CommitFrame {
             handoff: id,
+            tenant: self.tenant,
             total_tokens: r.reserved_tokens,
             page_count: n as u32,
             digest: digest(checksums.iter().copied()),

@@ -5,7 +5,7 @@
 //! (`reservations.rs`) calls these before writing a page or releasing a handoff to decode, and
 //! turns a `Refused` into a failed handoff.
 
-use kvgate_proto::handoff::{CommitFrame, PageFields, digest};
+use kvgate_proto::handoff::{CommitFrame, PageFields, TenantTag, digest};
 use kvgate_proto::refusal::Mismatch;
 
 /// Why a frame was refused, with the message the client gets.
@@ -36,6 +36,8 @@ pub struct Rules {
 /// One reservation's transfer: the pages it must fill and what has arrived.
 #[derive(Debug, Clone)]
 pub struct Transfer {
+    /// The tenant the reservation holds room for: every frame must be sealed for it.
+    pub tenant: TenantTag,
     /// The reservation's pages, in index order.
     pub pages: Vec<u32>,
     pub reserved_tokens: u32,
@@ -50,8 +52,16 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    pub fn new(pages: Vec<u32>, reserved_tokens: u32) -> Self {
-        Transfer { received: vec![None; pages.len()], arriving: vec![false; pages.len()], pages, reserved_tokens, received_tokens: 0, received_bytes: 0 }
+    pub fn new(tenant: TenantTag, pages: Vec<u32>, reserved_tokens: u32) -> Self {
+        Transfer {
+            tenant,
+            received: vec![None; pages.len()],
+            arriving: vec![false; pages.len()],
+            pages,
+            reserved_tokens,
+            received_tokens: 0,
+            received_bytes: 0,
+        }
     }
 
     pub fn pages_received(&self) -> usize {
@@ -73,11 +83,15 @@ impl Transfer {
     }
 }
 
-/// A page frame may be written (checked before its payload is read): it is the reservation's
+/// A page frame may be written (checked before its payload is read): it is sealed for the
+/// reservation's tenant, it is the reservation's
 /// page at its index, the index is new, it carries the tokens that index must hold, and its
 /// payload is a whole page.
 pub fn check_page_fields(rules: &Rules, t: &Transfer, f: &PageFields) -> Result<(), Refused> {
     let i = f.index as usize;
+    if f.tenant != t.tenant {
+        return refused(Mismatch::Tenant, format!("kv_handoff_tenant: page index {i} was sealed for another tenant than the reservation's"));
+    }
     if t.pages.get(i) != Some(&f.page) {
         return refused(Mismatch::PageSet, format!("kv_handoff_page_set: page {} at index {i} is not part of the reservation", f.page));
     }
@@ -110,6 +124,9 @@ pub fn check_page_tag(rules: &Rules, f: &PageFields, claimed: u128, payload_tag:
 /// tokens in exactly the reserved pages, the digest of what arrived, and a first token of the
 /// model.
 pub fn check_commit(rules: &Rules, t: &Transfer, c: &CommitFrame) -> Result<(), Refused> {
+    if c.tenant != t.tenant {
+        return refused(Mismatch::Tenant, "kv_handoff_tenant: the commit was sealed for another tenant than the reservation's".into());
+    }
     if c.model_fingerprint != rules.model_fingerprint || c.layout_fingerprint != rules.layout_fingerprint {
         return refused(
             Mismatch::Fingerprint,

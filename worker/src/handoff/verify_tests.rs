@@ -2,7 +2,7 @@
 //! pages of 4 tokens holding 10 tokens (the last page is partial).
 
 use kvgate_proto::auth::{DeploymentKey, Mac};
-use kvgate_proto::handoff::{HandoffId, MAC_LEN, PageFrame};
+use kvgate_proto::handoff::{HandoffId, MAC_LEN, PageFrame, TenantTag};
 
 use super::*;
 
@@ -10,19 +10,32 @@ const RULES: Rules = Rules { page_size: 4, page_bytes: 8, vocab: 100, model_fing
 const PAGES: [u32; 3] = [7, 3, 11];
 const TOKENS: u32 = 10;
 
+fn acme() -> TenantTag {
+    TenantTag::of("acme")
+}
+
 fn transfer() -> Transfer {
-    Transfer::new(PAGES.to_vec(), TOKENS)
+    Transfer::new(acme(), PAGES.to_vec(), TOKENS)
 }
 
 /// Page `index`'s tag under a fixed key (the rules compare tags; the key is the receiver's).
 fn tag(index: u32, payload: &[u8]) -> u128 {
-    DeploymentKey::new(&[1; 16]).unwrap().frame_key(HandoffId(1)).page_tags().tag(index, payload)
+    DeploymentKey::new(&[1; 16]).unwrap().frame_key(HandoffId(1), acme()).page_tags().tag(index, payload)
 }
 
 fn page(index: u32) -> PageFrame {
     let payload = vec![index as u8 + 1; RULES.page_bytes];
     let tokens = (TOKENS - index * RULES.page_size).min(RULES.page_size);
-    PageFrame { handoff: HandoffId(1), index, page: PAGES[index as usize], tokens, checksum: tag(index, &payload), payload, mac: Mac([0; MAC_LEN]) }
+    PageFrame {
+        handoff: HandoffId(1),
+        tenant: acme(),
+        index,
+        page: PAGES[index as usize],
+        tokens,
+        checksum: tag(index, &payload),
+        payload,
+        mac: Mac([0; MAC_LEN]),
+    }
 }
 
 /// Both checks of a whole frame, its payload's tag computed as the receiver does.
@@ -35,6 +48,7 @@ fn check(rules: &Rules, t: &Transfer, f: &PageFrame) -> Result<(), Refused> {
 fn commit(t: &Transfer) -> CommitFrame {
     CommitFrame {
         handoff: HandoffId(1),
+        tenant: acme(),
         total_tokens: TOKENS,
         page_count: PAGES.len() as u32,
         digest: digest(t.received.iter().map(|r| r.unwrap_or_default())),
@@ -81,7 +95,8 @@ fn every_page_rule_refuses_with_its_own_reason() {
     let mut flipped = page(1);
     flipped.payload[0] ^= 1;
     let truncated = PageFrame { payload: vec![2; 4], ..page(1) };
-    let rows: [(&str, PageFrame, Option<&str>); 9] = [
+    let globex = PageFrame { tenant: TenantTag::of("globex"), ..page(1) };
+    let rows: [(&str, PageFrame, Option<&str>); 10] = [
         ("an honest page", page(1), None),
         ("a page id outside the reservation", wrong_page, Some("page_set")),
         ("an index past the reservation", outside, Some("page_set")),
@@ -91,6 +106,7 @@ fn every_page_rule_refuses_with_its_own_reason() {
         ("a full page claiming one token", padded, Some("token_count")),
         ("a flipped byte", flipped, Some("checksum")),
         ("half a page", truncated, Some("protocol")),
+        ("another tenant's page", globex, Some("tenant")),
     ];
     for (what, frame, want) in rows {
         assert_eq!(reason(check(&RULES, &transfer(), &frame)), want, "{what}");
@@ -122,7 +138,7 @@ fn a_page_still_arriving_is_taken_but_not_received() {
 fn every_commit_rule_refuses_with_its_own_reason() {
     let whole = after(&[0, 1, 2]);
     let honest = commit(&whole);
-    let rows: [(&str, Transfer, CommitFrame, Option<&str>); 9] = [
+    let rows: [(&str, Transfer, CommitFrame, Option<&str>); 10] = [
         ("an honest commit", whole.clone(), honest.clone(), None),
         ("before the last page", after(&[0, 1]), honest.clone(), Some("token_count")),
         ("with no page at all", transfer(), honest.clone(), Some("token_count")),
@@ -132,6 +148,7 @@ fn every_commit_rule_refuses_with_its_own_reason() {
         ("with another digest", whole.clone(), CommitFrame { digest: honest.digest ^ 1, ..honest.clone() }, Some("checksum")),
         ("from another model", whole.clone(), CommitFrame { model_fingerprint: 0xc, ..honest.clone() }, Some("fingerprint")),
         ("with a first token past the vocabulary", whole.clone(), CommitFrame { first_token: 100, ..honest.clone() }, Some("first_token")),
+        ("sealed for another tenant", whole.clone(), CommitFrame { tenant: TenantTag::of("globex"), ..honest.clone() }, Some("tenant")),
     ];
     for (what, t, c, want) in rows {
         assert_eq!(reason(check_commit(&RULES, &t, &c)), want, "a commit {what}");

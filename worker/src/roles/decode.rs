@@ -57,7 +57,7 @@ async fn reserve_waiting(role: &DecodeRole, req: &ReserveRequest) -> Result<Issu
     let give_up = Instant::now() + role.admission_timeout;
     loop {
         let freed = role.engine.pool.freed();
-        match role.reservations.reserve(req.prompt_tokens, req.max_tokens) {
+        match role.reservations.reserve(req.prompt_tokens, req.max_tokens, &req.tenant) {
             Err(ReserveError::NoRoom { .. }) if Instant::now() < give_up => {
                 // Woken by a release; the poll bounds the wait should a wake-up be missed.
                 let wait = give_up.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
@@ -107,6 +107,7 @@ async fn reserve(State(role): State<DecodeRole>, body: Bytes) -> Response {
             kv_addr: role.reservations.kv_addr().to_string(),
             model_fingerprint: role.engine.model.fingerprint.clone(),
             layout_fingerprint: role.engine.pool.layout().fingerprint(),
+            tenant: issued.tenant,
         })
         .into_response(),
         Err(ReserveError::Invalid { field, message }) => ApiError::invalid(field, message).into_response(),
@@ -164,7 +165,7 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
         let id = parse_id(&id)?;
         let req = parsed?;
         let wait = req.commit_wait_ms.map(Duration::from_millis);
-        let committed = role.reservations.take_committed(id, wait).await.map_err(|v| {
+        let committed = role.reservations.take_committed(id, wait, &req.tenant).await.map_err(|v| {
             mark_failed(&tracing::Span::current(), v.reason.as_str());
             verdict_error(&v)
         })?;

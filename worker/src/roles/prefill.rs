@@ -12,6 +12,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use kvgate_proto::handoff::TenantTag;
+use kvgate_proto::refusal::Mismatch;
 use kvgate_proto::roles::{PrefillRequest, PrefillResponse, Sampling};
 use kvgate_telemetry::trace_context::mark_failed;
 use tracing::Instrument;
@@ -97,10 +99,19 @@ pub(crate) fn vocabulary(role: &PrefillRole, req: &PrefillRequest) -> Result<(),
     }
 }
 
-/// Nothing is computed, and no address dialled, for a reservation decode did not mint.
+/// Nothing is computed, and no address dialled, for a reservation decode did not mint, nor for
+/// one that holds room for another tenant than the prompt's (counted as a `tenant` mismatch).
 fn reservation(role: &PrefillRole, req: &PrefillRequest) -> Result<(), SendError> {
     let layout = role.engine.pool.layout();
-    check_reservation(&req.reservation, &role.secret, req.prompt.len(), &layout.fingerprint(), layout.page_size).map(|_| ())
+    check_reservation(&req.reservation, &role.secret, req.prompt.len(), &layout.fingerprint(), layout.page_size)?;
+    if req.tenant != req.reservation.tenant {
+        role.metrics.mismatch.with_label_values(&[Mismatch::Tenant.as_str()]).inc();
+        return Err(SendError::Reservation(format!(
+            "reservation {} holds room for tenant `{}`, this prompt is tenant `{}`'s (kv_handoff_tenant)",
+            req.reservation.handoff_id, req.reservation.tenant, req.tenant
+        )));
+    }
+    Ok(())
 }
 
 /// Why the pool can never hold this prompt, if it cannot.
@@ -207,6 +218,7 @@ pub(crate) async fn run(role: &PrefillRole, req: &PrefillRequest, via: &impl Via
         lease: &prefilled.lease,
         prompt_tokens: via.claims(prefilled.lease.tokens(), req),
         reservation: &req.reservation,
+        tenant: TenantTag::of(&req.tenant),
         secret: &role.secret,
         first_token: prefilled.first_token,
         first_logprobs: prefilled.first_logprobs.clone(),

@@ -102,7 +102,7 @@ impl Via for Faulted {
 
     async fn send<'t>(&'t self, transfer: &'t Transfer<'t>) -> Result<SendOutcome, SendError> {
         let port = KvConnection::new(&transfer.reservation.kv_addr, transfer.metrics);
-        let outcome = transfer.run_into(Faulty::new(self.fault, port, transfer.secret, transfer.reservation)).await;
+        let outcome = transfer.run_into(Faulty::new(self.fault, port, transfer.secret, transfer.reservation, transfer.tenant)).await;
         if matches!(outcome, Ok(SendOutcome::Died)) && self.exit_on_death {
             tracing::error!("die-mid-transfer: exiting mid-transfer as instructed");
             std::process::exit(137);

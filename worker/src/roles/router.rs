@@ -245,7 +245,12 @@ impl Dispatcher {
 
         // 1. Decode reserves pages for the whole sequence.
         let reservation = async {
-            let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens: max_tokens as u32, traceparent: Some(request.traceparent()) };
+            let reserve = ReserveRequest {
+                prompt_tokens: prompt.len() as u32,
+                max_tokens: max_tokens as u32,
+                tenant: request.tenant.to_string(),
+                traceparent: Some(request.traceparent()),
+            };
             let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
             resp.json::<Reservation>()
                 .await
@@ -262,7 +267,13 @@ impl Dispatcher {
         let prefill_span =
             tracing::info_span!("prefill", prompt_tokens = prompt.len() as i64, pages = reservation.pages.len() as i64, http.response.status_code = Empty);
         let call = async {
-            let body = PrefillRequest { prompt: prompt.clone(), reservation, sampling: Some(sampling), traceparent: Some(request.traceparent()) };
+            let body = PrefillRequest {
+                prompt: prompt.clone(),
+                tenant: request.tenant.to_string(),
+                reservation,
+                sampling: Some(sampling),
+                traceparent: Some(request.traceparent()),
+            };
             self.call(&prefill, super::PREFILL_PATH, &body).await
         };
         let prefilled = tokio::select! {
@@ -320,7 +331,14 @@ impl Dispatcher {
         let mut delivered = false;
         let generated = async {
             let commit_wait_ms = commit_wait.map(|(d, _)| d.as_millis() as u64);
-            let generate = GenerateRequest { prompt, max_tokens: max_tokens as u32, sampling, commit_wait_ms, traceparent: Some(request.traceparent()) };
+            let generate = GenerateRequest {
+                prompt,
+                tenant: request.tenant.to_string(),
+                max_tokens: max_tokens as u32,
+                sampling,
+                commit_wait_ms,
+                traceparent: Some(request.traceparent()),
+            };
             let resp = self.call_decode(&decode, &super::generate_path(id), &generate).await?;
             self.relay(tx, resp, arrived, prompt_logprobs, &mut delivered).await.map_err(|e| match e {
                 // Decode's stream broke before any token: nothing reached the client.

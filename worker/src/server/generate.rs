@@ -45,9 +45,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Completions only: the prompt goes in front of each choice's text.
     pub echo: bool,
+    /// Its identity, tenant included (charged for the prompt and every generated token).
     pub request: RequestContext,
-    /// Whose request it is: its quota is charged for the prompt and every generated token.
-    pub tenant: Tenant,
 }
 
 /// One choice being generated: its first event (already received) and the rest.
@@ -77,11 +76,11 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     shape.check()?;
     let tenants = &state.tenants;
     let prompt_charge = (prompt_tokens * job.choices) as u64;
-    if let Err(over) = tenants.quota.admit(&job.tenant, prompt_charge) {
-        tenants.metrics.refused(Some(&job.tenant), "token_quota");
+    if let Err(over) = tenants.quota.admit(&job.request.tenant, prompt_charge) {
+        tenants.metrics.refused(Some(&job.request.tenant), "token_quota");
         return Err(over.error());
     }
-    tenants.metrics.tokens(&job.tenant, "prompt", prompt_charge);
+    tenants.metrics.tokens(&job.request.tenant, "prompt", prompt_charge);
     let mut pending: Vec<Pending> = Vec::with_capacity(job.choices);
     for i in 0..job.choices {
         let sampling = SamplingParams { seed: job.sampling.seed.map(|s| s.wrapping_add(i as u64)), ..job.sampling };
@@ -109,7 +108,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
         choices: job.choices,
         streamed: AtomicUsize::new(0),
         span,
-        tenant: job.tenant.clone(),
+        tenant: job.request.tenant.clone(),
     });
     state.count(200);
     if job.stream {
@@ -120,7 +119,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     }
     let mut choices = Vec::with_capacity(pending.len());
     for (first, rx) in pending {
-        choices.push(collect(state, &job.tenant, job.stop.clone(), first, rx).await?);
+        choices.push(collect(state, &job.request.tenant, job.stop.clone(), first, rx).await?);
     }
     Ok(Json(meta.whole(tokenizer, &choices)).into_response())
 }

@@ -29,7 +29,6 @@ use serde_json::json;
 use crate::engine::{Engine, Event, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
-use crate::tenants::Tenant;
 use crate::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, PromptInput};
 use error::ApiError;
@@ -232,12 +231,7 @@ fn body_or_error(state: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
     })
 }
 
-async fn completions(
-    State(state): State<AppState>,
-    Extension(request): Extension<RequestContext>,
-    Extension(tenant): Extension<Tenant>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn completions(State(state): State<AppState>, Extension(request): Extension<RequestContext>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
         let body = body_or_error(&state, body)?;
         fields::check(&body, false)?;
@@ -256,7 +250,6 @@ async fn completions(
             stop: req.common.stops()?,
             echo: req.echo,
             request,
-            tenant,
         };
         generate::run(&state, job).await
     }
@@ -264,12 +257,7 @@ async fn completions(
     respond(&state, result).await
 }
 
-async fn chat(
-    State(state): State<AppState>,
-    Extension(request): Extension<RequestContext>,
-    Extension(tenant): Extension<Tenant>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn chat(State(state): State<AppState>, Extension(request): Extension<RequestContext>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
         let body = body_or_error(&state, body)?;
         fields::check(&body, true)?;
@@ -291,7 +279,6 @@ async fn chat(
             stop: req.common.stops()?,
             echo: false,
             request,
-            tenant,
         };
         generate::run(&state, job).await
     }

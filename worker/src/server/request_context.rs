@@ -25,6 +25,9 @@ pub struct RequestContext {
     pub trace: TraceContext,
     /// When it arrived (time to first token is counted from here).
     pub started: std::time::Instant,
+    /// Whose request it is (set by `tenants::identify`): the unit of quota and fairness, and
+    /// what its reservation and KV are bound to on prefill and decode.
+    pub tenant: crate::tenants::Tenant,
 }
 
 impl RequestContext {
@@ -71,7 +74,7 @@ pub async fn open(mut req: Request, next: Next) -> Response {
     );
     let trace = trace_context::adopt(&span, parent);
     let started = std::time::Instant::now();
-    req.extensions_mut().insert(RequestContext { id: id.clone(), trace, started });
+    req.extensions_mut().insert(RequestContext { id: id.clone(), trace, started, tenant: crate::tenants::Tenant::Unknown });
     let mut resp = next.run(req).instrument(span.clone()).await;
     let status = resp.status();
     span.record("http.response.status_code", i64::from(status.as_u16()));

@@ -113,6 +113,9 @@ pub async fn identify(State(state): State<AppState>, mut req: Request, next: Nex
         }
     };
     tracing::Span::current().record("tenant", tracing::field::display(&tenant));
+    if let Some(context) = req.extensions_mut().get_mut::<crate::server::RequestContext>() {
+        context.tenant = tenant.clone();
+    }
     req.extensions_mut().insert(tenant.clone());
     let resp = next.run(req).await;
     tenants.metrics.answered(&tenant, resp.status().as_u16());

@@ -2,7 +2,7 @@
 //! deployment's key when it plays a peer, or with whatever an attacker would put there.
 
 use kvgate_proto::auth::{FrameKey, Mac};
-use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame, digest, parse_header};
+use kvgate_proto::handoff::{CommitFrame, Frame, HEADER_LEN, HandoffId, MAC_LEN, PageFrame, TenantTag, digest, parse_header};
 use kvgate_proto::roles::Reservation;
 use kvgate_worker::handoff::Secret;
 use kvgate_worker::roles::internal_auth::Signer;
@@ -15,26 +15,40 @@ pub struct KvClient {
     pub reservation: Reservation,
     pub page_bytes: usize,
     pub page_size: u32,
+    /// The tenant its frames are sealed for (the reservation's, unless told otherwise).
+    tenant: TenantTag,
     /// The handoff's frame key, when this client holds the secret.
     key: Option<FrameKey>,
 }
 
+/// The tenant [`KvClient::reserve`] reserves for.
+pub const TENANT: &str = "kv-client";
+
 impl KvClient {
     /// Reserves `prompt_tokens` on decode as a router would (signed).
     pub async fn reserve(w: &Worker, signer: &Signer, prompt_tokens: u32, max_tokens: u32) -> KvClient {
-        let (status, body) = w.post_signed(signer, "/internal/v1/reserve", &json!({"prompt_tokens": prompt_tokens, "max_tokens": max_tokens})).await;
+        let body = json!({"prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "tenant": TENANT});
+        let (status, body) = w.post_signed(signer, "/internal/v1/reserve", &body).await;
         assert_eq!(status, 200, "{body}");
         let reservation: Reservation = serde_json::from_value(body).unwrap();
         let (_, report) = w.get("/v1/kv-pool").await;
         let report: kvgate_proto::CapacityReport = serde_json::from_str(&report).unwrap();
         let page_bytes = (report.bytes_per_token * report.page_size as u64) as usize;
-        KvClient { reservation, page_bytes, page_size: report.page_size as u32, key: None }
+        let tenant = TenantTag::of(&reservation.tenant);
+        KvClient { reservation, page_bytes, page_size: report.page_size as u32, tenant, key: None }
     }
 
     /// Frames from now on carry MACs under the deployment's key (a peer, not an attacker).
     pub fn holding(mut self, secret: &Secret) -> KvClient {
-        self.key = Some(secret.key().frame_key(self.id()));
+        self.key = Some(secret.key().frame_key(self.id(), self.tenant));
         self
+    }
+
+    /// Frames from now on are sealed for `tenant` (with the secret: authentic, but another
+    /// tenant's KV when `tenant` is not the reservation's).
+    pub fn sealed_for(mut self, secret: &Secret, tenant: &str) -> KvClient {
+        self.tenant = TenantTag::of(tenant);
+        self.holding(secret)
     }
 
     pub fn id(&self) -> HandoffId {
@@ -53,7 +67,7 @@ impl KvClient {
         let payload = vec![0u8; self.page_bytes];
         let tokens = (self.reservation.reserved_tokens - index * self.page_size).min(self.page_size);
         let page = self.reservation.pages[index as usize];
-        self.encode(Frame::Page(PageFrame { handoff, index, page, tokens, checksum: 0, payload, mac: Mac([0; MAC_LEN]) }))
+        self.encode(Frame::Page(PageFrame { handoff, tenant: self.tenant, index, page, tokens, checksum: 0, payload, mac: Mac([0; MAC_LEN]) }))
     }
 
     /// Every page of the reservation.
@@ -68,6 +82,7 @@ impl KvClient {
         let tags = (0..self.reservation.pages.len() as u32).map(|i| self.key.as_ref().map_or(0, |k| k.page_tags().tag(i, &zeros)));
         self.encode(Frame::Commit(CommitFrame {
             handoff: self.id(),
+            tenant: self.tenant,
             total_tokens: self.reservation.reserved_tokens,
             page_count: self.reservation.pages.len() as u32,
             digest: digest(tags),
