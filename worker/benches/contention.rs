@@ -45,7 +45,8 @@ fn engine(stall_limit: f64) -> Engine {
     // room to spare.
     let tokens = STREAMS * (PROMPT + HELD_TOKENS) + LONG_PROMPT + 4 * (HANDOFF_TOKENS + 1);
     let pool = KvPool::host(layout, layout.pages_for(tokens) + 64).unwrap();
-    let config = SchedulerConfig { max_batch_tokens: 2048, admission_timeout: Duration::from_secs(60), stall_limit };
+    let config =
+        SchedulerConfig { max_batch_tokens: 2048, admission_timeout: Duration::from_secs(60), stall_limit, shared_step: Some(Duration::from_millis(10)) };
     Engine::start(model, pool, WINDOW, Metrics::new(&prometheus::Registry::new(), "bench"), config)
 }
 
@@ -84,7 +85,7 @@ impl Streams {
                     let mut more = true;
                     while more && !stop.load(Ordering::Relaxed) {
                         more = !held;
-                        let mut rx = engine.submit(prompt.clone(), max_tokens, sampling).unwrap();
+                        let mut rx = engine.submit(prompt.clone(), max_tokens, sampling, "bench").unwrap();
                         let mut last = None;
                         while let Some(e) = rx.recv().await {
                             match e {
@@ -259,7 +260,7 @@ async fn measure() {
         let t0 = Instant::now();
         tokio::time::sleep(span / 2).await;
         let t1 = Instant::now();
-        let mut rx = e.submit(long.clone(), 1, SamplingParams::default()).unwrap();
+        let mut rx = e.submit(long.clone(), 1, SamplingParams::default(), "bench").unwrap();
         while let Some(ev) = rx.recv().await {
             if matches!(ev, Event::Done { .. }) {
                 break;

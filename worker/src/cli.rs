@@ -221,6 +221,11 @@ pub struct SchedulerArgs {
     /// prompt does not stall every stream. 0 turns this off (a chunk takes --max-batch-tokens).
     #[arg(long, default_value_t = 2.0, value_parser = stall_limit)]
     pub decode_stall_limit: f64,
+    /// While more than one tenant has had work in the last 2 s, a prompt chunk takes about this
+    /// long at most, so one tenant's long prompts cannot make another's request wait for a
+    /// whole chunk (a tenant alone gets whole chunks). 0 turns this off.
+    #[arg(long, default_value_t = 10)]
+    pub shared_chunk_ms: u64,
 }
 
 fn stall_limit(s: &str) -> Result<f64, String> {
@@ -236,6 +241,7 @@ impl SchedulerArgs {
             max_batch_tokens: self.max_batch_tokens as usize,
             admission_timeout: std::time::Duration::from_millis(self.admission_timeout_ms),
             stall_limit: if self.decode_stall_limit > 0.0 { self.decode_stall_limit } else { f64::INFINITY },
+            shared_step: (self.shared_chunk_ms > 0).then(|| std::time::Duration::from_millis(self.shared_chunk_ms)),
         }
     }
 }

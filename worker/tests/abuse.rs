@@ -4,9 +4,9 @@
 //! same run: at least 95 % succeed and their p95 latency stays within 3x of the baseline's.
 //! Rows whose attack is a request refused up front (4, 5, 8-10, 12, 13) repeat it back to back
 //! during the measurement (`during`). Rows 6 and 7 (prompts abandoned or past the reservation's
-//! deadline) measure one honest request beside one attack: a client that keeps sending them
-//! costs every other client the prefill chunk in progress (honest p95 about 2.3 s, issue 50's
-//! compute fairness), so they are not held to the 3x bar.
+//! deadline) measure one honest request beside one attack from the same address (one tenant):
+//! it waits at most for the chunk in progress. Between *tenants*, chunks are cut short while
+//! both have work: `tenants.rs` holds another tenant beside abandoned long prompts to 2x.
 //! Memory of the attacked process returns to within 10 % of its start, and no attack moves
 //! `kvgate_handoff_mismatch_total`.
 //!

@@ -334,3 +334,84 @@ async fn prefill_refuses_a_reservation_held_for_another_tenant() {
     assert_eq!(c.prefill.metric(r#"kvgate_handoff_mismatch_total{reason="tenant",role="prefill"}"#).await, 1.0);
     assert_eq!(c.prefill.metric(computed).await, before, "nothing computed");
 }
+
+const HOG: &str = "sk-hog-5a7e0c29d1b3f846";
+
+/// A tenant that keeps its whole share of long streams generating back to back, beside an
+/// honest tenant: the scheduler shares decode slots and prompt chunks by tokens served, so the
+/// honest tenant's p95 stays within 2x of its baseline.
+#[tokio::test]
+async fn back_to_back_long_streams_of_one_tenant_leave_another_its_share() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let keys = KeyDir::new(&[("acme", ACME), ("hog", HOG)]);
+    let c = cluster_with(&[], &[], &[&keys.arg(), "--max-requests-per-client", "4"]);
+    let baseline = honest(&c.router, Some(ACME)).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hog = (0..4)
+        .map(|_| {
+            let (stop, url, http) = (stop.clone(), format!("{}/v1/completions", c.router.base), from(2));
+            tokio::spawn(async move {
+                let mut served = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let r = http.post(&url).bearer_auth(HOG).json(&json!({"prompt": "go on and on", "max_tokens": 256, "ignore_eos": true})).send().await;
+                    if let Ok(r) = r
+                        && r.status() == 200
+                        && r.bytes().await.is_ok()
+                    {
+                        served += 1;
+                    }
+                }
+                served
+            })
+        })
+        .collect::<Vec<_>>();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let under = honest(&c.router, Some(ACME)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let served: usize = futures::future::join_all(hog).await.into_iter().map(Result::unwrap).sum();
+    assert_fair("4 streams of 256 tokens back to back", &baseline, &under);
+    assert!(served >= 1, "the hog was served too (its share, not nothing)");
+    assert!(c.router.metric(r#"kvgate_tenant_tokens_total{kind="generated",role="router",tenant="hog"}"#).await >= 256.0);
+}
+
+/// A tenant that keeps sending long prompts and leaving before their answer, beside an honest
+/// tenant: the honest tenant's p95 stays within 2x of its baseline.
+#[tokio::test]
+async fn long_prompts_sent_and_abandoned_by_one_tenant_leave_another_its_share() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let keys = KeyDir::new(&[("acme", ACME), ("hog", HOG)]);
+    let c = cluster_with(&[], &[], &[&keys.arg(), "--context-window", "8192"]);
+    let baseline = honest(&c.router, Some(ACME)).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let long: Vec<u32> = (0..8000).map(|i| 3 + (i * 7919) % 250).collect(); // ids of the tiny model's vocabulary
+    let hog = (0..2)
+        .map(|_| {
+            let (stop, url, http, long) = (stop.clone(), format!("{}/v1/completions", c.router.base), from(2), long.clone());
+            tokio::spawn(async move {
+                let mut sent = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let ask = http.post(&url).bearer_auth(HOG).json(&json!({"prompt": long, "max_tokens": 1})).send();
+                    let _ = tokio::time::timeout(Duration::from_millis(30), ask).await; // left before the answer
+                    sent += 1;
+                }
+                sent
+            })
+        })
+        .collect::<Vec<_>>();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let under = honest(&c.router, Some(ACME)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent: usize = futures::future::join_all(hog).await.into_iter().map(Result::unwrap).sum();
+    assert_fair("8000-token prompts sent and abandoned", &baseline, &under);
+    assert!(sent >= 4, "the attack ran ({sent} prompts)");
+    assert!(c.router.metric(r#"kvgate_requests_abandoned_total{role="router"}"#).await >= 1.0);
+}
+
+/// Issue 50's bar for compute fairness: every honest request served, p95 within 2x of the
+/// baseline (the same floor as `assert_unharmed`'s).
+fn assert_fair(attack: &str, baseline: &Seen, under: &Seen) {
+    eprintln!("{attack}: honest {}/{HONEST} ok, p95 {:?} (baseline p95 {:?})", under.ok, under.p95(), baseline.p95());
+    assert_eq!((baseline.ok, under.ok), (HONEST, HONEST), "{attack}: {:?} {:?}", baseline.failures, under.failures);
+    let bound = 2 * baseline.p95().max(LATENCY_FLOOR);
+    assert!(under.p95() <= bound, "{attack}: honest p95 {:?} > 2x baseline ({bound:?})", under.p95());
+}

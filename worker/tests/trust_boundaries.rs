@@ -578,7 +578,8 @@ async fn one_bad_sequence_fails_alone_and_its_batch_goes_on() {
 
     let model = Arc::new(Model::tiny(&candle_core::Device::Cpu).unwrap());
     let pool = KvPool::host(model.kv_layout(16, KvDtype::F32), 64).unwrap();
-    let config = SchedulerConfig { max_batch_tokens: 4096, admission_timeout: Duration::from_secs(30), stall_limit: 2.0 };
+    let config =
+        SchedulerConfig { max_batch_tokens: 4096, admission_timeout: Duration::from_secs(30), stall_limit: 2.0, shared_step: Some(Duration::from_millis(10)) };
     let engine = Engine::start(model.clone(), pool.clone(), 1024, Metrics::new(&prometheus::Registry::new(), "test"), config);
     let greedy = SamplingParams::default();
     let prompts: Vec<Vec<u32>> = victims().iter().map(|v| model.tokenizer.encode(v).unwrap()).collect();
@@ -598,16 +599,16 @@ async fn one_bad_sequence_fails_alone_and_its_batch_goes_on() {
     }
     let mut alone = Vec::new();
     for p in &prompts {
-        alone.push(outcome(engine.enqueue(p.clone(), 16, greedy, Mode::Full)).await.unwrap());
+        alone.push(outcome(engine.enqueue(p.clone(), 16, greedy, Mode::Full, "acme")).await.unwrap());
     }
     // Together: the victims, a continuation whose lease ends where its prompt does, and one
     // whose first token is not a token of the model.
     let short = pool.lease(16).unwrap();
     let enough = pool.lease(64).unwrap();
     let prompt16: Vec<u32> = (0..16).collect();
-    let mut rxs: Vec<_> = prompts.iter().map(|p| engine.enqueue(p.clone(), 16, greedy, Mode::Full)).collect();
-    let past_lease = engine.enqueue(prompt16.clone(), 8, greedy, Mode::Continue { lease: short, first_token: 65, first_logprobs: None });
-    let bad_token = engine.enqueue(prompt16, 8, greedy, Mode::Continue { lease: enough, first_token: 100_000, first_logprobs: None });
+    let mut rxs: Vec<_> = prompts.iter().map(|p| engine.enqueue(p.clone(), 16, greedy, Mode::Full, "acme")).collect();
+    let past_lease = engine.enqueue(prompt16.clone(), 8, greedy, Mode::Continue { lease: short, first_token: 65, first_logprobs: None }, "acme");
+    let bad_token = engine.enqueue(prompt16, 8, greedy, Mode::Continue { lease: enough, first_token: 100_000, first_logprobs: None }, "acme");
     let together = join_all(rxs.drain(..).map(outcome)).await;
     let together: Vec<Vec<u32>> = together.into_iter().map(Result::unwrap).collect();
     assert_eq!(together, alone, "a bad sequence changed its batch's output");

@@ -1,6 +1,7 @@
 //! The generation engine: admission in the caller's thread, the model on its own thread.
 
 pub mod admission;
+mod fair_share;
 mod pacing;
 pub mod request;
 pub mod scheduler;
@@ -81,16 +82,18 @@ impl Engine {
     }
 
     /// Admits and queues a request. Rejections happen here, before any page is reserved.
-    pub fn submit(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Result<mpsc::UnboundedReceiver<Event>, Rejection> {
+    pub fn submit(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, tenant: &str) -> Result<mpsc::UnboundedReceiver<Event>, Rejection> {
         admission::admit(self.limits, prompt.len(), max_tokens)?;
-        Ok(self.enqueue(prompt, max_tokens, sampling, Mode::Full))
+        Ok(self.enqueue(prompt, max_tokens, sampling, Mode::Full, tenant))
     }
 
     /// Queues a request whose admission was decided elsewhere (prefill-only work, or a
     /// continuation over pages that arrived by handoff).
-    pub fn enqueue(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, mode: Mode) -> mpsc::UnboundedReceiver<Event> {
+    /// `tenant` is whose work it is (the scheduler shares compute between tenants).
+    pub fn enqueue(&self, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, mode: Mode, tenant: &str) -> mpsc::UnboundedReceiver<Event> {
         let (events, rx) = mpsc::unbounded_channel();
-        let req = GenerateRequest { prompt, max_tokens, sampling, arrived: Instant::now(), events, mode, span: tracing::Span::current() };
+        let span = tracing::Span::current();
+        let req = GenerateRequest { prompt, max_tokens, sampling, arrived: Instant::now(), events, mode, span, tenant: tenant.into() };
         if let Err(std::sync::mpsc::SendError(req)) = self.inbox.send(req) {
             // Only reachable if the engine thread died; surface it as a failed request.
             let _ = req.events.send(Event::Failed(Failure::internal("engine is not running")));

@@ -44,6 +44,14 @@ impl Pacer {
         chunk.clamp(MIN_CHUNK, budget.max(MIN_CHUNK)).min(budget)
     }
 
+    /// Most prompt tokens in a step while tenants share the engine: as many as take `step` at
+    /// the measured cost per prompt token (another tenant's request that arrives while the
+    /// chunk runs waits for no more).
+    pub fn shared_prompt_tokens(&self, step: Duration, budget: usize) -> usize {
+        let chunk = self.per_prompt_token.map_or(FIRST_CHUNK, |t| (step.as_secs_f64() / t) as usize);
+        chunk.clamp(MIN_CHUNK, budget.max(MIN_CHUNK)).min(budget)
+    }
+
     /// Records what a step cost: `decoding` one-token sequences and `prompt` prompt tokens.
     pub fn record(&mut self, decoding: usize, prompt: usize, took: Duration) {
         let took = took.as_secs_f64();
@@ -88,6 +96,15 @@ mod tests {
             p.record(8, 40, 2 * MS + 40 * MS);
         }
         assert_eq!(p.prompt_tokens(8, 2048), MIN_CHUNK);
+    }
+
+    #[test]
+    fn a_shared_chunk_takes_about_the_shared_step() {
+        let mut p = Pacer::new(f64::INFINITY);
+        assert_eq!(p.shared_prompt_tokens(10 * MS, 2048), FIRST_CHUNK, "nothing measured yet");
+        p.record(0, 2048, 2048 * Duration::from_micros(50));
+        assert_eq!(p.shared_prompt_tokens(10 * MS, 2048), 200, "10 ms at 50 us a token");
+        assert_eq!(p.shared_prompt_tokens(10 * MS, 100), 100);
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct GenerateRequest {
     pub arrived: Instant,
     pub events: mpsc::UnboundedSender<Event>,
     pub mode: Mode,
+    /// Whose request it is: the scheduler shares compute between tenants with work.
+    pub tenant: std::sync::Arc<str>,
     /// The span it was submitted under (the engine thread's spans of its prompt chunks hang
     /// under it).
     pub span: tracing::Span,

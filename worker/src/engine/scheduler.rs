@@ -1,6 +1,7 @@
 //! The continuous-batching loop: every step, waiting requests join as soon as their pages are
 //! free, prompts are prefilled in chunks under a token budget, and every running sequence
-//! advances by one token in the same batched forward pass.
+//! advances by one token in the same batched forward pass. Between tenants, the least-served
+//! goes first for pages, prompt chunks and decode slots (`fair_share`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::admission::Rejection;
+use super::fair_share::FairShare;
 use super::pacing::Pacer;
 use super::request::{Event, Failure, FinishReason, GenerateRequest, Mode};
 use super::sequence::Sequence;
@@ -29,6 +31,9 @@ pub struct SchedulerConfig {
     /// While sequences decode, a step with a prompt chunk takes at most this many decode-only
     /// steps (`f64::INFINITY`: chunks take the whole batch budget). See `pacing`.
     pub stall_limit: f64,
+    /// While more than one tenant has work, a prompt chunk takes about this long at most
+    /// (`None`: whole chunks). See `fair_share`.
+    pub shared_step: Option<Duration>,
 }
 
 pub struct Scheduler {
@@ -39,12 +44,13 @@ pub struct Scheduler {
     waiting: VecDeque<GenerateRequest>,
     running: Vec<Sequence>,
     pacer: Pacer,
+    fair: FairShare,
 }
 
 impl Scheduler {
     pub fn new(model: Arc<Model>, pool: Arc<KvPool>, metrics: Metrics, config: SchedulerConfig) -> Self {
         let pacer = Pacer::new(config.stall_limit);
-        Scheduler { model, pool, metrics, config, waiting: VecDeque::new(), running: Vec::new(), pacer }
+        Scheduler { model, pool, metrics, config, waiting: VecDeque::new(), running: Vec::new(), pacer, fair: FairShare::default() }
     }
 
     /// Runs until every sender of `inbox` is gone and all work is done.
@@ -64,8 +70,10 @@ impl Scheduler {
             };
             match received {
                 Ok(req) => {
-                    self.waiting.push_back(req);
-                    self.waiting.extend(inbox.try_iter());
+                    for req in std::iter::once(req).chain(inbox.try_iter()) {
+                        self.fair.join(&req.tenant);
+                        self.waiting.push_back(req);
+                    }
                 }
                 Err(RecvTimeoutError::Disconnected) if idle => return,
                 Err(_) => {}
@@ -85,42 +93,34 @@ impl Scheduler {
         self.metrics.waiting.set(self.waiting.len() as i64);
     }
 
-    /// Moves waiting requests into the running set, first come first served, while pages last.
+    /// Moves waiting requests into the running set: continued ones at once (they bring their
+    /// pages), the others while pages last, the least-served tenant's first and each tenant's
+    /// in arrival order. The one chosen waits at the head for its pages (a large request is not
+    /// passed over for ever by smaller ones).
     fn admit(&mut self) {
-        while let Some(req) = self.waiting.front_mut() {
-            if req.events.is_closed() {
-                self.waiting.pop_front();
-                continue;
-            }
-            // A continued request brings its own pages; the others lease theirs now.
-            if let Mode::Continue { .. } = req.mode {
-                let mut req = self.waiting.pop_front().unwrap();
-                let Mode::Continue { lease, first_token, first_logprobs } = std::mem::replace(&mut req.mode, Mode::Full) else { unreachable!() };
-                self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
-                let s = Sequence::continued(req, lease, first_token);
-                s.send(Event::Token(first_token, first_logprobs));
-                self.metrics.generation_tokens.inc();
-                // The first token may already end it (end of sequence, or max_tokens 1),
-                // exactly as it would have colocated.
-                match s.finished(&self.model.eos) {
-                    Some(finish) => self.complete(s, finish),
-                    None => self.running.push(s),
-                }
-                continue;
-            }
+        self.waiting.retain(|req| !req.events.is_closed());
+        let (continued, fresh): (VecDeque<GenerateRequest>, VecDeque<GenerateRequest>) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|r| matches!(r.mode, Mode::Continue { .. }));
+        self.waiting = fresh;
+        for req in continued {
+            self.continue_handoff(req);
+        }
+        while !self.waiting.is_empty() {
+            let next = (0..self.waiting.len()).min_by_key(|&i| self.fair.priority(&self.waiting[i].tenant)).expect("not empty");
+            let req = &self.waiting[next];
             let tokens = match req.mode {
                 Mode::PrefillOnly { .. } => req.prompt.len(),
                 _ => req.prompt.len() + req.max_tokens,
             };
             match self.pool.lease(tokens) {
                 Ok(lease) => {
-                    let req = self.waiting.pop_front().unwrap();
+                    let req = self.waiting.remove(next).expect("an index of waiting");
                     self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
                     self.running.push(Sequence::new(req, lease));
                 }
                 Err(AllocError::NeverFits { requested, total }) => {
                     // Admission already checks this; keep the pool's word as the last one.
-                    let req = self.waiting.pop_front().unwrap();
+                    let req = self.waiting.remove(next).expect("an index of waiting");
                     let page = self.pool.layout().page_size;
                     let _ = req.events.send(Event::Rejected(Rejection::NeverFits {
                         prompt: req.prompt.len(),
@@ -143,6 +143,23 @@ impl Scheduler {
         });
     }
 
+    /// A request whose prompt's KV arrived by handoff: it runs at once from its first token.
+    fn continue_handoff(&mut self, mut req: GenerateRequest) {
+        let Mode::Continue { lease, first_token, first_logprobs } = std::mem::replace(&mut req.mode, Mode::Full) else {
+            unreachable!("only continued requests come here")
+        };
+        self.metrics.prompt_tokens.inc_by(req.prompt.len() as u64);
+        let s = Sequence::continued(req, lease, first_token);
+        s.send(Event::Token(first_token, first_logprobs));
+        self.metrics.generation_tokens.inc();
+        // The first token may already end it (end of sequence, or max_tokens 1), exactly as it
+        // would have colocated.
+        match s.finished(&self.model.eos) {
+            Some(finish) => self.complete(s, finish),
+            None => self.running.push(s),
+        }
+    }
+
     /// One batched forward pass over every running sequence. A sequence whose step cannot run
     /// (a token outside the vocabulary, a position past its lease, any model error) fails alone:
     /// the others of the batch produce exactly what they would have without it.
@@ -154,9 +171,17 @@ impl Scheduler {
         let mut failed: Vec<(usize, String)> = Vec::new();
         // Decodes first: a running sequence must never stall behind a long prompt. Prompt
         // chunks beside them are sized so the step stays within the stall limit.
-        let (decoding, prefilling): (Vec<usize>, Vec<usize>) = (0..self.running.len()).partition(|&i| self.running[i].pending() == 1);
+        let (mut decoding, mut prefilling): (Vec<usize>, Vec<usize>) = (0..self.running.len()).partition(|&i| self.running[i].pending() == 1);
+        // Within each kind, the least-served tenant's first (stable: arrival order within one).
+        decoding.sort_by_key(|&i| self.fair.priority(&self.running[i].req.tenant));
+        prefilling.sort_by_key(|&i| self.fair.priority(&self.running[i].req.tenant));
         let decodes = decoding.len().min(budget);
         let mut prompt_budget = self.pacer.prompt_tokens(decodes, budget - decodes);
+        if let Some(step) = self.config.shared_step
+            && self.fair.shared(Instant::now())
+        {
+            prompt_budget = prompt_budget.min(self.pacer.shared_prompt_tokens(step, budget - decodes));
+        }
         let (mut prompt_tokens, mut decode_tokens) = (0, 0);
         for i in decoding.into_iter().chain(prefilling) {
             let decode = self.running[i].pending() == 1;
@@ -190,6 +215,9 @@ impl Scheduler {
                 tracing::info_span!(parent: &s.req.span, "prefill_chunk", tokens = n as i64, start = s.cached as i64, batch_sequences = plan.len() as i64)
             })
             .collect();
+        for &(i, n) in &plan {
+            self.fair.charge(&self.running[i].req.tenant, n as u64);
+        }
         let started = Instant::now();
         let rows = if plan.is_empty() { Vec::new() } else { self.forward_isolating(&plan) };
         self.pacer.record(decode_tokens, prompt_tokens, started.elapsed());
@@ -210,6 +238,7 @@ impl Scheduler {
         let mut index = 0..;
         self.running.retain(|_| !failed.contains(&index.next().unwrap()));
         self.finish_done();
+        self.fair.keep_only(self.running.iter().map(|s| &s.req.tenant).chain(self.waiting.iter().map(|r| &r.tenant)));
     }
 
     /// Runs `plan` as one batch. Should the batch fail, each sequence is run alone, so that

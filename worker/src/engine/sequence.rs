@@ -138,8 +138,16 @@ mod tests {
         let lease = KvPool::host(layout, 4).unwrap().lease(8).unwrap();
         let (events, _) = tokio::sync::mpsc::unbounded_channel();
         let sampling = SamplingParams { ignore_eos, ..Default::default() };
-        let req =
-            GenerateRequest { prompt: vec![1, 2], max_tokens: 4, sampling, arrived: Instant::now(), events, mode: Mode::Full, span: tracing::Span::none() };
+        let req = GenerateRequest {
+            prompt: vec![1, 2],
+            max_tokens: 4,
+            sampling,
+            arrived: Instant::now(),
+            events,
+            mode: Mode::Full,
+            tenant: "test".into(),
+            span: tracing::Span::none(),
+        };
         let mut s = Sequence::new(req, lease);
         s.tokens.extend_from_slice(generated);
         s

@@ -165,10 +165,10 @@ fn deadline_error(message: String) -> ApiError {
     ApiError { status: StatusCode::GATEWAY_TIMEOUT, kind: "server_error", code: "prefill_deadline_exceeded".into(), param: None, message }
 }
 
-async fn compute(role: &PrefillRole, prompt: Vec<u32>, sampling: Option<Sampling>) -> Result<Prefilled, Failed> {
+async fn compute(role: &PrefillRole, prompt: Vec<u32>, sampling: Option<Sampling>, tenant: &str) -> Result<Prefilled, Failed> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let sampling = sampling.map_or_else(SamplingParams::default, SamplingParams::from);
-    let mut events = role.engine.enqueue(prompt, 1, sampling, Mode::PrefillOnly { reply: tx });
+    let mut events = role.engine.enqueue(prompt, 1, sampling, Mode::PrefillOnly { reply: tx }, tenant);
     // The reply is sent before the request's event channel closes, so polling it first never
     // mistakes a finished prefill for a failed one.
     tokio::select! {
@@ -207,7 +207,7 @@ pub(crate) async fn run(role: &PrefillRole, req: &PrefillRequest, via: &impl Via
     // computing on is wasted (and, dropped, the prompt leaves the batch at its next chunk).
     let left = Duration::from_millis(req.reservation.expires_ms.saturating_sub(kvgate_proto::auth::now_ms()));
     let tokens = req.prompt.len();
-    let prefilled = tokio::time::timeout(left, compute(role, req.prompt.clone(), req.sampling)).await.map_err(|_| {
+    let prefilled = tokio::time::timeout(left, compute(role, req.prompt.clone(), req.sampling, &req.tenant)).await.map_err(|_| {
         Failed::Deadline(format!(
             "{tokens} prompt tokens were not prefilled within the reservation's {} ms (--handoff-timeout-ms on decode); this worker cannot prefill prompts this long in time",
             left.as_millis()

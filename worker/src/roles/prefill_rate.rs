@@ -32,6 +32,6 @@ pub async fn measure(engine: &Engine, largest: usize) -> Option<PrefillTimings> 
 /// Prefills `prompt` and frees its pages.
 async fn prefill(engine: &Engine, prompt: Vec<u32>) -> Option<()> {
     let (reply, done) = tokio::sync::oneshot::channel();
-    let _events = engine.enqueue(prompt, 1, SamplingParams::default(), Mode::PrefillOnly { reply });
+    let _events = engine.enqueue(prompt, 1, SamplingParams::default(), Mode::PrefillOnly { reply }, "kvgate-prefill-probe");
     done.await.ok().map(drop)
 }

@@ -69,7 +69,7 @@ impl Backend {
         request: &RequestContext,
     ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, Rejection> {
         match self {
-            Backend::Engine(e) => e.submit(prompt, max_tokens, sampling),
+            Backend::Engine(e) => e.submit(prompt, max_tokens, sampling, &request.tenant.to_string()),
             Backend::Remote(r) => r.clone().submit(prompt, max_tokens, sampling, request),
         }
     }
