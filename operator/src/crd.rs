@@ -78,6 +78,7 @@ use crate::rollout_state::{Phase, RefusalReason};
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.prefill) || (!has(self.prefill.kvPool) && !has(self.decode.kvPool) && !has(self.prefill.resources) && !has(self.decode.resources) && !has(self.router.resources))").message("kvPool and resources are kvgate's worker settings: an external engine sizes its KV cache with its own flags and sets resources in its container").reason(Reason::FieldValueForbidden).field_path(".prefill"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.model.name)").message("spec.model.name (a built-in model) is kvgate's: an external engine loads spec.model.path").reason(Reason::FieldValueForbidden).field_path(".model.name"))]
 #[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.model.path) || has(self.model.volume)").message("spec.model.path needs spec.model.volume: the volume the checkpoint is on").reason(Reason::FieldValueRequired).field_path(".model.volume"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.auth)").message("spec.auth is enforced by kvgate's router: for an external engine use the engine's own API key or a gateway").reason(Reason::FieldValueForbidden).field_path(".auth"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.image)").message("spec.image is kvgate's worker image: an external engine's image is spec.server.container.image").reason(Reason::FieldValueForbidden).field_path(".image"))]
 pub struct InferenceDeploymentSpec {
     /// What serves requests: `kvgate` (the default: kvgate's router, prefill and decode workers,
@@ -133,6 +134,11 @@ pub struct InferenceDeploymentSpec {
     /// InferencePoolReady says whether it is). Not part of the revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inference_pool: Option<InferencePoolSpec>,
+    /// Who may call the deployment's API (engine kvgate: its router) and how much each tenant
+    /// may use. Without it nobody is authenticated and each client address is a tenant (for a
+    /// deployment a gateway or NetworkPolicy already closes). Not part of the revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
 }
 
 /// A deployment for unit tests: `llm` in namespace `ns` with UID `uid-1`, from a JSON spec.
@@ -438,6 +444,59 @@ impl Default for HandoffSpec {
 
 fn timeout_ms() -> u64 {
     30_000
+}
+
+/// Tenants of the API: API keys from a Secret, or a gateway trusted to name the tenant, and
+/// per-tenant token quotas.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.apiKeysSecret) || has(self.trustedProxy)").message("spec.auth needs apiKeysSecret, trustedProxy or both: with neither nobody would be authenticated").reason(Reason::FieldValueRequired).field_path(".apiKeysSecret"))]
+pub struct AuthSpec {
+    /// A Secret in the deployment's namespace: one data key per tenant (the tenant's name), its
+    /// value that tenant's API keys, one per line, at least 16 characters each. The router mounts
+    /// it and reads it again when it changes (no restart); the operator never reads or copies
+    /// it. Requests without a known `Authorization: Bearer` key get 401.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub api_keys_secret: Option<String>,
+    /// A gateway in front that authenticates clients itself and names the tenant in a header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_proxy: Option<TrustedProxySpec>,
+    /// Prompt + generated tokens per minute each tenant may use; more is answered 429 naming the
+    /// quota. Absent: no quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub tokens_per_minute: Option<u64>,
+    /// Tenants with a quota of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub tenants: Vec<TenantQuota>,
+}
+
+/// A gateway trusted to name the tenant.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrustedProxySpec {
+    /// The header the gateway names the tenant in (e.g. `x-tenant`).
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9-]+$"))]
+    pub header: String,
+    /// The gateway's source addresses (CIDR): the header is believed from these only. Without
+    /// apiKeysSecret, requests from anywhere else get 401.
+    #[schemars(length(min = 1, max = 32), inner(length(max = 43)))]
+    #[x_kube(validation = Rule::new("self.all(r, isCIDR(r))").message("spec.auth.trustedProxy.sourceRanges must be CIDR ranges such as 10.0.0.0/8").reason(Reason::FieldValueInvalid))]
+    pub source_ranges: Vec<String>,
+}
+
+/// One tenant's own quota.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantQuota {
+    /// The tenant: its data key in apiKeysSecret, or the name the gateway sends.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[A-Za-z0-9._-]+$"))]
+    pub name: String,
+    /// Prompt + generated tokens per minute.
+    #[schemars(range(min = 1))]
+    pub tokens_per_minute: u64,
 }
 
 /// The `InferencePool` the operator renders for a gateway.

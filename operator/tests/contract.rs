@@ -52,8 +52,20 @@ fn boundary_specs() -> Vec<InferenceDeployment> {
         out.push(spec(2048, pool, tiny.clone(), 30_000));
     }
     out.push(spec(1 << 53, json!({}), tiny.clone(), 100));
-    out.push(spec(1 << 20, json!({}), tiny, 600_000));
+    out.push(spec(1 << 20, json!({}), tiny.clone(), 600_000));
     out.push(spec(4096, json!({}), json!({ "path": "llama/3.2-1b", "volume": { "persistentVolumeClaim": "models" } }), 30_000));
+    // Every field of spec.auth at once, each at its bounds.
+    let mut auth = spec(2048, json!({}), tiny, 30_000);
+    auth.spec.auth = Some(
+        serde_json::from_value(json!({
+            "apiKeysSecret": "k".repeat(253),
+            "trustedProxy": { "header": "x-tenant", "sourceRanges": ["10.0.0.0/8", "fd00::/8", "192.168.1.7/32"] },
+            "tokensPerMinute": 1,
+            "tenants": [{ "name": "a", "tokensPerMinute": u64::MAX }, { "name": format!("t.{}_-", "x".repeat(59)), "tokensPerMinute": 1 }],
+        }))
+        .unwrap(),
+    );
+    out.push(auth);
     out
 }
 

@@ -1,7 +1,8 @@
 //! The optional `InferencePool` a gateway's endpoint picker reads (Gateway API Inference
 //! Extension), checked against that project's released CRD installed on the test control
 //! plane: absent CRD, then installed, drift, removal from the spec and back, and deletion of the
-//! deployment and its re-creation.
+//! deployment and its re-creation. And the API's own door: API keys from a Secret, changed
+//! without a restart.
 
 mod support;
 
@@ -104,5 +105,73 @@ fn an_inference_pool_is_rendered_when_asked_and_follows_the_spec_and_the_deploym
     eventually(cp, &ns, "the namesake Available with its pool", LONG, || {
         let d = infd(cp, &ns, "llm");
         d["status"]["phase"] == "Available" && condition_true(&d, "InferencePoolReady")
+    });
+}
+
+/// A completion through `router` with `key` (none: no Authorization header): the status.
+fn ask(router: &str, key: Option<&str>) -> Option<u16> {
+    let body = serde_json::json!({ "prompt": "Hello", "max_tokens": 2, "temperature": 0 }).to_string();
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+    request_with("POST", &format!("http://{router}/v1/completions"), &headers, Some(&body)).map(|(status, _)| status)
+}
+
+#[test]
+fn api_keys_from_a_secret_authenticate_the_api_and_change_without_a_restart() {
+    let cp = cluster();
+    let ns = cp.restricted_namespace("tenants");
+    let _op = Operator::start_in(cp, "operator-tenants", "lease-tenants", Some(&ns));
+    let auth = |block: &str| format!("{}  auth:\n{block}", tiny("llm", 256, 1024, 1024, ""));
+
+    // Refused by the schema, naming the field: neither way to authenticate, a range that is no
+    // CIDR, a tenant named twice.
+    for (block, want) in [
+        ("    tokensPerMinute: 10\n", "spec.auth.apiKeysSecret"),
+        ("    trustedProxy: { header: x-tenant, sourceRanges: [10.0.0.300/8] }\n", "spec.auth.trustedProxy.sourceRanges"),
+        ("    apiKeysSecret: k\n    tenants: [{ name: a, tokensPerMinute: 1 }, { name: a, tokensPerMinute: 2 }]\n", "spec.auth.tenants"),
+    ] {
+        let (ok, err) = try_apply(cp, &ns, &auth(block));
+        assert!(!ok && err.contains(want), "{block}: {err}");
+    }
+
+    const OLD: &str = "sk-acme-0123456789abcdef";
+    const NEW: &str = "sk-acme-rotated-fedcba9876";
+    const GLOBEX: &str = "sk-globex-0123456789abcd";
+    let secret = |acme: &str, globex: Option<&str>| {
+        let extra = globex.map(|g| format!("  globex: {g}\n")).unwrap_or_default();
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{ name: api-keys }}\nstringData:\n  acme: {acme}\n{extra}")
+    };
+    apply_yaml(cp, &ns, &secret(OLD, None));
+    apply_yaml(cp, &ns, &auth("    apiKeysSecret: api-keys\n    tenants: [{ name: acme, tokensPerMinute: 100000 }]\n"));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "llm")["status"]["phase"] == "Available");
+    let router = router_endpoints(cp, &ns, "llm").pop().expect("a ready router");
+    assert_eq!(ask(&router, Some(OLD)), Some(200));
+    assert_eq!(ask(&router, None), Some(401));
+    assert_eq!(ask(&router, Some(GLOBEX)), Some(401));
+    let pods = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=router"]);
+    let before: Vec<String> = pods["items"].as_array().unwrap().iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    let args = pods["items"][0]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--api-keys=/etc/kvgate/api-keys") && args.contains("--tenant-quota=acme=100000"), "{args}");
+
+    // Rotated and a tenant added in the Secret: the router reads it again, no restart.
+    apply_yaml(cp, &ns, &secret(NEW, Some(GLOBEX)));
+    eventually(cp, &ns, "the rotated keys in force", Duration::from_secs(30), || {
+        ask(&router, Some(OLD)) == Some(401) && ask(&router, Some(NEW)) == Some(200) && ask(&router, Some(GLOBEX)) == Some(200)
+    });
+    let pods = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=router"]);
+    let after: Vec<String> = pods["items"].as_array().unwrap().iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(after, before, "the router pods were not replaced");
+    assert_eq!(pods["items"][0]["status"]["containerStatuses"][0]["restartCount"], 0);
+    // The keys are the Secret's alone: never in the deployment's status or the operator's Events.
+    let everything = format!("{}{}", infd(cp, &ns, "llm"), get_json(cp, &["-n", &ns, "get", "events"]));
+    assert!(!everything.contains("sk-acme") && !everything.contains("sk-globex"), "a key leaked into status or Events");
+
+    // The Secret deleted and created again: the keys stay in force meanwhile (as the kubelet
+    // leaves a mounted Secret's files), and the new one is read.
+    cp.kubectl_ok(&["-n", &ns, "delete", "secret", "api-keys"]);
+    assert_eq!(ask(&router, Some(NEW)), Some(200));
+    apply_yaml(cp, &ns, &secret(OLD, None));
+    eventually(cp, &ns, "the re-created Secret's keys in force", Duration::from_secs(30), || {
+        ask(&router, Some(OLD)) == Some(200) && ask(&router, Some(GLOBEX)) == Some(401)
     });
 }

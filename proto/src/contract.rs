@@ -75,6 +75,11 @@ pub mod flag {
     pub const PREFILL_SERVICE: &str = "prefill-service";
     pub const DECODE_SERVICE: &str = "decode-service";
     pub const LOG_FORMAT: &str = "log-format";
+    pub const API_KEYS: &str = "api-keys";
+    pub const TRUSTED_PROXY_HEADER: &str = "trusted-proxy-header";
+    pub const TRUSTED_PROXY_CIDR: &str = "trusted-proxy-cidr";
+    pub const TENANT_TOKENS_PER_MINUTE: &str = "tenant-tokens-per-minute";
+    pub const TENANT_QUOTA: &str = "tenant-quota";
 
     /// `--name=value`.
     pub fn arg(name: &str, value: impl std::fmt::Display) -> String {

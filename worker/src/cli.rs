@@ -189,22 +189,22 @@ pub struct TenantArgs {
     /// the tenant, holding its keys one per line (at least 16 characters each). Requests without
     /// a known `Authorization: Bearer` key get 401. Only hashes are kept; the directory is read
     /// again every 2 s, so keys change without a restart.
-    #[arg(long, env = "KVGATE_API_KEYS")]
+    #[arg(long = flag::API_KEYS, env = "KVGATE_API_KEYS")]
     pub api_keys: Option<PathBuf>,
     /// A gateway in front authenticates clients and names the tenant in this header, believed
     /// only from --trusted-proxy-cidr addresses. Without --api-keys, requests from anywhere else
     /// get 401; with it, they authenticate with a key.
-    #[arg(long, env = "KVGATE_TRUSTED_PROXY_HEADER", requires = "trusted_proxy_cidr")]
+    #[arg(long = flag::TRUSTED_PROXY_HEADER, env = "KVGATE_TRUSTED_PROXY_HEADER", requires = "trusted_proxy_cidr")]
     pub trusted_proxy_header: Option<String>,
     /// The gateway's source addresses (CIDR), space-separated or repeated.
-    #[arg(long, num_args = 1.., requires = "trusted_proxy_header")]
+    #[arg(long = flag::TRUSTED_PROXY_CIDR, num_args = 1.., requires = "trusted_proxy_header")]
     pub trusted_proxy_cidr: Vec<String>,
     /// Prompt + generated tokens per minute each tenant may use (0: no quota). A request whose
     /// prompt its tenant's bucket cannot hold now is answered 429 naming the quota.
-    #[arg(long, env = "KVGATE_TENANT_TOKENS_PER_MINUTE", default_value_t = 0)]
+    #[arg(long = flag::TENANT_TOKENS_PER_MINUTE, env = "KVGATE_TENANT_TOKENS_PER_MINUTE", default_value_t = 0)]
     pub tenant_tokens_per_minute: u64,
     /// One tenant's own quota, `NAME=TOKENS_PER_MINUTE` (0: none), space-separated or repeated.
-    #[arg(long, num_args = 1..)]
+    #[arg(long = flag::TENANT_QUOTA, num_args = 1..)]
     pub tenant_quota: Vec<String>,
 }
 

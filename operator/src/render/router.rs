@@ -2,7 +2,7 @@
 //! Role with which it reads the workers' EndpointSlices.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec, SecretVolumeSource, Service, ServiceAccount, Volume, VolumeMount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kvgate_proto::contract::flag;
@@ -38,14 +38,16 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, tel
         flag::arg(flag::CONTEXT_WINDOW, context_window),
         secret_flag,
     ];
-    let mut mounts = vec![secret_mount];
+    let (auth_args, auth_volume, auth_mount) = auth(d);
+    let args: Vec<String> = args.into_iter().chain(auth_args).collect();
+    let mut mounts: Vec<_> = std::iter::once(secret_mount).chain(auth_mount).collect();
     mounts.extend(model_volume.as_ref().map(|v| k8s_openapi::api::core::v1::VolumeMount {
         name: v.name.clone(),
         mount_path: super::MODEL_DIR.into(),
         read_only: Some(true),
         ..Default::default()
     }));
-    let volumes: Vec<_> = std::iter::once(secret_volume).chain(model_volume).collect();
+    let volumes: Vec<_> = std::iter::once(secret_volume).chain(model_volume).chain(auth_volume).collect();
     Deployment {
         metadata: owned_meta(d, router_name(d), labels::with(labels::common(n), selector.clone())),
         spec: DeploymentSpec {
@@ -87,6 +89,33 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, tel
         },
         ..Default::default()
     }
+}
+
+/// Where the router finds the API keys Secret.
+pub const API_KEYS_DIR: &str = "/etc/kvgate/api-keys";
+
+/// `spec.auth` as the router's flags, and the API keys Secret's volume and mount. The Secret is
+/// the user's: mounted, never read by the operator.
+fn auth(d: &InferenceDeployment) -> (Vec<String>, Option<Volume>, Option<VolumeMount>) {
+    let Some(auth) = &d.spec.auth else { return (Vec::new(), None, None) };
+    let mut args = Vec::new();
+    let (mut volume, mut mount) = (None, None);
+    if let Some(secret) = &auth.api_keys_secret {
+        args.push(flag::arg(flag::API_KEYS, API_KEYS_DIR));
+        volume = Some(Volume {
+            name: "api-keys".into(),
+            secret: Some(SecretVolumeSource { secret_name: Some(secret.clone()), default_mode: Some(0o400), ..Default::default() }),
+            ..Default::default()
+        });
+        mount = Some(VolumeMount { name: "api-keys".into(), mount_path: API_KEYS_DIR.into(), read_only: Some(true), ..Default::default() });
+    }
+    if let Some(proxy) = &auth.trusted_proxy {
+        args.push(flag::arg(flag::TRUSTED_PROXY_HEADER, &proxy.header));
+        args.extend(proxy.source_ranges.iter().map(|r| flag::arg(flag::TRUSTED_PROXY_CIDR, r)));
+    }
+    args.extend(auth.tokens_per_minute.map(|n| flag::arg(flag::TENANT_TOKENS_PER_MINUTE, n)));
+    args.extend(auth.tenants.iter().map(|t| flag::arg(flag::TENANT_QUOTA, format!("{}={}", t.name, t.tokens_per_minute))));
+    (args, volume, mount)
 }
 
 /// The deployment's API: `<name>` port 80 -> the routers.

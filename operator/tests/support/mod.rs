@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvgate_testenv::ControlPlane;
-pub use kvgate_testenv::http::{get, request};
+#[allow(unused_imports)] // not every test binary sends headers
+pub use kvgate_testenv::http::{get, request, request_with};
 use kvgate_testenv::process::{Proc, free_port, tail};
 use serde_json::Value;
 

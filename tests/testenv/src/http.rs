@@ -6,14 +6,20 @@ use std::time::Duration;
 
 /// `(status, body)` of one request, or `None` when the peer cannot be reached or answers no HTTP.
 pub fn request(method: &str, url: &str, body: Option<&str>) -> Option<(u16, String)> {
+    request_with(method, url, &[], body)
+}
+
+/// The same, with extra request headers (`name`, `value`).
+pub fn request_with(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> Option<(u16, String)> {
     let rest = url.strip_prefix("http://")?;
     let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
     let mut s = std::net::TcpStream::connect_timeout(&host.parse().ok()?, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
     let body = body.unwrap_or("");
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .ok()?;

@@ -10,8 +10,14 @@ use crate::cli::{Command, SecretArgs};
 /// value against its bounds).
 pub fn run(command: &Command) -> anyhow::Result<()> {
     match command {
-        Command::Local(args) => super::roles::fault_args_check(&args.faults),
-        Command::Router(args) => needs_secret(&args.secret, "router"),
+        Command::Local(args) => {
+            tenants(&args.tenants)?;
+            super::roles::fault_args_check(&args.faults)
+        }
+        Command::Router(args) => {
+            tenants(&args.tenants)?;
+            needs_secret(&args.secret, "router")
+        }
         Command::Prefill(args) => {
             super::roles::fault_args_check(&args.faults)?;
             needs_secret(&args.secret, "prefill")
@@ -19,6 +25,11 @@ pub fn run(command: &Command) -> anyhow::Result<()> {
         Command::Decode(args) => needs_secret(&args.handoff.secret, "decode"),
         Command::Probe(_) => Ok(()),
     }
+}
+
+/// The tenant flags parse (the key directory is read on start: a pod mounts it).
+fn tenants(args: &crate::cli::TenantArgs) -> anyhow::Result<()> {
+    crate::tenants::Settings::parse(args).map(|_| ()).map_err(anyhow::Error::msg)
 }
 
 /// The secret file is named (it is read on start; a pod mounts it from a Secret).

@@ -51,7 +51,25 @@ impl Tenants {
     /// From the command line: reads the key directory once (an error stops the start) and
     /// parses the gateway's ranges and the quotas, naming the flag at fault.
     pub fn from_args(args: &crate::cli::TenantArgs, registry: &prometheus::Registry, role: &str) -> Result<Arc<Tenants>, String> {
+        let Settings { proxy, quota } = Settings::parse(args)?;
         let keys = args.api_keys.as_deref().map(KeyRing::open).transpose()?;
+        let known: Vec<String> = keys.as_ref().map(|k| k.current().names()).unwrap_or_default();
+        let metrics = TenantMetrics::new(registry, role, &known);
+        metrics.key_tenants.set(known.len() as i64);
+        Ok(Arc::new(Tenants { auth: Auth { keys, proxy }, quota, metrics }))
+    }
+}
+
+/// What the tenant flags say, checked without reading the key directory (which a pod mounts):
+/// what `--check-config` checks.
+pub struct Settings {
+    pub proxy: Option<TrustedProxy>,
+    pub quota: TokenQuota,
+}
+
+impl Settings {
+    /// Parses the gateway's header and ranges and the quotas, naming the flag at fault.
+    pub fn parse(args: &crate::cli::TenantArgs) -> Result<Settings, String> {
         let proxy = match &args.trusted_proxy_header {
             None => None,
             Some(h) => {
@@ -73,13 +91,11 @@ impl Tenants {
         }
         let per_tenant = per_tenant.into_iter().filter(|(_, n)| *n > 0).collect();
         let default = (args.tenant_tokens_per_minute > 0).then_some(args.tenant_tokens_per_minute);
-        let known: Vec<String> = keys.as_ref().map(|k| k.current().names()).unwrap_or_default();
-        let metrics = TenantMetrics::new(registry, role, &known);
-        metrics.key_tenants.set(known.len() as i64);
-        let quota = TokenQuota::new(default, per_tenant);
-        Ok(Arc::new(Tenants { auth: Auth { keys, proxy }, quota, metrics }))
+        Ok(Settings { proxy, quota: TokenQuota::new(default, per_tenant) })
     }
+}
 
+impl Tenants {
     /// Tokens generated for `tenant`: charged to its quota and counted.
     pub fn generated(&self, tenant: &Tenant, n: u64) {
         self.quota.charge(tenant, n);

@@ -52,6 +52,10 @@ pub struct AgentConfig {
     pub heartbeat: Duration,
 }
 
+/// Secret volumes are refreshed every this many sync rounds of 200 ms (2 s; a kubelet watches
+/// its pods' Secrets and updates volumes within its sync period).
+const SECRET_REFRESH_ROUNDS: u64 = 10;
+
 pub struct NodeAgent {
     client: kube::Client,
     cfg: AgentConfig,
@@ -119,12 +123,16 @@ impl NodeAgent {
                 }
             }
         });
-        loop {
+        for round in 0u64.. {
             if let Err(e) = self.sync().await {
                 tracing::warn!(error = %e, "pod sync failed");
             }
+            if round % SECRET_REFRESH_ROUNDS == 0 {
+                self.refresh_secrets().await;
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        unreachable!("the loop runs for ever")
     }
 
     async fn sync(&mut self) -> anyhow::Result<()> {
@@ -180,6 +188,19 @@ impl NodeAgent {
             }
         }
         Ok(())
+    }
+
+    /// Running pods' Secret volumes brought up to date with their Secrets.
+    async fn refresh_secrets(&self) {
+        let mut secrets = std::collections::BTreeMap::new();
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let Ok(mine) = all.list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name))).await else { return };
+        for pod in mine {
+            let Some(rt) = pod.metadata.uid.as_ref().and_then(|u| self.pods.get(u)) else { continue };
+            if let Err(e) = super::volumes::refresh_secrets(&self.client, &pod, rt.dir(), &mut secrets).await {
+                tracing::warn!(pod = pod.metadata.name, error = %e, "secret volume not refreshed");
+            }
+        }
     }
 
     /// A new pod: its network namespace, cgroup, directory, and a kubeconfig with its service

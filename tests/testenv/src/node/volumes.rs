@@ -3,7 +3,9 @@
 //! directory, `hostPath` is used as is, and each container sees them at their
 //! `mountPath` through its own mount namespace (bind mounts, read-only where asked), as a real
 //! container would. A pod's `fsGroup` owns its secret, configMap and projected files and may read
-//! them, as the kubelet arranges.
+//! them, as the kubelet arranges. Secret volumes are kept up to date while the pod runs
+//! ([`refresh_secrets`]), each file replaced whole (written aside, then renamed over the old one),
+//! as the kubelet updates a mounted Secret.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -71,20 +73,68 @@ pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option
                 // Writable by whichever user the containers run as, as the kubelet makes it.
                 let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777));
             }
-            for (key, bytes) in files {
-                let file = path.join(&key);
-                std::fs::write(&file, bytes).map_err(|e| format!("volume {}: {key}: {e}", v.name))?;
-                let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode as u32));
-                if let Some(group) = fs_group {
-                    // As the kubelet applies fsGroup: the pod's group owns the file and may read it.
-                    let _ = std::os::unix::fs::chown(&file, Some(0), Some(group));
-                    let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode as u32 | 0o440));
-                }
-            }
+            write_files(&path, &files, mode, fs_group).map_err(|e| format!("volume {}: {e}", v.name))?;
             out.insert(v.name.clone(), path);
         }
     }
     Ok(out)
+}
+
+/// Writes each file whose bytes changed (aside, then renamed over the old one, so a reader sees
+/// the old file or the new one, never half of one), with the volume's mode and the pod's group.
+fn write_files(dir: &Path, files: &BTreeMap<String, Vec<u8>>, mode: i32, fs_group: Option<u32>) -> Result<(), String> {
+    for (key, bytes) in files {
+        let file = dir.join(key);
+        if std::fs::read(&file).is_ok_and(|old| old == *bytes) {
+            continue;
+        }
+        let aside = dir.join(format!("..{key}.tmp"));
+        std::fs::write(&aside, bytes).map_err(|e| format!("{key}: {e}"))?;
+        let _ = std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(mode as u32));
+        if let Some(group) = fs_group {
+            // As the kubelet applies fsGroup: the pod's group owns the file and may read it.
+            let _ = std::os::unix::fs::chown(&aside, Some(0), Some(group));
+            let _ = std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(mode as u32 | 0o440));
+        }
+        std::fs::rename(&aside, &file).map_err(|e| format!("{key}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Brings a running pod's Secret volumes up to date with their Secrets: changed keys rewritten,
+/// removed ones deleted, as the kubelet does for a mounted Secret. `secrets` caches each
+/// Secret's data for this round (one GET per Secret, however many pods mount it).
+pub async fn refresh_secrets(
+    client: &kube::Client,
+    pod: &Pod,
+    dir: &Path,
+    secrets: &mut BTreeMap<(String, String), Option<BTreeMap<String, Vec<u8>>>>,
+) -> Result<(), String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|c| c.fs_group).and_then(|g| u32::try_from(g).ok());
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        let Some(s) = &v.secret else { continue };
+        let name = s.secret_name.clone().unwrap_or_default();
+        let key = (ns.to_string(), name.clone());
+        if !secrets.contains_key(&key) {
+            let got = Api::<Secret>::namespaced(client.clone(), ns).get_opt(&name).await.map_err(|e| format!("secret {name}: {e}"))?;
+            secrets.insert(key.clone(), got.map(|s| s.data.unwrap_or_default().into_iter().map(|(k, b)| (k, b.0)).collect()));
+        }
+        // A Secret deleted under a running pod leaves its files as they were (so does the kubelet).
+        let Some(Some(files)) = secrets.get(&key) else { continue };
+        let path = dir.join("volumes").join(&v.name);
+        if !path.is_dir() {
+            continue;
+        }
+        write_files(&path, files, s.default_mode.unwrap_or(0o644), fs_group).map_err(|e| format!("volume {}: {e}", v.name))?;
+        for entry in std::fs::read_dir(&path).map_err(|e| format!("volume {}: {e}", v.name))?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("..") && !files.contains_key(&name) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A bind mount for one container, prepared before fork so the child only makes syscalls.
