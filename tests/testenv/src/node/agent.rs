@@ -192,7 +192,7 @@ impl NodeAgent {
 
     /// Running pods' Secret volumes brought up to date with their Secrets.
     async fn refresh_secrets(&self) {
-        let mut secrets = std::collections::BTreeMap::new();
+        let mut secrets = super::volumes::SecretCache::new();
         let all: Api<Pod> = Api::all(self.client.clone());
         let Ok(mine) = all.list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name))).await else { return };
         for pod in mine {
