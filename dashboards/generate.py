@@ -114,7 +114,7 @@ INTEGRITY = dashboard("kvgate-integrity", "kvgate / Integrity", "KV handoff inte
     jaeger_link(panel("Handoff mismatches in range", "Handoffs decode refused in the selected time range (any reason). Anything above zero is a KV integrity violation that kvgate caught: see the runbook KvgateHandoffIntegrityViolation. The data link opens the failing spans in Jaeger (the $jaeger variable).", "short",
           [(f"sum(increase(kvgate_handoff_mismatch_total{{{W}}}[$__range])) or vector(0)", "mismatches")], kind="stat",
           thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}], w=6), by_reason=False),
-    jaeger_link(panel("Handoff mismatches by reason", "Rate of handoffs decode refused on evidence of bad KV, by reason: token_count, checksum, page_set, auth, fingerprint, timeout, unknown_handoff, rejected_forwarded, first_token. A series' data link opens the traces of its refusals in Jaeger.", "ops",
+    jaeger_link(panel("Handoff mismatches by reason", "Rate of handoffs decode refused on evidence of bad KV, by reason: token_count, checksum, page_set, auth, fingerprint, timeout, unknown_handoff, rejected_forwarded, first_token, protocol, tenant (KV sealed for another tenant than the reservation's). A series' data link opens the traces of its refusals in Jaeger.", "ops",
           [(f"sum by (reason) (rate(kvgate_handoff_mismatch_total{{{W}}}[$__rate_interval]))", "{{reason}}")], w=18), by_reason=True),
     panel("KV port refusals by reason", "Abuse or noise, not corruption: frames or connections decode's KV port refused that nobody holding the secret sent (malformed, too_large, unauthenticated), or beyond its limits (connection_limit, read_timeout). See the runbook KvgateKVPortAbuse.", "ops",
           [(f"sum by (reason) (rate(kvgate_kv_port_rejected_total{{{W}}}[$__rate_interval]))", "{{reason}}")]),
@@ -176,6 +176,13 @@ SERVING = dashboard("kvgate-serving", "kvgate / Serving", "Requests, latency, th
           quantiles("kvgate_handoff_duration_seconds", W, by="role"), w=8),
     panel("Handoff size", "KV page bytes of one handoff: acknowledged (prefill) and verified and committed (decode), p50, p90, p99. The two agree unless handoffs fail.", "bytes",
           quantiles("kvgate_handoff_size_bytes", W, by="role"), w=8),
+    # The busiest tenants (the routers label the first 16 tenants by name, the rest `other`).
+    panel("Busiest tenants by tokens", "Prompt + generated tokens per second of the 10 busiest tenants (an API key's or a trusted gateway's tenant; a client address where nobody is authenticated). Routers label the first 16 tenants they see (those with API keys first) by name and count the rest as `other`.", "suffix: tokens/s",
+          [(f"topk(10, sum by (tenant) (rate(kvgate_tenant_tokens_total{{{R}}}[$__rate_interval])))", "{{tenant}}")], w=8),
+    panel("Requests by tenant and status", "Answers per second by tenant and HTTP status code, for the 10 busiest tenant/code pairs: 401 a missing or unknown API key (tenant `unauthenticated`), 429 a tenant over its share in flight or its token quota.", "reqps",
+          [(f"topk(10, sum by (tenant, code) (rate(kvgate_tenant_requests_total{{{R}}}[$__rate_interval])))", "{{tenant}} {{code}}")], w=8),
+    panel("Tenant refusals by reason", "Requests turned away before they were served, by tenant and reason: unauthenticated (no or unknown API key, or not from the trusted gateway), in_flight (over --max-requests-per-client), token_quota (over the tenant's tokens per minute).", "reqps",
+          [(f"sum by (tenant, reason) (rate(kvgate_tenant_refusals_total{{{R}}}[$__rate_interval]))", "{{tenant}} {{reason}}")], w=8),
 ])
 
 OPERATOR = dashboard("kvgate-operator", "kvgate / Operator", "The kvgate operator: reconciles, latency, rollout phases, canaries, rollbacks, refused rollouts, unverified serving pods, leadership.", [
