@@ -107,12 +107,7 @@ pub type SecretCache = BTreeMap<(String, String), Option<BTreeMap<String, Vec<u8
 /// Brings a running pod's Secret volumes up to date with their Secrets: changed keys rewritten,
 /// removed ones deleted, as the kubelet does for a mounted Secret. `secrets` caches each
 /// Secret's data for this round (one GET per Secret, however many pods mount it).
-pub async fn refresh_secrets(
-    client: &kube::Client,
-    pod: &Pod,
-    dir: &Path,
-    secrets: &mut SecretCache,
-) -> Result<(), String> {
+pub async fn refresh_secrets(client: &kube::Client, pod: &Pod, dir: &Path, secrets: &mut SecretCache) -> Result<(), String> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|c| c.fs_group).and_then(|g| u32::try_from(g).ok());
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
