@@ -56,6 +56,19 @@ impl From<Rejection> for ApiError {
     }
 }
 
+impl From<&crate::tenants::identify::Unauthenticated> for ApiError {
+    fn from(u: &crate::tenants::identify::Unauthenticated) -> Self {
+        let (code, message) = u.explain();
+        ApiError { status: StatusCode::UNAUTHORIZED, kind: "invalid_request_error", code: code.into(), param: None, message }
+    }
+}
+
+impl From<&crate::tenants::quota::OverQuota> for ApiError {
+    fn from(q: &crate::tenants::quota::OverQuota) -> Self {
+        ApiError { status: StatusCode::TOO_MANY_REQUESTS, kind: "rate_limit_error", code: "tenant_token_quota".into(), param: None, message: q.message() }
+    }
+}
+
 impl From<crate::engine::Failure> for ApiError {
     fn from(f: crate::engine::Failure) -> Self {
         ApiError {

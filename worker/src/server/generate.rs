@@ -78,7 +78,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     let prompt_charge = (prompt_tokens * job.choices) as u64;
     if let Err(over) = tenants.quota.admit(&job.request.tenant, prompt_charge) {
         tenants.metrics.refused(Some(&job.request.tenant), "token_quota");
-        return Err(over.error());
+        return Err(ApiError::from(&over));
     }
     tenants.metrics.tokens(&job.request.tenant, "prompt", prompt_charge);
     let mut pending: Vec<Pending> = Vec::with_capacity(job.choices);

@@ -6,6 +6,7 @@ pub mod error;
 pub mod fairness;
 mod fields;
 mod generate;
+mod identify;
 pub mod limits;
 pub mod report;
 pub mod request_context;
@@ -174,13 +175,13 @@ pub fn app(state: AppState) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .layer(axum::middleware::from_fn_with_state(state.clone(), limits::read_public_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), fairness::limit))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::tenants::identify::identify))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), identify::identify))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn(request_context::open));
     let listing = Router::new()
         .route("/v1/models", get(models))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::tenants::identify::identify));
+        .layer(axum::middleware::from_fn_with_state(state.clone(), identify::identify));
     Router::new().merge(with_body).merge(listing).merge(ops(state.clone())).with_state(state)
 }
 

@@ -1,21 +1,15 @@
-//! Identifying a public request's tenant (middleware on the public routes): a trusted gateway's
-//! header when the request comes from the gateway's addresses, else the bearer API key when keys
-//! are configured, else the client's address. A missing or unknown key is a 401 in OpenAI's
-//! shape; a request that bypasses the gateway of a gateway-only deployment too.
+//! Identifying a public request's tenant: a trusted gateway's header when the request comes from
+//! the gateway's addresses, else the bearer API key when keys are configured, else the client's
+//! address. A missing or unknown key is [`Unauthenticated`] (the API answers 401, see
+//! `server::identify`); a request that bypasses the gateway of a gateway-only deployment too.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderName, HeaderValue, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderName, header};
 use ipnet::IpNet;
 
 use super::{KeyRing, Tenant, TenantName};
-use crate::listener::ClientAddr;
-use crate::server::AppState;
-use crate::server::error::ApiError;
 
 /// A gateway in front of the deployment that authenticates clients itself and names the tenant
 /// in a header; believed only from its addresses.
@@ -50,8 +44,9 @@ pub enum Unauthenticated {
 }
 
 impl Unauthenticated {
-    pub fn error(&self) -> ApiError {
-        let (code, message) = match self {
+    /// The error code and message a client is told.
+    pub fn explain(&self) -> (&'static str, String) {
+        match self {
             Unauthenticated::MissingKey => ("missing_api_key", "This deployment needs an API key: send it as `Authorization: Bearer KEY`.".to_string()),
             Unauthenticated::UnknownKey => ("invalid_api_key", "The API key is not one of this deployment's keys (it may have been revoked).".to_string()),
             Unauthenticated::NotFromGateway { header } => (
@@ -61,8 +56,7 @@ impl Unauthenticated {
             Unauthenticated::BadTenantHeader { header, why } => {
                 ("invalid_tenant_header", format!("The gateway's `{header}` header is not a tenant name: {why}."))
             }
-        };
-        ApiError { status: StatusCode::UNAUTHORIZED, kind: "invalid_request_error", code: code.into(), param: None, message }
+        }
     }
 }
 
@@ -96,36 +90,10 @@ impl Auth {
     }
 }
 
-/// Middleware: the request's [`Tenant`] into its extensions and span, its answer counted by
-/// tenant; a 401 for a request with none.
-pub async fn identify(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let addr = req.extensions().get::<ClientAddr>().map(|a| a.0.ip());
-    let tenants = state.tenants.clone();
-    let tenant = match tenants.auth.identify(req.headers(), addr) {
-        Ok(t) => t,
-        Err(why) => {
-            state.count(401);
-            tenants.metrics.refused(None, "unauthenticated");
-            tracing::Span::current().record("tenant", "unauthenticated");
-            let mut resp = why.error().into_response();
-            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"kvgate\""));
-            return resp;
-        }
-    };
-    tracing::Span::current().record("tenant", tracing::field::display(&tenant));
-    if let Some(context) = req.extensions_mut().get_mut::<crate::server::RequestContext>() {
-        context.tenant = tenant.clone();
-    }
-    req.extensions_mut().insert(tenant.clone());
-    let resp = next.run(req).await;
-    tenants.metrics.answered(&tenant, resp.status().as_u16());
-    resp
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderMap;
+    use axum::http::{HeaderMap, HeaderValue};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         pairs.iter().map(|(k, v)| (HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap())).collect()
@@ -157,8 +125,7 @@ mod tests {
         assert_eq!(auth.identify(&headers(&[("authorization", "Bearer sk-acme-0123456789abcdef")]), CLIENT).unwrap().to_string(), "acme");
         assert_eq!(auth.identify(&headers(&[]), CLIENT).unwrap_err(), Unauthenticated::MissingKey);
         assert_eq!(auth.identify(&headers(&[("authorization", "Bearer sk-guess-0123456789abcd")]), CLIENT).unwrap_err(), Unauthenticated::UnknownKey);
-        let e = Unauthenticated::UnknownKey.error();
-        assert_eq!((e.status, e.code.as_str()), (StatusCode::UNAUTHORIZED, "invalid_api_key"));
+        assert_eq!(Unauthenticated::UnknownKey.explain().0, "invalid_api_key");
     }
 
     #[test]

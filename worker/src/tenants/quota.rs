@@ -7,10 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
-
 use super::{Tenant, TenantName};
-use crate::server::error::ApiError;
 
 /// Buckets kept before full ones (tenants back at their whole quota) are forgotten.
 const MAX_BUCKETS: usize = 4096;
@@ -41,8 +38,9 @@ pub struct OverQuota {
 }
 
 impl OverQuota {
-    pub fn error(&self) -> ApiError {
-        let message = match self.retry_after {
+    /// What the client is told (code `tenant_token_quota`).
+    pub fn message(&self) -> String {
+        match self.retry_after {
             Some(after) => format!(
                 "Tenant `{}` is over its token quota of {} tokens per minute (prompt + generated); this request's prompt needs {} tokens, available in {:.1} s.",
                 self.tenant,
@@ -54,8 +52,7 @@ impl OverQuota {
                 "This request's prompt of {} tokens is larger than tenant `{}`'s whole token quota of {} tokens per minute.",
                 self.needed, self.tenant, self.per_minute
             ),
-        };
-        ApiError { status: StatusCode::TOO_MANY_REQUESTS, kind: "rate_limit_error", code: "tenant_token_quota".into(), param: None, message }
+        }
     }
 }
 
@@ -138,8 +135,7 @@ mod tests {
         assert!(q.admit_at(&named("small"), 100, t0 + Duration::from_secs(6)).is_ok(), "the bucket refills");
         let never = q.admit_at(&named("small"), 601, t0).unwrap_err();
         assert_eq!(never.retry_after, None);
-        assert!(never.error().message.contains("larger than tenant `small`'s whole token quota of 600"));
-        assert_eq!(never.error().code, "tenant_token_quota");
+        assert!(never.message().contains("larger than tenant `small`'s whole token quota of 600"));
     }
 
     #[test]
