@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use support::kv::KvClient;
 use support::{Worker, cluster, cluster_with, eventually};
 
-/// One attack at a time (tests of one binary run in parallel).
+/// One test at a time (tests of one binary run in parallel, and another's processes would be
+/// measured as this one's attack).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const ACME: &str = "sk-acme-4f1c9e7a2b6d8e30";
@@ -253,6 +254,7 @@ async fn keys_are_added_rotated_and_revoked_without_a_restart() {
 
 #[tokio::test]
 async fn bad_tenant_flags_stop_the_start_naming_the_flag() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let keys = KeyDir::new(&[("acme", "short")]);
     let secret = support::TestSecret::new();
     for (args, want) in [
@@ -282,6 +284,7 @@ fn tenant_mismatches() -> &'static str {
 // of the page is written, counted, and the reservation's pages go back.
 #[tokio::test]
 async fn a_page_sealed_for_another_tenant_is_refused_and_counted() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let c = cluster(&[], &[]);
     let kv = KvClient::reserve(&c.decode, &c.secret.signer(), 20, 4).await.sealed_for(&c.secret.secret, "globex");
     let mut frames = kv.pages();
@@ -298,6 +301,7 @@ async fn a_page_sealed_for_another_tenant_is_refused_and_counted() {
 // it (counted) and nobody decodes it afterwards.
 #[tokio::test]
 async fn a_committed_handoff_is_never_decoded_for_another_tenant() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let c = cluster(&[], &[]);
     let signer = c.secret.signer();
     let kv = KvClient::reserve(&c.decode, &signer, 20, 4).await.holding(&c.secret.secret);
@@ -321,6 +325,7 @@ async fn a_committed_handoff_is_never_decoded_for_another_tenant() {
 // Prefill computes nothing for a reservation held for another tenant than the prompt's.
 #[tokio::test]
 async fn prefill_refuses_a_reservation_held_for_another_tenant() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let c = cluster(&[], &[]);
     let signer = c.secret.signer();
     let kv = KvClient::reserve(&c.decode, &signer, 3, 2).await;
@@ -346,29 +351,14 @@ async fn back_to_back_long_streams_of_one_tenant_leave_another_its_share() {
     let keys = KeyDir::new(&[("acme", ACME), ("hog", HOG)]);
     let c = cluster_with(&[], &[], &[&keys.arg(), "--max-requests-per-client", "4"]);
     let baseline = honest(&c.router, Some(ACME)).await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let hog = (0..4)
-        .map(|_| {
-            let (stop, url, http) = (stop.clone(), format!("{}/v1/completions", c.router.base), from(2));
-            tokio::spawn(async move {
-                let mut served = 0;
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    let r = http.post(&url).bearer_auth(HOG).json(&json!({"prompt": "go on and on", "max_tokens": 256, "ignore_eos": true})).send().await;
-                    if let Ok(r) = r
-                        && r.status() == 200
-                        && r.bytes().await.is_ok()
-                    {
-                        served += 1;
-                    }
-                }
-                served
-            })
-        })
-        .collect::<Vec<_>>();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let under = honest(&c.router, Some(ACME)).await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let served: usize = futures::future::join_all(hog).await.into_iter().map(Result::unwrap).sum();
+    let (under, served) = beside_hog(&c.router, 4, |http, url| async move {
+        let r = http.post(&url).bearer_auth(HOG).json(&json!({"prompt": "go on and on", "max_tokens": 256, "ignore_eos": true})).send().await;
+        match r {
+            Ok(r) if r.status() == 200 => r.bytes().await.is_ok(), // all 256 tokens, read
+            _ => false,
+        }
+    })
+    .await;
     assert_fair("4 streams of 256 tokens back to back", &baseline, &under);
     assert!(served >= 1, "the hog was served too (its share, not nothing)");
     assert!(c.router.metric(r#"kvgate_tenant_tokens_total{kind="generated",role="router",tenant="hog"}"#).await >= 256.0);
@@ -382,29 +372,46 @@ async fn long_prompts_sent_and_abandoned_by_one_tenant_leave_another_its_share()
     let keys = KeyDir::new(&[("acme", ACME), ("hog", HOG)]);
     let c = cluster_with(&[], &[], &[&keys.arg(), "--context-window", "8192"]);
     let baseline = honest(&c.router, Some(ACME)).await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let long: Vec<u32> = (0..8000).map(|i| 3 + (i * 7919) % 250).collect(); // ids of the tiny model's vocabulary
-    let hog = (0..2)
-        .map(|_| {
-            let (stop, url, http, long) = (stop.clone(), format!("{}/v1/completions", c.router.base), from(2), long.clone());
-            tokio::spawn(async move {
-                let mut sent = 0;
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    let ask = http.post(&url).bearer_auth(HOG).json(&json!({"prompt": long, "max_tokens": 1})).send();
-                    let _ = tokio::time::timeout(Duration::from_millis(30), ask).await; // left before the answer
-                    sent += 1;
-                }
-                sent
-            })
-        })
-        .collect::<Vec<_>>();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let under = honest(&c.router, Some(ACME)).await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let sent: usize = futures::future::join_all(hog).await.into_iter().map(Result::unwrap).sum();
+    let (under, sent) = beside_hog(&c.router, 2, move |http, url| {
+        let long = long.clone();
+        async move {
+            let ask = http.post(&url).bearer_auth(HOG).json(&json!({"prompt": long, "max_tokens": 1})).send();
+            let _ = tokio::time::timeout(Duration::from_millis(30), ask).await; // left before the answer
+            true
+        }
+    })
+    .await;
     assert_fair("8000-token prompts sent and abandoned", &baseline, &under);
     assert!(sent >= 4, "the attack ran ({sent} prompts)");
     assert!(c.router.metric(r#"kvgate_requests_abandoned_total{role="router"}"#).await >= 1.0);
+}
+
+/// The honest tenant's requests while `clients` connections of the hog (from 127.0.0.2) each
+/// send `one` back to back; and how many of the hog's requests `one` counted.
+async fn beside_hog<F, Fut>(router: &Worker, clients: usize, one: F) -> (Seen, usize)
+where
+    F: Fn(reqwest::Client, String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hog: Vec<_> = (0..clients)
+        .map(|_| {
+            let (stop, url, http, one) = (stop.clone(), format!("{}/v1/completions", router.base), from(2), one.clone());
+            tokio::spawn(async move {
+                let mut counted = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    counted += usize::from(one(http.clone(), url.clone()).await);
+                }
+                counted
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let under = honest(router, Some(ACME)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let counted = futures::future::join_all(hog).await.into_iter().map(Result::unwrap).sum();
+    (under, counted)
 }
 
 /// Issue 50's bar for compute fairness: every honest request served, p95 within 2x of the

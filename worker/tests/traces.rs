@@ -161,6 +161,14 @@ async fn a_request_through_split_roles_is_one_trace_in_jaeger_and_its_log_lines_
     let sent = spans.iter().find(|s| s.name == "handoff_send").unwrap();
     assert!(received.tag("pages").and_then(Value::as_i64).is_some_and(|p| p > 0));
     assert_eq!(received.tag("pages"), sent.tag("pages"));
+    // Whose request it is, on the request's span and on prefill's and decode's (nobody is
+    // authenticated here: the client's address).
+    for (service, name) in
+        [("kvgate-router", "POST /v1/completions"), ("kvgate-prefill", "prefill"), ("kvgate-decode", "handoff_receive"), ("kvgate-decode", "decode")]
+    {
+        let span = spans.iter().find(|s| s.service == service && s.name == name).unwrap_or_else(|| panic!("no {service}/{name} span"));
+        assert_eq!(span.tag("tenant"), Some(&json!("127.0.0.1")), "{service}/{name}: {:?}", span.raw);
+    }
 
     // The router's lines of the request carry its trace id and request id.
     let router_lines = d.router.lines_of(trace_id);
@@ -191,6 +199,7 @@ async fn a_handoff_refused_for_a_corrupt_page_is_an_error_span_naming_the_reason
     let mismatch = lines.iter().find(|l| l["message"] == "KV handoff refused").unwrap_or_else(|| panic!("decode lines of {trace_id}: {lines:?}"));
     assert_eq!(mismatch["reason"], "checksum");
     assert!(mismatch["handoff_id"].as_str().is_some_and(|h| h.len() == 32), "{mismatch}");
+    assert_eq!(mismatch["tenant"], "127.0.0.1", "whose request the mismatch hit: {mismatch}");
     assert_eq!(mismatch["level"], "WARN");
 }
 

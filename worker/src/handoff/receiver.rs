@@ -412,12 +412,13 @@ impl Receipt {
         if self.span.is_some() {
             return;
         }
-        let Some(trace) = table.trace_of(id) else { return };
+        let Some(origin) = table.origin_of(id) else { return };
         let span = tracing::info_span!(
             "handoff_receive",
             trace_id = tracing::field::Empty,
             span_id = tracing::field::Empty,
             handoff_id = %id,
+            tenant = %origin.tenant,
             pages = tracing::field::Empty,
             bytes = tracing::field::Empty,
             integrity_seconds = tracing::field::Empty,
@@ -427,7 +428,7 @@ impl Receipt {
             // A searchable mark (span status is not an attribute a trace search can match).
             refused = tracing::field::Empty,
         );
-        kvgate_telemetry::trace_context::adopt(&span, Some(trace));
+        kvgate_telemetry::trace_context::adopt(&span, Some(origin.trace));
         self.span = Some(span);
     }
 

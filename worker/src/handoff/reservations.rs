@@ -59,6 +59,14 @@ impl From<Refused> for Verdict {
     }
 }
 
+/// Whose request a handoff serves: its trace, and the tenant it was reserved for (on the
+/// receipt's span and every line logged under it).
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub trace: TraceContext,
+    pub tenant: std::sync::Arc<str>,
+}
+
 /// A verified transfer, ready to decode.
 #[derive(Debug)]
 pub struct Committed {
@@ -189,9 +197,9 @@ pub struct Reservations {
 struct Table {
     entries: HashMap<HandoffId, Entry>,
     finished: VecDeque<HandoffId>,
-    /// The trace each handoff's request belongs to, while its entry is remembered (a late
+    /// The trace and tenant of each handoff's request, while its entry is remembered (a late
     /// frame of a cancelled or failed handoff is still logged under its request's trace).
-    traces: HashMap<HandoffId, TraceContext>,
+    traces: HashMap<HandoffId, Origin>,
 }
 
 impl Table {
@@ -337,17 +345,18 @@ impl Reservations {
         Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag, tenant: tenant.to_string() })
     }
 
-    /// Files handoff `id` under its request's trace.
+    /// Files open handoff `id` under its request's trace (with the tenant it was reserved for).
     pub fn set_trace(&self, id: HandoffId, trace: TraceContext) {
         let mut table = self.lock();
-        if table.entries.contains_key(&id) {
-            table.traces.insert(id, trace);
+        if let Some(Entry::Open(open)) = table.entries.get(&id) {
+            let origin = Origin { trace, tenant: open.tenant.as_str().into() };
+            table.traces.insert(id, origin);
         }
     }
 
-    /// The trace of handoff `id`'s request, while the handoff is remembered.
-    pub fn trace_of(&self, id: HandoffId) -> Option<TraceContext> {
-        self.lock().traces.get(&id).copied()
+    /// The trace and tenant of handoff `id`'s request, while the handoff is remembered.
+    pub fn origin_of(&self, id: HandoffId) -> Option<Origin> {
+        self.lock().traces.get(&id).cloned()
     }
 
     /// The verdict for an authenticated frame naming a handoff that is not open. It is counted

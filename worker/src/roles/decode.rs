@@ -79,6 +79,7 @@ async fn reserve(State(role): State<DecodeRole>, body: Bytes) -> Response {
         trace_id = Empty,
         span_id = Empty,
         handoff_id = Empty,
+        tenant = %req.tenant,
         prompt_tokens = i64::from(req.prompt_tokens),
         max_tokens = i64::from(req.max_tokens),
         pages = Empty,
@@ -155,12 +156,16 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
         trace_id = Empty,
         span_id = Empty,
         handoff_id = %id,
+        tenant = Empty,
         completion_tokens = Empty,
     );
     // Joined before the span is first entered: entering starts it, and a started span keeps
     // the parent it started with.
     let parsed: Result<GenerateRequest, ApiError> = api::parse(&body);
     super::join_trace(&span, parsed.as_ref().ok().and_then(|r| r.traceparent.as_deref()));
+    if let Ok(r) = &parsed {
+        span.record("tenant", r.tenant.as_str());
+    }
     let result = async {
         let id = parse_id(&id)?;
         let req = parsed?;

@@ -66,6 +66,7 @@ pub(crate) fn request(body: &Bytes) -> Result<(PrefillRequest, tracing::Span), A
         trace_id = Empty,
         span_id = Empty,
         handoff_id = %req.reservation.handoff_id,
+        tenant = %req.tenant,
         prompt_tokens = req.prompt.len() as i64,
     );
     super::join_trace(&span, req.traceparent.as_deref());

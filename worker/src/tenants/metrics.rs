@@ -55,7 +55,12 @@ impl TenantMetrics {
         for result in ["changed", "failed"] {
             m.key_reloads.with_label_values(&[result]);
         }
+        // Every family from the first scrape: the label values that always exist at 0.
         m.refusals.with_label_values(&[UNAUTHENTICATED, "unauthenticated"]);
+        m.requests.with_label_values(&[UNAUTHENTICATED, "401"]);
+        for kind in ["prompt", "generated"] {
+            m.tokens.with_label_values(&[OTHER, kind]);
+        }
         m.name(known);
         m
     }
