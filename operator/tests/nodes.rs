@@ -412,7 +412,9 @@ fn a_soak_through_rollouts_a_rollback_and_a_node_loss_never_answers_wrong() {
     // so a transfer that outlived its reservation while pods came and went is not retried (one
     // in 6,546 in one run here). Nothing else: a peer that died is retried on the survivors.
     let unexpected: Vec<&String> = codes.keys().filter(|c| !matches!(c.as_str(), "kv_handoff_checksum" | "kv_handoff_timeout")).collect();
-    assert!(unexpected.is_empty(), "failures other than refused handoffs: {codes:?}");
+    let bodies: Vec<&String> =
+        answers.iter().filter(|(s, b)| *s != 200 && error_code(b).is_some_and(|c| unexpected.contains(&&c))).map(|(_, b)| b).take(5).collect();
+    assert!(unexpected.is_empty(), "failures other than refused handoffs: {codes:?}: {bodies:?}");
     let (operator_end, workers_end) = (operator_rss(), workers_rss(cp, &ns, &world));
     eprintln!(
         "cluster soak: {rounds} round(s) in {:.0} s: {} requests, {served} 200s all equal to the reference, {failed} non-200 {codes:?}, {unanswered} reaching no router (routers replaced in rollouts); \

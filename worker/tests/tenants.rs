@@ -294,6 +294,8 @@ async fn a_page_sealed_for_another_tenant_is_refused_and_counted() {
     assert_eq!(reason, "tenant", "{message}");
     assert_eq!(message, "kv_handoff_tenant: page index 0 was sealed for another tenant than the reservation's");
     assert_eq!(c.decode.metric(tenant_mismatches()).await, 1.0);
+    let whose = r#"kvgate_handoff_mismatch_by_tenant_total{reason="tenant",role="decode",tenant="kv-client"}"#;
+    assert_eq!(c.decode.metric(whose).await, 1.0, "counted under the tenant whose reservation it was");
     eventually(&c.decode, r#"kvgate_kv_pool_pages_in_use{role="decode"}"#, 0.0).await;
 }
 

@@ -4,6 +4,7 @@ use kvgate_proto::refusal::{Mismatch, PortRefusal};
 use prometheus::{Histogram, IntCounter, IntCounterVec, Registry};
 
 use crate::metrics::RoleRegistry;
+use crate::tenants::labels::{OTHER, TenantLabels};
 
 pub const OUTCOMES: [&str; 3] = ["committed", "rejected", "failed"];
 
@@ -11,6 +12,9 @@ pub const OUTCOMES: [&str; 3] = ["committed", "rejected", "failed"];
 pub struct HandoffMetrics {
     pub total: IntCounterVec,
     pub mismatch: IntCounterVec,
+    /// The same refusals by the tenant whose request they hit (bounded labels).
+    pub mismatch_by_tenant: IntCounterVec,
+    tenant_labels: std::sync::Arc<TenantLabels>,
     pub bytes: IntCounter,
     pub duration: Histogram,
     pub size: Histogram,
@@ -20,6 +24,13 @@ pub struct HandoffMetrics {
 }
 
 impl HandoffMetrics {
+    /// Counts an integrity refusal, by reason and by the tenant whose request it hit.
+    pub fn mismatched(&self, m: Mismatch, tenant: Option<&str>) {
+        self.mismatch.with_label_values(&[m.as_str()]).inc();
+        let label = self.tenant_labels.label(tenant.unwrap_or("unknown"));
+        self.mismatch_by_tenant.with_label_values(&[label.as_str(), m.as_str()]).inc();
+    }
+
     pub fn new(registry: &Registry, role: &str) -> Self {
         let r = RoleRegistry { registry, role };
         let mismatches = Mismatch::ALL.map(Mismatch::as_str);
@@ -27,6 +38,14 @@ impl HandoffMetrics {
         HandoffMetrics {
             total: r.counter_vec("kvgate_handoff_total", "KV handoffs by outcome.", "outcome", &OUTCOMES),
             mismatch: r.counter_vec("kvgate_handoff_mismatch_total", "KV handoffs refused by decode's integrity checks, by reason.", "reason", &mismatches),
+            mismatch_by_tenant: r.counter_grid(
+                "kvgate_handoff_mismatch_by_tenant_total",
+                "KV handoffs refused by integrity checks, by the tenant whose request they hit (the first 16 tenants by name, the rest `other`; `unknown` when no reservation names one) and reason.",
+                ["tenant", "reason"],
+                &[OTHER],
+                &mismatches,
+            ),
+            tenant_labels: Default::default(),
             bytes: r.counter("kvgate_handoff_bytes_total", "KV page bytes moved over the handoff channel."),
             duration: r.histogram(
                 "kvgate_handoff_duration_seconds",

@@ -203,6 +203,15 @@ struct Table {
 }
 
 impl Table {
+    /// The tenant handoff `id` was reserved for, while anything of it is remembered.
+    fn tenant_of(&self, id: HandoffId) -> Option<String> {
+        match self.entries.get(&id) {
+            Some(Entry::Open(o)) => Some(o.tenant.clone()),
+            Some(Entry::Committed(c)) => Some(c.tenant.clone()),
+            _ => self.traces.get(&id).map(|o| o.tenant.to_string()),
+        }
+    }
+
     fn tombstone(&mut self, id: HandoffId, entry: Entry) {
         self.entries.insert(id, entry);
         self.finished.push_back(id);
@@ -362,6 +371,7 @@ impl Reservations {
     /// The verdict for an authenticated frame naming a handoff that is not open. It is counted
     /// once per transfer: a late frame of a handoff whose failure was already counted is not.
     fn not_open(&self, table: &mut Table, id: HandoffId) -> Verdict {
+        let tenant = table.tenant_of(id);
         let (v, count) = match table.entries.get_mut(&id) {
             Some(Entry::Cancelled { rejected: true }) => (
                 Verdict::new(
@@ -379,7 +389,7 @@ impl Reservations {
             _ => (Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no open reservation {id}")), true),
         };
         if count {
-            self.count(&v);
+            self.count(&v, tenant.as_deref());
         }
         v
     }
@@ -388,9 +398,10 @@ impl Reservations {
     /// router's generate call. `integrity` is false when nothing was ever sent for it (an unused
     /// reservation is no evidence of bad KV: it counts as expired, not as a mismatch).
     fn fail(&self, table: &mut Table, id: HandoffId, v: Verdict, integrity: bool) -> Verdict {
+        let tenant = table.tenant_of(id);
         table.tombstone(id, Entry::Failed(v.clone()));
         if integrity {
-            self.count(&v);
+            self.count(&v, tenant.as_deref());
         } else {
             self.metrics.expired.inc();
         }
@@ -520,10 +531,10 @@ impl Reservations {
         Ok(())
     }
 
-    /// Counts an integrity refusal under its reason.
-    fn count(&self, v: &Verdict) {
+    /// Counts an integrity refusal under its reason and the tenant whose request it hit.
+    fn count(&self, v: &Verdict, tenant: Option<&str>) {
         if let Some(m) = v.mismatch() {
-            self.metrics.mismatch.with_label_values(&[m.as_str()]).inc();
+            self.metrics.mismatched(m, tenant);
         }
     }
 
@@ -627,12 +638,13 @@ impl Reservations {
             .collect();
         for (id, got) in due {
             let was_open = matches!(table.entries.get(&id), Some(Entry::Open(_)));
+            let tenant = table.tenant_of(id);
             table.tombstone(id, Entry::Expired { counted: got > 0 });
             self.metrics.expired.inc();
             if was_open {
                 self.metrics.total.with_label_values(&["failed"]).inc();
                 if got > 0 {
-                    self.metrics.mismatch.with_label_values(&[Mismatch::Timeout.as_str()]).inc();
+                    self.metrics.mismatched(Mismatch::Timeout, tenant.as_deref());
                 }
             }
         }

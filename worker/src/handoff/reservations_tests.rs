@@ -136,6 +136,7 @@ fn a_committed_handoff_is_decoded_for_its_own_tenant_only() {
     assert_eq!(v.reason.as_str(), "tenant");
     assert_eq!(v.message, format!("kv_handoff_tenant: handoff {} was reserved for tenant `acme`, tenant `globex` asked to decode it", issued.id));
     assert_eq!(f.mismatch("tenant"), 1);
+    assert_eq!(f.table.metrics.mismatch_by_tenant.with_label_values(&["acme", "tenant"]).get(), 1, "counted under the tenant it was reserved for");
     assert_eq!(f.table.pool.used_pages(), 0, "its pages are freed unread");
     assert!(rt.block_on(f.table.take_committed(issued.id, None, ACME)).is_err(), "and nobody decodes it after");
 }

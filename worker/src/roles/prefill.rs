@@ -106,7 +106,7 @@ fn reservation(role: &PrefillRole, req: &PrefillRequest) -> Result<(), SendError
     let layout = role.engine.pool.layout();
     check_reservation(&req.reservation, &role.secret, req.prompt.len(), &layout.fingerprint(), layout.page_size)?;
     if req.tenant != req.reservation.tenant {
-        role.metrics.mismatch.with_label_values(&[Mismatch::Tenant.as_str()]).inc();
+        role.metrics.mismatched(Mismatch::Tenant, Some(&req.tenant));
         return Err(SendError::Reservation(format!(
             "reservation {} holds room for tenant `{}`, this prompt is tenant `{}`'s (kv_handoff_tenant)",
             req.reservation.handoff_id, req.reservation.tenant, req.tenant

@@ -1,24 +1,19 @@
-//! Per-tenant metrics with bounded cardinality: the first [`MAX_NAMED`] tenants (those with API
+//! Per-tenant metrics with bounded cardinality (`labels`): the first tenants (those with API
 //! keys first, in name order) have their own `tenant` label, every later one is `other`, and a
 //! request with no tenant is `unauthenticated`.
-
-use std::collections::HashSet;
-use std::sync::Mutex;
 
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
 use super::Tenant;
+use super::labels::{OTHER, TenantLabels};
 
-/// Tenants with a label of their own.
-pub const MAX_NAMED: usize = 16;
-pub const OTHER: &str = "other";
 pub const UNAUTHENTICATED: &str = "unauthenticated";
 /// Why a tenant's request was turned away before it was served.
 pub const REFUSALS: [&str; 3] = ["unauthenticated", "in_flight", "token_quota"];
 
 #[derive(Debug)]
 pub struct TenantMetrics {
-    named: Mutex<HashSet<String>>,
+    labels: TenantLabels,
     requests: IntCounterVec,
     tokens: IntCounterVec,
     refusals: IntCounterVec,
@@ -36,7 +31,7 @@ impl TenantMetrics {
             c
         };
         let m = TenantMetrics {
-            named: Mutex::new(HashSet::new()),
+            labels: TenantLabels::default(),
             requests: vec("kvgate_tenant_requests_total", "Public API requests answered, by tenant and HTTP status code.", &["tenant", "code"]),
             tokens: vec("kvgate_tenant_tokens_total", "Tokens by tenant: `prompt` of admitted requests, `generated`.", &["tenant", "kind"]),
             refusals: vec(
@@ -81,15 +76,7 @@ impl TenantMetrics {
     }
 
     fn label_of(&self, tenant: &str) -> String {
-        let mut named = self.named.lock().unwrap_or_else(|p| p.into_inner());
-        if named.contains(tenant) {
-            return tenant.to_string();
-        }
-        if named.len() < MAX_NAMED {
-            named.insert(tenant.to_string());
-            return tenant.to_string();
-        }
-        OTHER.to_string()
+        self.labels.label(tenant)
     }
 
     /// The `tenant` label `tenant` is counted under.
@@ -127,6 +114,6 @@ mod tests {
         assert_eq!(m.label(&Tenant::Named(TenantName::parse("zeta").unwrap())), "zeta");
         assert_eq!(m.label(&Tenant::Named(TenantName::parse("t13").unwrap())), "t13");
         assert_eq!(m.label(&Tenant::Named(TenantName::parse("t14").unwrap())), OTHER, "2 known + 14 seen = 16 labels");
-        assert_eq!(m.named.lock().unwrap().len(), MAX_NAMED);
+        assert_eq!(m.labels.len(), super::super::labels::MAX_NAMED);
     }
 }

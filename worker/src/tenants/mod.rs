@@ -4,6 +4,7 @@
 
 pub mod identify;
 pub mod keys;
+pub mod labels;
 pub mod metrics;
 pub mod name;
 pub mod quota;
