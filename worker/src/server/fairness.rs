@@ -41,7 +41,7 @@ fn refused(tenant: &Tenant, per_tenant: usize) -> ApiError {
 /// Middleware for generating routes (after `tenants::identify`): a ticket per request, held by
 /// the response body.
 pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let tenant = req.extensions().get::<Tenant>().cloned().unwrap_or(Tenant::Unknown);
+    let tenant = req.extensions().get::<super::RequestContext>().map_or(Tenant::Unknown, |c| c.tenant.clone());
     let Ok(ticket) = state.in_flight.take(tenant.clone()) else {
         state.count(429);
         state.tenants.metrics.refused(Some(&tenant), "in_flight");

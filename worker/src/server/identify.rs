@@ -1,5 +1,5 @@
-//! The public routes' door: each request is given its tenant (`tenants::Auth::identify`) into
-//! its extensions, its context and its span, and its answer is counted by tenant; a request
+//! The public routes' door: each request is given its tenant (`tenants::Auth::identify`) in
+//! its request context and its span, and its answer is counted by tenant; a request
 //! with none gets 401 in OpenAI's shape with `WWW-Authenticate: Bearer`.
 
 use axum::extract::{Request, State};
@@ -28,10 +28,10 @@ pub async fn identify(State(state): State<AppState>, mut req: Request, next: Nex
         }
     };
     tracing::Span::current().record("tenant", tracing::field::display(&tenant));
+    // The request's context carries it on (routes without one, the listings, need it no further).
     if let Some(context) = req.extensions_mut().get_mut::<RequestContext>() {
         context.tenant = tenant.clone();
     }
-    req.extensions_mut().insert(tenant.clone());
     let resp = next.run(req).await;
     tenants.metrics.answered(&tenant, resp.status().as_u16());
     resp

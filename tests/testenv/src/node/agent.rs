@@ -124,30 +124,30 @@ impl NodeAgent {
             }
         });
         for round in 0u64.. {
-            if let Err(e) = self.sync().await {
-                tracing::warn!(error = %e, "pod sync failed");
-            }
-            if round % SECRET_REFRESH_ROUNDS == 0 {
-                self.refresh_secrets().await;
+            match self.sync().await {
+                Err(e) => tracing::warn!(error = %e, "pod sync failed"),
+                Ok(pods) if round % SECRET_REFRESH_ROUNDS == 0 => self.refresh_secrets(&pods).await,
+                Ok(_) => {}
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         unreachable!("the loop runs for ever")
     }
 
-    async fn sync(&mut self) -> anyhow::Result<()> {
+    /// One pass over this node's pods; returns them as listed.
+    async fn sync(&mut self) -> anyhow::Result<Vec<Pod>> {
         let all: Api<Pod> = Api::all(self.client.clone());
-        let mine = all.list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name))).await?;
+        let mine = all.list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name))).await?.items;
         let mut seen = BTreeSet::new();
-        for pod in mine {
+        for pod in &mine {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             seen.insert(uid.clone());
             if pod.metadata.deletion_timestamp.is_some() {
-                self.terminate(&pod).await;
+                self.terminate(pod).await;
                 continue;
             }
             if !self.pods.contains_key(&uid) {
-                match self.admit(&pod).await {
+                match self.admit(pod).await {
                     Ok(rt) => self.pods.insert(uid.clone(), rt),
                     Err(e) => {
                         tracing::warn!(pod = pod.metadata.name, error = %e, "cannot start pod; retrying");
@@ -158,18 +158,18 @@ impl NodeAgent {
             let automount = pod.spec.as_ref().and_then(|s| s.automount_service_account_token) != Some(false);
             if automount && self.pods[&uid].token.is_none() {
                 let dir = self.pods[&uid].dir().to_path_buf();
-                if let Some((token, kubeconfig)) = self.retry_token(&pod, &dir).await {
+                if let Some((token, kubeconfig)) = self.retry_token(pod, &dir).await {
                     self.pods.get_mut(&uid).unwrap().set_token(token, kubeconfig);
                 }
             }
             let rt = self.pods.get_mut(&uid).unwrap();
             if rt.volumes_missing() {
-                rt.set_volumes(super::volumes::prepare(&self.client, &pod, rt.dir(), rt.token.as_deref()).await);
+                rt.set_volumes(super::volumes::prepare(&self.client, pod, rt.dir(), rt.token.as_deref()).await);
             }
-            rt.tick(&pod, &self.runtime).await;
+            rt.tick(pod, &self.runtime).await;
             let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or_default());
             self.logs.update(ns, name, &uid, rt.dir(), rt.running());
-            let status = rt.status(&pod);
+            let status = rt.status(pod);
             if rt.last_status.as_ref() != Some(&status) {
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
                 let name = pod.metadata.name.clone().unwrap_or_default();
@@ -187,17 +187,16 @@ impl NodeAgent {
                 rt.tear_down(Duration::from_secs(1), &self.network);
             }
         }
-        Ok(())
+        Ok(mine)
     }
 
-    /// Running pods' Secret volumes brought up to date with their Secrets.
-    async fn refresh_secrets(&self) {
+    /// Running pods' Secret volumes brought up to date with their Secrets (`pods`: this node's,
+    /// as the sync pass just listed them).
+    async fn refresh_secrets(&self, pods: &[Pod]) {
         let mut secrets = super::volumes::SecretCache::new();
-        let all: Api<Pod> = Api::all(self.client.clone());
-        let Ok(mine) = all.list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name))).await else { return };
-        for pod in mine {
+        for pod in pods {
             let Some(rt) = pod.metadata.uid.as_ref().and_then(|u| self.pods.get(u)) else { continue };
-            if let Err(e) = super::volumes::refresh_secrets(&self.client, &pod, rt.dir(), &mut secrets).await {
+            if let Err(e) = super::volumes::refresh_secrets(&self.client, pod, rt.dir(), &mut secrets).await {
                 tracing::warn!(pod = pod.metadata.name, error = %e, "secret volume not refreshed");
             }
         }
