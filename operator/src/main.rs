@@ -3,7 +3,7 @@ use kvgate_operator::cli::{Cli, Command};
 
 fn main() -> std::process::ExitCode {
     // Before the runtime's threads: the heap the periodic trim can give back whole.
-    kvgate_telemetry::one_arena();
+    kvgate_heap::one_arena();
     match tokio::runtime::Runtime::new() {
         Ok(rt) => rt.block_on(run()),
         Err(e) => {

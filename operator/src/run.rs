@@ -39,7 +39,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The API server's audit log and metrics tell the operator's requests apart by this.
     config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     let client = kube::Client::try_from(config)?;
-    kvgate_telemetry::give_back_freed_memory();
+    kvgate_heap::give_back_freed_memory();
     let metrics = Metrics::new();
     let health = Health::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -2,16 +2,13 @@
 //! test node agent write the same shapes: human text on a terminal, flat JSON lines with trace
 //! ids for a cluster's log pipeline (`json_lines`), never colour escapes where no terminal reads
 //! them (`kubectl logs`), and OpenTelemetry spans when an OTLP endpoint is configured
-//! (`export`, `trace_context`). And one piece of process hygiene every long-running kvgate
-//! process shares: freed memory goes back to the OS (`memory`).
+//! (`export`, `trace_context`).
 
 pub mod export;
 mod json_lines;
-mod memory;
 pub mod trace_context;
 
 pub use export::Traces;
-pub use memory::{give_back_freed_memory, one_arena};
 pub use trace_context::{TRACEPARENT, TraceContext};
 
 use std::io::IsTerminal;

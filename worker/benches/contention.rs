@@ -174,7 +174,7 @@ fn ms(d: Duration) -> String {
 
 fn main() {
     // The worker's own set-up before any thread starts, then the runtime.
-    kvgate_telemetry::one_arena();
+    kvgate_heap::one_arena();
     kvgate_worker::cpu::prepare_model_process();
     tokio::runtime::Runtime::new().unwrap().block_on(measure());
 }

@@ -28,7 +28,7 @@ fn row(name: &str, value: String, note: &str) {
 }
 
 fn main() {
-    kvgate_telemetry::one_arena();
+    kvgate_heap::one_arena();
     kvgate_worker::cpu::prepare_model_process();
     let model = Model::tiny(&Device::Cpu).unwrap();
     let layout = model.kv_layout(16, KvDtype::F32);

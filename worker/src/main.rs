@@ -4,7 +4,7 @@ use kvgate_worker::commands::{self, roles};
 
 fn main() -> std::process::ExitCode {
     // Before any thread: the heap the periodic trim can give back whole.
-    kvgate_telemetry::one_arena();
+    kvgate_heap::one_arena();
     let cli = Cli::parse();
     // While the process has one thread, where a model runs: the compute threads and the heap
     // tuned for model steps. A router computes nothing and keeps glibc's defaults, which give

@@ -2,7 +2,6 @@
 //! at run time (release images run on any x86-64 with AVX2; nothing is built for the build
 //! machine's CPU). See `level` for the choice and `KVGATE_CPU_KERNELS` for forcing it down.
 
-pub mod heap;
 pub mod lanes;
 pub mod level;
 pub mod matvec;
@@ -18,5 +17,5 @@ pub use level::{Level, level};
 /// reads `/proc/cpuinfo` on every matrix product: a tenth of a tiny model's decode).
 pub fn prepare_model_process() {
     threads::fix_from_machine();
-    heap::keep_step_buffers();
+    kvgate_heap::keep_step_buffers();
 }

@@ -185,7 +185,7 @@ pub async fn serve(
     ready: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    kvgate_telemetry::give_back_freed_memory();
+    kvgate_heap::give_back_freed_memory();
     // As many newcomers may wait for a place as the listener serves connections.
     let places = Places::new(Caps { total: limits.max_connections, per_client: limits.per_client, waiting: limits.max_connections });
     let mut acceptor = Acceptor::new(listener, "http");

@@ -3,7 +3,7 @@
 //! with fresh mappings and trims the heap's top on every free, so each step faulted its pages in
 //! again and the kernel zeroed them: a fifth of a 512-token prefill. Raising both thresholds
 //! keeps the freed buffers in the heap, where the next step finds them; the worker's periodic
-//! `malloc_trim` (kvgate_telemetry::give_back_freed_memory) still returns them when idle.
+//! `malloc_trim` (`give_back_freed_memory`) still returns them when idle.
 
 /// Allocations up to this size come from the heap (glibc's largest allowed mmap threshold).
 const MMAP_THRESHOLD: i32 = 32 << 20;
