@@ -8,35 +8,35 @@
 
 /// A worker pod's role: the subcommand it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
+pub enum KvRole {
     Prefill,
     Decode,
 }
 
-impl Role {
-    pub const ALL: [Role; 2] = [Role::Prefill, Role::Decode];
+impl KvRole {
+    pub const ALL: [KvRole; 2] = [KvRole::Prefill, KvRole::Decode];
 
     /// The subcommand, the `app.kubernetes.io/component` label and the metrics' `role` label.
     pub const fn as_str(self) -> &'static str {
         match self {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
+            KvRole::Prefill => "prefill",
+            KvRole::Decode => "decode",
         }
     }
 
     /// The role whose pages this one exchanges.
-    pub const fn peer(self) -> Role {
+    pub const fn peer(self) -> KvRole {
         match self {
-            Role::Prefill => Role::Decode,
-            Role::Decode => Role::Prefill,
+            KvRole::Prefill => KvRole::Decode,
+            KvRole::Decode => KvRole::Prefill,
         }
     }
 
     /// The HTTP port the role listens on in a pod.
     pub const fn port(self) -> u16 {
         match self {
-            Role::Prefill => PREFILL_PORT,
-            Role::Decode => DECODE_PORT,
+            KvRole::Prefill => PREFILL_PORT,
+            KvRole::Decode => DECODE_PORT,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::auth::FrameKey;
 pub use crate::auth::{MAC_LEN, Mac};
 use crate::logprobs::{MAX_TOP_LOGPROBS, TokenLogprobs};
 pub use crate::page_tag::TAG_LEN;
+use crate::refusal::Refusal;
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"KVGF";
@@ -32,7 +33,10 @@ pub const PAGE_SEAL_LEN: usize = TAG_LEN + MAC_LEN;
 pub use crate::handoff_id::HandoffId;
 pub use crate::tenant_tag::TenantTag;
 
-/// One page of KV on its way from prefill to decode.
+/// One page of KV on its way from prefill to decode, whole: the protocol's reference encoding
+/// for tests, fuzzing and forging peers (feature `testing`). The worker's sender writes the same
+/// bytes straight from the pool, and its receiver reads a page's head before its payload.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageFrame {
     pub handoff: HandoffId,
@@ -46,15 +50,16 @@ pub struct PageFrame {
     pub tokens: u32,
     /// The payload's tag ([`crate::page_tag`]): its checksum, and its MAC under the handoff's
     /// keys.
-    pub checksum: u128,
+    pub tag: u128,
     /// Keyed BLAKE3 with the handoff's frame key over the header, the fields and the tag.
     pub mac: Mac,
     pub payload: Vec<u8>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl PageFrame {
     pub fn view(&self) -> PageView<'_> {
-        PageView { fields: self.fields(), checksum: self.checksum, payload: &self.payload, mac: self.mac }
+        PageView { fields: self.fields(), tag: self.tag, payload: &self.payload, mac: self.mac }
     }
 
     fn fields(&self) -> PageFields {
@@ -116,14 +121,16 @@ impl PageFields {
 
 /// A page frame whose payload is borrowed: what the receiver checks in place, without copying
 /// a page it may refuse.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageView<'a> {
     pub fields: PageFields,
-    pub checksum: u128,
+    pub tag: u128,
     pub mac: Mac,
     pub payload: &'a [u8],
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl PageView<'_> {
     pub fn to_owned(&self) -> PageFrame {
         let f = self.fields;
@@ -133,7 +140,7 @@ impl PageView<'_> {
             index: f.index,
             page: f.page,
             tokens: f.tokens,
-            checksum: self.checksum,
+            tag: self.tag,
             payload: self.payload.to_vec(),
             mac: self.mac,
         }
@@ -141,22 +148,22 @@ impl PageView<'_> {
 }
 
 /// A page frame's seal: the payload's tag, then the MAC over header, fields and tag.
-pub fn page_seal(checksum: u128, mac: &Mac) -> [u8; PAGE_SEAL_LEN] {
+pub fn page_seal(tag: u128, mac: &Mac) -> [u8; PAGE_SEAL_LEN] {
     let mut out = [0u8; PAGE_SEAL_LEN];
-    out[..TAG_LEN].copy_from_slice(&checksum.to_le_bytes());
+    out[..TAG_LEN].copy_from_slice(&tag.to_le_bytes());
     out[TAG_LEN..].copy_from_slice(&mac.0);
     out
 }
 
 /// A page frame's MAC: over its header and fields as written (`head`), then its tag.
-pub fn page_mac(key: &FrameKey, head: &[u8], checksum: u128) -> Mac {
-    key.mac(&[head, &checksum.to_le_bytes()])
+pub fn page_mac(key: &FrameKey, head: &[u8], tag: u128) -> Mac {
+    key.mac(&[head, &tag.to_le_bytes()])
 }
 
 /// The digest a commit carries: the first 8 bytes of BLAKE3 over the page tags in index order.
-pub fn digest(checksums: impl IntoIterator<Item = u128>) -> u64 {
+pub fn digest(tags: impl IntoIterator<Item = u128>) -> u64 {
     let mut h = blake3::Hasher::new();
-    for c in checksums {
+    for c in tags {
         h.update(&c.to_le_bytes());
     }
     u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().expect("8 bytes"))
@@ -191,16 +198,31 @@ pub struct CommitFrame {
     pub mac: Mac,
 }
 
-/// Decode's answer to a transfer: accepted, or refused with a reason label and a message.
+/// Decode's answer to a transfer: accepted, or refused for one reason, with a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AckFrame {
-    pub ok: bool,
-    pub reason: String,
+    /// `None`: committed.
+    pub refused: Option<Refusal>,
     pub message: String,
+}
+
+impl AckFrame {
+    pub fn accepted() -> AckFrame {
+        AckFrame { refused: None, message: String::new() }
+    }
+
+    pub fn refused(reason: impl Into<Refusal>, message: String) -> AckFrame {
+        AckFrame { refused: Some(reason.into()), message }
+    }
+
+    pub fn ok(&self) -> bool {
+        self.refused.is_none()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
+    #[cfg(any(test, feature = "testing"))]
     Page(PageFrame),
     Commit(CommitFrame),
     Ack(AckFrame),
@@ -268,15 +290,17 @@ impl Frame {
     /// Header and body, ready for the wire, with the MAC field as it is in the frame.
     pub fn encode(&self) -> Vec<u8> {
         let payload_len = match self {
+            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => p.payload.len(),
             _ => 0,
         };
         let mut out = Vec::with_capacity(HEADER_LEN + 128 + payload_len);
         out.extend_from_slice(&frame_header(self.kind(), 0)); // body length, filled in below
         match self {
+            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => {
                 out.extend_from_slice(&p.fields().encode());
-                out.extend_from_slice(&page_seal(p.checksum, &p.mac));
+                out.extend_from_slice(&page_seal(p.tag, &p.mac));
                 out.extend_from_slice(&p.payload);
             }
             Frame::Commit(c) => {
@@ -304,8 +328,8 @@ impl Frame {
                 out.extend_from_slice(&c.mac.0);
             }
             Frame::Ack(a) => {
-                out.push(a.ok as u8);
-                for s in [&a.reason, &a.message] {
+                out.push(a.ok() as u8);
+                for s in [a.refused.map_or("", Refusal::as_str), a.message.as_str()] {
                     out.extend_from_slice(&(s.len() as u32).to_le_bytes());
                     out.extend_from_slice(s.as_bytes());
                 }
@@ -321,10 +345,11 @@ impl Frame {
     /// as they are.
     pub fn encode_signed(&self, key: &FrameKey) -> Vec<u8> {
         match self {
+            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => {
-                let checksum = key.page_tags().tag(p.index, &p.payload);
+                let tag = key.page_tags().tag(p.index, &p.payload);
                 let head = p.fields().header();
-                Frame::Page(PageFrame { checksum, mac: page_mac(key, &head, checksum), ..p.clone() }).encode()
+                Frame::Page(PageFrame { tag, mac: page_mac(key, &head, tag), ..p.clone() }).encode()
             }
             Frame::Commit(_) => {
                 let mut out = self.encode();
@@ -345,6 +370,7 @@ impl Frame {
     /// The MAC a signed frame carries.
     pub fn mac(&self) -> Option<&Mac> {
         match self {
+            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => Some(&p.mac),
             Frame::Commit(c) => Some(&c.mac),
             Frame::Ack(_) => None,
@@ -354,6 +380,7 @@ impl Frame {
     /// The tenant a page or commit frame was sealed for.
     pub fn tenant(&self) -> Option<TenantTag> {
         match self {
+            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => Some(p.tenant),
             Frame::Commit(c) => Some(c.tenant),
             Frame::Ack(_) => None,
@@ -363,6 +390,7 @@ impl Frame {
     /// The handoff a page or commit frame names.
     pub fn handoff(&self) -> Option<HandoffId> {
         match self {
+            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => Some(p.handoff),
             Frame::Commit(c) => Some(c.handoff),
             Frame::Ack(_) => None,
@@ -374,6 +402,7 @@ impl Frame {
     /// against the payload by decode's rules).
     pub fn mac_verifies(&self, key: &FrameKey, header: &[u8; HEADER_LEN], body: &[u8]) -> bool {
         let signed = match self {
+            #[cfg(any(test, feature = "testing"))]
             Frame::Page(_) => PAGE_FIELDS_LEN + TAG_LEN,
             _ => body.len().saturating_sub(MAC_LEN),
         };
@@ -389,13 +418,15 @@ impl Frame {
     pub fn verifies(&self, key: &FrameKey, header: &[u8; HEADER_LEN], body: &[u8]) -> bool {
         self.mac_verifies(key, header, body)
             && match self {
-                Frame::Page(p) => key.page_tags().tag(p.index, &p.payload) == p.checksum,
+                #[cfg(any(test, feature = "testing"))]
+                Frame::Page(p) => key.page_tags().tag(p.index, &p.payload) == p.tag,
                 _ => true,
             }
     }
 
     fn kind(&self) -> u8 {
         match self {
+            #[cfg(any(test, feature = "testing"))]
             Frame::Page(_) => KIND_PAGE,
             Frame::Commit(_) => KIND_COMMIT,
             Frame::Ack(_) => KIND_ACK,
@@ -407,7 +438,11 @@ impl Frame {
         let mut r = Reader { b: body, at: 0 };
         let frame = match kind {
             // Checks its own length, trailing bytes included.
+            #[cfg(any(test, feature = "testing"))]
             KIND_PAGE => return Ok(Frame::Page(PageView::decode_body(body)?.to_owned())),
+            // The worker's receiver reads a page's head before its payload, never a whole page.
+            #[cfg(not(any(test, feature = "testing")))]
+            KIND_PAGE => return Err(FrameError::Malformed("a page frame is read by its head, not decoded whole")),
             KIND_COMMIT => Frame::Commit(CommitFrame {
                 handoff: HandoffId(r.u128()?),
                 tenant: TenantTag(r.bytes(16)?.try_into().unwrap()),
@@ -439,8 +474,12 @@ impl Frame {
                     _ => return Err(FrameError::Malformed("ack flag must be 0 or 1")),
                 };
                 let reason = r.string()?;
-                let message = r.string()?;
-                Frame::Ack(AckFrame { ok, reason, message })
+                let refused = match (ok, reason.as_str()) {
+                    (true, "") => None,
+                    (true, _) => return Err(FrameError::Malformed("an accepting ack carries no reason")),
+                    (false, reason) => Some(Refusal::parse(reason).ok_or(FrameError::Malformed("an ack's reason is not a refusal reason"))?),
+                };
+                Frame::Ack(AckFrame { refused, message: r.string()? })
             }
             other => return Err(FrameError::UnknownKind(other)),
         };
@@ -461,6 +500,7 @@ impl Frame {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl<'a> PageView<'a> {
     /// A page body read in place. The payload length inside is checked against the body.
     pub fn decode_body(body: &'a [u8]) -> Result<PageView<'a>, FrameError> {
@@ -468,13 +508,13 @@ impl<'a> PageView<'a> {
             body.get(..PAGE_FIELDS_LEN).and_then(|b| b.try_into().ok()).ok_or(FrameError::Truncated { needed: PAGE_FIELDS_LEN, have: body.len() })?;
         let fields = PageFields::decode(fields);
         let mut r = Reader { b: body, at: PAGE_FIELDS_LEN };
-        let checksum = r.u128()?;
+        let tag = r.u128()?;
         let mac = r.mac()?;
         let payload = r.bytes(fields.payload_len as usize)?;
         if r.at != body.len() {
             return Err(FrameError::Malformed("trailing bytes after the frame body"));
         }
-        Ok(PageView { fields, checksum, mac, payload })
+        Ok(PageView { fields, tag, mac, payload })
     }
 }
 
@@ -511,6 +551,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::refusal::Mismatch;
 
     fn page() -> Frame {
         Frame::Page(PageFrame {
@@ -519,7 +560,7 @@ mod tests {
             index: 1,
             page: 9,
             tokens: 16,
-            checksum: 0xabc,
+            tag: 0xabc,
             payload: vec![1, 2, 3],
             mac: Mac([7; MAC_LEN]),
         })
@@ -541,7 +582,7 @@ mod tests {
                 first_logprobs: Some(TokenLogprobs { logprob: -0.25, top: vec![(65, -0.25), (3, -1.5)] }),
                 mac: Mac([1; MAC_LEN]),
             }),
-            Frame::Ack(AckFrame { ok: false, reason: "token_count".into(), message: "received 16 of 681280".into() }),
+            Frame::Ack(AckFrame::refused(Mismatch::TokenCount, "received 16 of 681280".into())),
         ];
         for f in frames {
             let bytes = f.encode();
@@ -580,6 +621,26 @@ mod tests {
         let mut bytes = page().encode();
         bytes[0] = b'X';
         assert!(matches!(Frame::decode(&bytes), Err(FrameError::BadMagic(_))));
+    }
+
+    #[test]
+    fn an_ack_carries_no_reason_or_one_refusal_reason() {
+        let encode = |ok: u8, reason: &str| {
+            let honest = Frame::Ack(AckFrame::accepted()).encode();
+            let mut body = vec![ok];
+            for s in [reason, "why"] {
+                body.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                body.extend_from_slice(s.as_bytes());
+            }
+            let mut out = honest[..HEADER_LEN].to_vec();
+            out[8..12].copy_from_slice(&(body.len() as u32).to_le_bytes());
+            out.extend_from_slice(&body);
+            Frame::decode(&out).map(|(f, _)| f)
+        };
+        let refused = encode(0, "tenant").unwrap();
+        assert_eq!(refused, Frame::Ack(AckFrame::refused(Mismatch::Tenant, "why".into())));
+        assert!(matches!(encode(0, "gremlins"), Err(FrameError::Malformed(m)) if m.contains("not a refusal reason")));
+        assert!(matches!(encode(1, "checksum"), Err(FrameError::Malformed(m)) if m.contains("no reason")));
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub enum Mismatch {
     /// A page, or the whole transfer, carries a different number of tokens than was reserved.
     TokenCount,
     /// A page's bytes do not match its tag, or the commit's digest does not match the pages.
+    /// The tag is a keyed MAC (`page_tag`), not a plain checksum; the label says what a reader
+    /// of the alert needs: the bytes are not the bytes prefill sealed.
     Checksum,
     /// A page outside the reservation, a page index sent twice, or reserved pages never sent.
     PageSet,

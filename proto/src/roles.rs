@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::{Mac, ReservationFields};
 use crate::handoff::HandoffId;
 use crate::logprobs::TokenLogprobs;
+use crate::refusal::Refusal;
 use crate::tenant_tag::TenantTag;
 
 /// Decode: reserve pages for a whole sequence (router and the operator's canary call it).
@@ -94,16 +95,66 @@ pub struct PrefillRequest {
     pub traceparent: Option<String>,
 }
 
-/// Prefill -> router: decode's verdict on the transfer, as prefill heard it.
+/// Prefill -> router: decode's verdict on the transfer, as prefill heard it. On the wire
+/// `{"ok", "reason", "message"}` (the reason empty when accepted); a reason outside the closed
+/// set, or one beside `ok: true`, does not parse.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "PrefillWire", try_from = "PrefillWire")]
 pub struct PrefillResponse {
-    pub ok: bool,
-    pub reason: String,
+    /// Decode's refusal; `None`: the handoff was committed.
+    pub refused: Option<Refusal>,
     pub message: String,
     /// Each prompt token's log-probability (none for the first), when the request asked for
     /// them (`echo` with `logprobs`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct PrefillWire {
+    ok: bool,
+    reason: String,
+    message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+}
+
+impl From<PrefillResponse> for PrefillWire {
+    fn from(r: PrefillResponse) -> Self {
+        let reason = r.refused.map_or("", Refusal::as_str).to_string();
+        PrefillWire { ok: r.refused.is_none(), reason, message: r.message, prompt_logprobs: r.prompt_logprobs }
+    }
+}
+
+impl TryFrom<PrefillWire> for PrefillResponse {
+    type Error = String;
+
+    fn try_from(w: PrefillWire) -> Result<Self, String> {
+        let refused = match (w.ok, w.reason.as_str()) {
+            (true, "") => None,
+            (true, other) => return Err(format!("reason: an accepted handoff carries none, got {other:?}")),
+            (false, reason) => Some(Refusal::parse(reason).ok_or_else(|| format!("reason: {reason:?} is not a refusal reason"))?),
+        };
+        Ok(PrefillResponse { refused, message: w.message, prompt_logprobs: w.prompt_logprobs })
+    }
+}
+
+/// Why a generation ended, spelled as OpenAI's `finish_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// The model produced an end-of-sequence token.
+    Stop,
+}
+
+impl FinishReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+        }
+    }
 }
 
 /// Router -> decode: cancel a reservation (prefill rejected the prompt, or failed).
@@ -164,7 +215,7 @@ pub enum StreamLine {
         logprobs: TokenLogprobs,
     },
     Done {
-        finish: String,
+        finish: FinishReason,
         prompt_tokens: u32,
         completion_tokens: u32,
     },
@@ -182,8 +233,24 @@ mod tests {
     #[test]
     fn stream_lines_are_tagged_objects() {
         assert_eq!(serde_json::to_string(&StreamLine::Token(7)).unwrap(), r#"{"token":7}"#);
-        let done = StreamLine::Done { finish: "length".into(), prompt_tokens: 3, completion_tokens: 4 };
+        let done = StreamLine::Done { finish: FinishReason::Length, prompt_tokens: 3, completion_tokens: 4 };
         let text = serde_json::to_string(&done).unwrap();
+        assert_eq!(text, r#"{"done":{"finish":"length","prompt_tokens":3,"completion_tokens":4}}"#);
         assert_eq!(serde_json::from_str::<StreamLine>(&text).unwrap(), done);
+        assert!(serde_json::from_str::<StreamLine>(r#"{"done":{"finish":"eos","prompt_tokens":3,"completion_tokens":4}}"#).is_err());
+    }
+
+    #[test]
+    fn a_prefill_verdict_is_ok_or_one_refusal_reason() {
+        let refused = PrefillResponse { refused: Some(Refusal::parse("token_count").unwrap()), message: "16 of 20".into(), prompt_logprobs: None };
+        let text = serde_json::to_string(&refused).unwrap();
+        assert_eq!(text, r#"{"ok":false,"reason":"token_count","message":"16 of 20"}"#);
+        assert_eq!(serde_json::from_str::<PrefillResponse>(&text).unwrap(), refused);
+        let ok = r#"{"ok":true,"reason":"","message":""}"#;
+        assert_eq!(serde_json::from_str::<PrefillResponse>(ok).unwrap().refused, None);
+        for bad in [r#"{"ok":false,"reason":"gremlins","message":""}"#, r#"{"ok":true,"reason":"checksum","message":""}"#] {
+            let e = serde_json::from_str::<PrefillResponse>(bad).unwrap_err().to_string();
+            assert!(e.starts_with("reason: "), "{bad}: {e}");
+        }
     }
 }

@@ -18,7 +18,7 @@ fn page(payload: Vec<u8>, index: u32, tokens: u32) -> Frame {
         index,
         page: index.wrapping_mul(3),
         tokens,
-        checksum: 1,
+        tag: 1,
         payload,
         mac: Mac([0; MAC_LEN]),
     })

@@ -65,7 +65,7 @@ async fn the_incident_truncated_transfer_is_refused_by_token_count() {
 
 #[tokio::test]
 async fn a_corrupted_page_fails_its_checksum() {
-    caught("corrupt-page", "checksum", "page index 3 failed its checksum").await;
+    caught("corrupt-page", "checksum", "page index 3 does not match its tag").await;
 }
 
 #[tokio::test]

@@ -235,7 +235,7 @@ async fn no_byte_of_a_previous_tenant_leaves_prefill_even_without_scrubbing() {
                         Frame::Ack(_) => unreachable!(),
                     }
                 }
-                let ack = Frame::Ack(AckFrame { ok: true, reason: String::new(), message: String::new() });
+                let ack = Frame::Ack(AckFrame::accepted());
                 s.write_all(&ack.encode()).await.unwrap();
                 payload
             };
@@ -272,7 +272,7 @@ async fn a_page_rewritten_on_the_path_is_refused_by_its_tag_or_its_mac() {
         page.payload[7] ^= 0x40;
         if new_tag {
             // Without the handoff's keys the best an attacker can do is a fresh checksum.
-            page.checksum = xxh3_128(&page.payload);
+            page.tag = xxh3_128(&page.payload);
         }
         Frame::Page(page).encode()
     };
@@ -476,8 +476,7 @@ async fn a_frame_after_the_reservation_expired_is_refused() {
     let mut body = vec![0u8; parse_header(&header).unwrap().body_len as usize];
     s.read_exact(&mut body).await.unwrap();
     let Frame::Ack(ack) = Frame::decode_body(header[6], &body).unwrap() else { panic!() };
-    assert!(!ack.ok);
-    assert_eq!(ack.reason, "timeout", "{}", ack.message);
+    assert_eq!(ack.refused.map(|r| r.as_str()), Some("timeout"), "{}", ack.message);
     assert_eq!(d.metric(&mismatch("timeout")).await, 1.0, "a transfer that stopped half way is a mismatch");
 }
 

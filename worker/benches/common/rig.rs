@@ -56,7 +56,7 @@ impl Rig {
         let lease = prefill_pool.lease(tokens).unwrap();
         let page: Vec<u8> = (0..l.page_bytes()).map(|i| (i * 31 % 251) as u8).collect();
         for i in 0..pages {
-            prefill_pool.write_page(&lease, i, &page).unwrap();
+            prefill_pool.write_page_at(&lease, i, 0, &page).unwrap();
         }
         Rig { table, secret, kv_addr, metrics, prefill_pool, lease, tokens, checks }
     }
@@ -93,7 +93,7 @@ impl Rig {
         };
         let t = Instant::now();
         match transfer.run().await.unwrap() {
-            SendOutcome::Acked(a) => assert!(a.ok, "{}", a.message),
+            SendOutcome::Acked(a) => assert!(a.ok(), "{}", a.message),
             SendOutcome::Died => unreachable!("the receiver is in this process"),
         }
         let took = t.elapsed();

@@ -48,22 +48,7 @@ pub struct GenerateRequest {
     pub span: tracing::Span,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// `max_tokens` reached.
-    Length,
-    /// The model produced an end-of-sequence token.
-    Stop,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Length => "length",
-            FinishReason::Stop => "stop",
-        }
-    }
-}
+pub use kvgate_proto::roles::FinishReason;
 
 /// What the engine reports for a request, in order: the prompt's log-probabilities (when asked
 /// for), tokens (with theirs, when asked for), then exactly one `Done` or `Failed`.

@@ -8,7 +8,7 @@ use std::str::FromStr;
 pub enum Fault {
     /// Send one page, then commit as if the transfer were complete (the incident).
     TruncateTransfer,
-    /// Flip a byte of one page after its checksum was computed.
+    /// Flip a byte of one page after its tag was computed.
     CorruptPage,
     /// Send one page to a page id outside the reservation, so a reserved page is never written.
     DropPage,
@@ -28,7 +28,7 @@ pub enum Fault {
     /// rejected prompts went wrong).
     IgnoreRejection,
     /// Send KV in a layout that is not the one reported (each page's two halves swapped, as K
-    /// and V mixed up would be): every checksum, MAC and fingerprint holds, the KV is wrong.
+    /// and V mixed up would be): every tag, MAC and fingerprint holds, the KV is wrong.
     /// Only comparing outputs (the operator's canary) catches it.
     WrongLayout,
 }

@@ -9,7 +9,7 @@ use kvgate_proto::roles::Reservation;
 
 use super::Secret;
 use super::faults::Fault;
-use super::sender::{Flow, PageFrame, SendError, Sink};
+use super::sender::{Flow, OutgoingPage, SendError, Sink};
 
 pub struct Faulty<S> {
     fault: Fault,
@@ -45,7 +45,7 @@ impl<S: Sink> Sink for Faulty<S> {
         }
     }
 
-    async fn page(&mut self, frame: &mut PageFrame<'_>) -> Result<(), SendError> {
+    async fn page(&mut self, frame: &mut OutgoingPage<'_>) -> Result<(), SendError> {
         let middle = frame.fields.index as usize == self.pages / 2;
         match self.fault {
             Fault::DropPage if middle => {
@@ -59,7 +59,7 @@ impl<S: Sink> Sink for Faulty<S> {
                 frame.payload_mut()?[0] ^= 0x01;
             }
             Fault::WrongLayout => {
-                // K and V swapped: every checksum, MAC and fingerprint holds, the KV is wrong.
+                // K and V swapped: every tag, MAC and fingerprint holds, the KV is wrong.
                 let payload = frame.payload_mut()?;
                 let half = payload.len() / 2;
                 payload.rotate_left(half);

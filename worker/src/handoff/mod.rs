@@ -17,4 +17,4 @@ pub mod verify;
 
 pub use auth::Secret;
 pub use metrics::HandoffMetrics;
-pub use reservations::{Reservations, Verdict};
+pub use reservations::{HandoffRefusal, Reservations};

@@ -27,7 +27,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::reservations::{PageClaim, Reservations, Verdict};
+use super::reservations::{HandoffRefusal, PageClaim, Reservations};
 use crate::listener::{self, Acceptor, Caps, Place, Places, Refusals, Saturation};
 
 /// Room for a page frame's fixed fields on top of the page itself.
@@ -106,7 +106,7 @@ enum Read {
 /// A page frame's header, fields, tag and MAC, read before its payload.
 struct PageHead {
     fields: PageFields,
-    checksum: u128,
+    tag: u128,
     /// The handoff's key (`None` with integrity checks off).
     key: Option<FrameKey>,
     /// Whether its MAC (over header, fields and tag) verified; true with integrity checks off.
@@ -192,15 +192,15 @@ async fn read_page_head(
     if let Err(e) = stream.read_exact(&mut seal).await {
         return Read::Closed(e);
     }
-    let checksum = u128::from_le_bytes(seal[..TAG_LEN].try_into().expect("a tag"));
+    let tag = u128::from_le_bytes(seal[..TAG_LEN].try_into().expect("a tag"));
     let mac = Mac(seal[TAG_LEN..].try_into().expect("a MAC"));
     let started = std::time::Instant::now();
     let key = match keys {
         Some((id, tenant, key)) if *id == fields.handoff && *tenant == fields.tenant => key.clone(),
         _ => keys.insert((fields.handoff, fields.tenant, table.frame_key(fields.handoff, fields.tenant))).2.clone(),
     };
-    let authentic = key.as_ref().is_none_or(|k| page_mac(k, &head, checksum).verify(&mac));
-    Read::Page(Box::new(PageHead { fields, checksum, key, authentic, hashing: started.elapsed(), deadline }))
+    let authentic = key.as_ref().is_none_or(|k| page_mac(k, &head, tag).verify(&mac));
+    Read::Page(Box::new(PageHead { fields, tag, key, authentic, hashing: started.elapsed(), deadline }))
 }
 
 /// How reading a claimed page's payload ended.
@@ -208,7 +208,7 @@ enum Payload {
     /// All of it is in the page: its tag as received (0 with checks off) and the time spent on it.
     Read(u128, Duration),
     /// The pool would not take it (the handoff failed).
-    Refused(Verdict),
+    Refused(HandoffRefusal),
     /// The peer closed or broke the connection.
     Lost(std::io::Error),
 }
@@ -288,7 +288,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
             if let Some(id) = bound {
                 table.connection_lost(id);
             }
-            Verdict::new(reason, message)
+            HandoffRefusal::new(reason, message)
         };
         // A stranger has a short deadline to prove it holds the secret.
         let timeout = if bound.is_none() { limits.auth_timeout.min(limits.frame_timeout) } else { limits.frame_timeout };
@@ -327,7 +327,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
                         bound = Some(id);
                     }
                     // An unauthentic frame is refused here, before its payload is read.
-                    match table.claim_page(&head.fields, head.checksum, head.authentic) {
+                    match table.claim_page(&head.fields, head.tag, head.authentic) {
                         Err(v) => Err(v),
                         Ok(claim) => match tokio::time::timeout_at(head.deadline, read_payload(&mut stream, table, &claim, &head, &mut staging)).await {
                             Err(_) => {
@@ -376,7 +376,7 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
             Ok(false) => continue,
             Ok(true) => {
                 receipt.close(None);
-                ack(stream, AckFrame { ok: true, reason: String::new(), message: String::new() }).await?;
+                ack(stream, AckFrame::accepted()).await?;
                 return Ok(());
             }
             Err(v) => {
@@ -389,14 +389,14 @@ async fn connection(stream: TcpStream, table: &Reservations, limits: PortLimits,
                     }
                 });
                 receipt.close(Some(v.reason.as_str()));
-                ack(stream, AckFrame { ok: false, reason: v.reason.as_str().into(), message: v.message }).await?;
+                ack(stream, AckFrame::refused(v.reason, v.message)).await?;
                 return Ok(());
             }
         }
     }
 }
 
-/// The span of one handoff's receipt: pages and bytes received, time in the MAC and checksum,
+/// The span of one handoff's receipt: pages and bytes received, time in the MAC and page tag,
 /// and, when refused, the reason as its error. Opened by the first frame that names a handoff
 /// decode reserved (so strangers' frames for made-up ids open none).
 #[derive(Default)]

@@ -28,20 +28,20 @@ use crate::kv::{AllocError, KvError, KvPool, Lease};
 
 /// Why a transfer was refused: the `reason` label and a message for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
+pub struct HandoffRefusal {
     pub reason: Refusal,
     pub message: String,
 }
 
-impl Verdict {
+impl HandoffRefusal {
     pub fn new(reason: impl Into<Refusal>, message: String) -> Self {
-        Verdict { reason: reason.into(), message }
+        HandoffRefusal { reason: reason.into(), message }
     }
 
     /// A frame whose MAC does not verify for a handoff that is not open: nobody holding the
     /// secret sent it (a protocol refusal, not an integrity one).
     fn unauthenticated(id: HandoffId) -> Self {
-        Verdict::new(PortRefusal::Unauthenticated, format!("kv_port_unauthenticated: a frame for handoff {id} does not carry its MAC"))
+        HandoffRefusal::new(PortRefusal::Unauthenticated, format!("kv_port_unauthenticated: a frame for handoff {id} does not carry its MAC"))
     }
 
     /// The integrity mismatch it is, if it is one.
@@ -53,9 +53,9 @@ impl Verdict {
     }
 }
 
-impl From<Refused> for Verdict {
+impl From<Refused> for HandoffRefusal {
     fn from(r: Refused) -> Self {
-        Verdict::new(r.mismatch, r.message)
+        HandoffRefusal::new(r.mismatch, r.message)
     }
 }
 
@@ -106,7 +106,7 @@ enum Entry {
     Open(Open),
     Committed(Committed),
     /// Tombstones: kept (bounded) so late or replayed frames get the right reason.
-    Failed(Verdict),
+    Failed(HandoffRefusal),
     Cancelled {
         rejected: bool,
     },
@@ -259,7 +259,7 @@ impl Reservations {
             vocab: config.limits.vocab,
             model_fingerprint: fingerprint_u64(&config.model_fingerprint).map_err(|e| format!("model fingerprint: {e}"))?,
             layout_fingerprint: fingerprint_u64(&config.layout_fingerprint).map_err(|e| format!("layout fingerprint: {e}"))?,
-            checksums: true,
+            integrity: true,
         };
         Ok(Reservations {
             pool,
@@ -274,12 +274,12 @@ impl Reservations {
         })
     }
 
-    /// Skips the MAC, checksum and digest checks. Only for measuring their cost in
+    /// Skips the MAC, page tag and digest checks. Only for measuring their cost in
     /// `benches/handoff.rs`; no command line flag reaches it, and only a build with the
     /// `testing` feature has it.
     #[cfg(feature = "testing")]
     pub fn without_integrity_checks(mut self) -> Self {
-        self.rules.checksums = false;
+        self.rules.integrity = false;
         self
     }
 
@@ -298,7 +298,7 @@ impl Reservations {
     /// Whether a frame, as read (`header` and `body`), carries the MAC of its handoff's frame
     /// key. With integrity checks off (the benchmark), every frame passes.
     pub fn authenticate(&self, frame: &Frame, header: &[u8; HEADER_LEN], body: &[u8]) -> bool {
-        if !self.rules.checksums {
+        if !self.rules.integrity {
             return true;
         }
         match (frame.handoff(), frame.tenant()) {
@@ -311,7 +311,7 @@ impl Reservations {
     /// tag); `None` with integrity checks off (the benchmark), where every frame passes. A frame
     /// that verifies under it is authentic; whether `tenant` is the reservation's is a rule.
     pub fn frame_key(&self, id: HandoffId, tenant: TenantTag) -> Option<FrameKey> {
-        self.rules.checksums.then(|| self.secret.key().frame_key(id, tenant))
+        self.rules.integrity.then(|| self.secret.key().frame_key(id, tenant))
     }
 
     /// Reserves pages for `prompt + max_tokens` tokens; the transfer must fill the first
@@ -370,11 +370,11 @@ impl Reservations {
 
     /// The verdict for an authenticated frame naming a handoff that is not open. It is counted
     /// once per transfer: a late frame of a handoff whose failure was already counted is not.
-    fn not_open(&self, table: &mut Table, id: HandoffId) -> Verdict {
+    fn not_open(&self, table: &mut Table, id: HandoffId) -> HandoffRefusal {
         let tenant = table.tenant_of(id);
         let (v, count) = match table.entries.get_mut(&id) {
             Some(Entry::Cancelled { rejected: true }) => (
-                Verdict::new(
+                HandoffRefusal::new(
                     Mismatch::RejectedForwarded,
                     format!("kv_handoff_rejected_forwarded: handoff {id} was rejected and cancelled, but KV for it still arrived"),
                 ),
@@ -382,11 +382,13 @@ impl Reservations {
             ),
             Some(Entry::Expired { counted }) => {
                 let first = !std::mem::replace(counted, true);
-                (Verdict::new(Mismatch::Timeout, format!("kv_handoff_timeout: reservation {id} expired before this frame arrived")), first)
+                (HandoffRefusal::new(Mismatch::Timeout, format!("kv_handoff_timeout: reservation {id} expired before this frame arrived")), first)
             }
             Some(Entry::Failed(v)) => (v.clone(), false),
-            Some(Entry::Committed(_)) => (Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: handoff {id} was already committed")), true),
-            _ => (Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no open reservation {id}")), true),
+            Some(Entry::Committed(_)) => {
+                (HandoffRefusal::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: handoff {id} was already committed")), true)
+            }
+            _ => (HandoffRefusal::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no open reservation {id}")), true),
         };
         if count {
             self.count(&v, tenant.as_deref());
@@ -397,7 +399,7 @@ impl Reservations {
     /// Fails an open handoff: its pages are freed (scrubbed) now and the verdict is kept for the
     /// router's generate call. `integrity` is false when nothing was ever sent for it (an unused
     /// reservation is no evidence of bad KV: it counts as expired, not as a mismatch).
-    fn fail(&self, table: &mut Table, id: HandoffId, v: Verdict, integrity: bool) -> Verdict {
+    fn fail(&self, table: &mut Table, id: HandoffId, v: HandoffRefusal, integrity: bool) -> HandoffRefusal {
         let tenant = table.tenant_of(id);
         table.tombstone(id, Entry::Failed(v.clone()));
         if integrity {
@@ -412,22 +414,25 @@ impl Reservations {
 
     /// The open entry for an authenticated frame, or the verdict for it. A frame past the
     /// reservation's deadline fails it as timed out, whatever the sweeper has done so far.
-    fn open_for<'t>(&self, table: &'t mut Table, id: HandoffId, authentic: bool) -> Result<&'t mut Open, Verdict> {
+    fn open_for<'t>(&self, table: &'t mut Table, id: HandoffId, authentic: bool) -> Result<&'t mut Open, HandoffRefusal> {
         match table.entries.get(&id) {
             Some(Entry::Open(_)) if !authentic => {
                 // Someone who sees the live handoff on the wire tried to write into it.
-                let v = Verdict::new(Mismatch::Auth, "kv_handoff_auth: a frame for this handoff does not carry its MAC (forged or altered)".into());
+                let v = HandoffRefusal::new(Mismatch::Auth, "kv_handoff_auth: a frame for this handoff does not carry its MAC (forged or altered)".into());
                 return Err(self.fail(table, id, v, true));
             }
             Some(Entry::Open(open)) if open.deadline <= Instant::now() => {
                 let got = open.pages_received();
-                let v = Verdict::new(Mismatch::Timeout, format!("kv_handoff_timeout: reservation {id} expired ({got} of {} pages had arrived)", open.pages()));
+                let v = HandoffRefusal::new(
+                    Mismatch::Timeout,
+                    format!("kv_handoff_timeout: reservation {id} expired ({got} of {} pages had arrived)", open.pages()),
+                );
                 return Err(self.fail(table, id, v, true));
             }
             Some(Entry::Open(_)) => {}
             _ if !authentic => {
                 self.metrics.kv_port_rejected.with_label_values(&[PortRefusal::Unauthenticated.as_str()]).inc();
-                return Err(Verdict::unauthenticated(id));
+                return Err(HandoffRefusal::unauthenticated(id));
             }
             _ => return Err(self.not_open(table, id)),
         }
@@ -441,7 +446,7 @@ impl Reservations {
     /// its MAC verified) and passes every rule but its tag's, which [`Reservations::complete_page`]
     /// checks once the payload is in. Checked and taken under the table's lock; the payload is
     /// written outside it, so handoffs to the same decode fill their pages side by side.
-    pub fn claim_page(&self, fields: &PageFields, tag: u128, authentic: bool) -> Result<PageClaim, Verdict> {
+    pub fn claim_page(&self, fields: &PageFields, tag: u128, authentic: bool) -> Result<PageClaim, HandoffRefusal> {
         let id = fields.handoff;
         let mut table = self.lock();
         let open = self.open_for(&mut table, id, authentic)?;
@@ -454,19 +459,19 @@ impl Reservations {
 
     /// Hands `fill` the claimed page from byte `offset` on, in place (`None` where pages are on a
     /// device: write staged bytes with [`Reservations::write_claimed`] instead).
-    pub fn fill_claimed<R>(&self, claim: &PageClaim, offset: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<Option<R>, Verdict> {
+    pub fn fill_claimed<R>(&self, claim: &PageClaim, offset: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<Option<R>, HandoffRefusal> {
         self.pool.fill_host_page(&claim.lease, claim.fields.index as usize, offset, fill).map_err(|e| self.pool_failed(claim, e))
     }
 
     /// Writes `bytes` into the claimed page from byte `offset`.
-    pub fn write_claimed(&self, claim: &PageClaim, offset: usize, bytes: &[u8]) -> Result<(), Verdict> {
+    pub fn write_claimed(&self, claim: &PageClaim, offset: usize, bytes: &[u8]) -> Result<(), HandoffRefusal> {
         self.pool.write_page_at(&claim.lease, claim.fields.index as usize, offset, bytes).map_err(|e| self.pool_failed(claim, e))
     }
 
     /// Records a claimed page whose payload is in: when it matches the frame's tag
     /// (`payload_tag`: the tag of the payload as received) it counts as received; otherwise the
     /// handoff fails, and its pages, this one included, are scrubbed when they go back.
-    pub fn complete_page(&self, claim: PageClaim, payload_tag: u128) -> Result<(), Verdict> {
+    pub fn complete_page(&self, claim: PageClaim, payload_tag: u128) -> Result<(), HandoffRefusal> {
         let id = claim.fields.handoff;
         let mut table = self.lock();
         let Some(Entry::Open(open)) = table.entries.get_mut(&id) else {
@@ -484,15 +489,15 @@ impl Reservations {
     /// A whole page frame, already read: claimed, written and completed (the receiver streams
     /// pages in pieces instead; the table's tests drive it whole).
     #[cfg(test)]
-    pub fn accept_page(&self, f: &kvgate_proto::handoff::PageView, authentic: bool, payload_tag: u128) -> Result<(), Verdict> {
-        let claim = self.claim_page(&f.fields, f.checksum, authentic)?;
+    pub fn accept_page(&self, f: &kvgate_proto::handoff::PageView, authentic: bool, payload_tag: u128) -> Result<(), HandoffRefusal> {
+        let claim = self.claim_page(&f.fields, f.tag, authentic)?;
         self.write_claimed(&claim, 0, f.payload)?;
         self.complete_page(claim, payload_tag)
     }
 
     /// A page the pool would not write: the handoff fails (a protocol mismatch).
-    fn pool_failed(&self, claim: &PageClaim, e: KvError) -> Verdict {
-        let v = Verdict::new(Mismatch::Protocol, format!("kv_handoff_protocol: {e}"));
+    fn pool_failed(&self, claim: &PageClaim, e: KvError) -> HandoffRefusal {
+        let v = HandoffRefusal::new(Mismatch::Protocol, format!("kv_handoff_protocol: {e}"));
         let mut table = self.lock();
         match table.entries.get(&claim.fields.handoff) {
             Some(Entry::Open(_)) => self.fail(&mut table, claim.fields.handoff, v, true),
@@ -501,7 +506,7 @@ impl Reservations {
     }
 
     /// Checks a commit against everything that arrived; on success the handoff may be decoded.
-    pub fn accept_commit(&self, c: &CommitFrame, authentic: bool) -> Result<(), Verdict> {
+    pub fn accept_commit(&self, c: &CommitFrame, authentic: bool) -> Result<(), HandoffRefusal> {
         let mut table = self.lock();
         let open = self.open_for(&mut table, c.handoff, authentic)?;
         let check = verify::check_commit(&self.rules, &open.transfer, c);
@@ -511,7 +516,8 @@ impl Reservations {
         let Some(Entry::Open(open)) = table.entries.remove(&c.handoff) else { unreachable!("checked by open_for") };
         let Ok(lease) = Arc::try_unwrap(open.lease) else {
             // Only frames of another connection could still be writing: never decode over them.
-            let v = Verdict::new(Mismatch::Protocol, "kv_handoff_protocol: a page of this handoff was still being written when its commit arrived".into());
+            let v =
+                HandoffRefusal::new(Mismatch::Protocol, "kv_handoff_protocol: a page of this handoff was still being written when its commit arrived".into());
             return Err(self.fail(&mut table, c.handoff, v, true));
         };
         self.metrics.duration.observe(open.created.elapsed().as_secs_f64());
@@ -532,7 +538,7 @@ impl Reservations {
     }
 
     /// Counts an integrity refusal under its reason and the tenant whose request it hit.
-    fn count(&self, v: &Verdict, tenant: Option<&str>) {
+    fn count(&self, v: &HandoffRefusal, tenant: Option<&str>) {
         if let Some(m) = v.mismatch() {
             self.metrics.mismatched(m, tenant);
         }
@@ -542,7 +548,7 @@ impl Reservations {
     pub fn connection_lost(&self, id: HandoffId) {
         let mut table = self.lock();
         if let Some(Entry::Open(open)) = table.entries.get(&id) {
-            let v = Verdict::new(
+            let v = HandoffRefusal::new(
                 Mismatch::Timeout,
                 format!("kv_handoff_timeout: the prefill peer closed the KV connection after {} of {} pages", open.pages_received(), open.pages()),
             );
@@ -552,7 +558,7 @@ impl Reservations {
     }
 
     /// Cancels an open reservation. Returns the verdict instead when the handoff already failed.
-    pub fn cancel(&self, id: HandoffId, rejected: bool) -> Result<(), Verdict> {
+    pub fn cancel(&self, id: HandoffId, rejected: bool) -> Result<(), HandoffRefusal> {
         let mut table = self.lock();
         match table.entries.get(&id) {
             Some(Entry::Open(_) | Entry::Committed(_)) => {
@@ -565,7 +571,7 @@ impl Reservations {
                 Ok(())
             }
             Some(Entry::Failed(v)) => Err(v.clone()),
-            _ => Err(Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no open reservation {id}"))),
+            _ => Err(HandoffRefusal::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no open reservation {id}"))),
         }
     }
 
@@ -574,14 +580,14 @@ impl Reservations {
     /// waiter at once; otherwise it sleeps until the reservation's own deadline. Only `tenant`,
     /// the reservation's, may take it: another tenant's call fails the handoff (its pages are
     /// freed unread) as a `tenant` mismatch.
-    pub async fn take_committed(&self, id: HandoffId, wait: Option<Duration>, tenant: &str) -> Result<Committed, Verdict> {
+    pub async fn take_committed(&self, id: HandoffId, wait: Option<Duration>, tenant: &str) -> Result<Committed, HandoffRefusal> {
         let give_up = wait.map(|w| Instant::now() + w);
         loop {
             if give_up.is_some_and(|t| Instant::now() >= t) {
                 let mut table = self.lock();
                 if let Some(Entry::Open(open)) = table.entries.get(&id) {
                     let got = open.pages_received();
-                    let v = Verdict::new(
+                    let v = HandoffRefusal::new(
                         Mismatch::Timeout,
                         format!("kv_handoff_timeout: no commit from prefill ({got} of {} pages arrived) before the router gave up", open.pages()),
                     );
@@ -593,7 +599,7 @@ impl Reservations {
                 let mut table = self.lock();
                 match table.entries.get(&id) {
                     Some(Entry::Committed(c)) if c.tenant != tenant => {
-                        let v = Verdict::new(
+                        let v = HandoffRefusal::new(
                             Mismatch::Tenant,
                             format!("kv_handoff_tenant: handoff {id} was reserved for tenant `{}`, tenant `{tenant}` asked to decode it", c.tenant),
                         );
@@ -606,11 +612,13 @@ impl Reservations {
                     }
                     Some(Entry::Open(open)) => open.deadline,
                     Some(Entry::Failed(v)) => return Err(v.clone()),
-                    Some(Entry::Cancelled { .. }) => return Err(Verdict::new(Refusal::Cancelled, format!("kv_handoff_cancelled: handoff {id} was cancelled"))),
-                    Some(Entry::Expired { .. }) => {
-                        return Err(Verdict::new(Mismatch::Timeout, format!("kv_handoff_timeout: reservation {id} expired without a commit")));
+                    Some(Entry::Cancelled { .. }) => {
+                        return Err(HandoffRefusal::new(Refusal::Cancelled, format!("kv_handoff_cancelled: handoff {id} was cancelled")));
                     }
-                    None => return Err(Verdict::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no reservation {id}"))),
+                    Some(Entry::Expired { .. }) => {
+                        return Err(HandoffRefusal::new(Mismatch::Timeout, format!("kv_handoff_timeout: reservation {id} expired without a commit")));
+                    }
+                    None => return Err(HandoffRefusal::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no reservation {id}"))),
                 }
             };
             let wake = give_up.map_or(deadline, |g| g.min(deadline));

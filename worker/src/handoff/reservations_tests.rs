@@ -39,7 +39,7 @@ fn tag(table: &Reservations, id: HandoffId, index: u32, payload: &[u8]) -> u128 
 }
 
 /// `accept_page` of a whole frame, its payload's tag computed as the receiver does.
-fn accept(table: &Reservations, p: &PageFrame, authentic: bool) -> Result<(), Verdict> {
+fn accept(table: &Reservations, p: &PageFrame, authentic: bool) -> Result<(), HandoffRefusal> {
     table.accept_page(&p.view(), authentic, tag(table, p.handoff, p.index, &p.payload))
 }
 
@@ -47,21 +47,12 @@ impl Fixture {
     fn page(&self, issued: &Issued, index: u32) -> PageFrame {
         let payload = vec![index as u8 + 1; self.page_bytes];
         let tokens = (issued.reserved_tokens - index * PAGE as u32).min(PAGE as u32);
-        let checksum = tag(&self.table, issued.id, index, &payload);
-        PageFrame {
-            handoff: issued.id,
-            tenant: TenantTag::of(ACME),
-            index,
-            page: issued.pages[index as usize],
-            tokens,
-            checksum,
-            payload,
-            mac: Mac([0; MAC_LEN]),
-        }
+        let tag = tag(&self.table, issued.id, index, &payload);
+        PageFrame { handoff: issued.id, tenant: TenantTag::of(ACME), index, page: issued.pages[index as usize], tokens, tag, payload, mac: Mac([0; MAC_LEN]) }
     }
 
     fn commit(&self, issued: &Issued, first_token: u32) -> CommitFrame {
-        let sums = (0..issued.pages.len() as u32).map(|i| self.page(issued, i).checksum);
+        let sums = (0..issued.pages.len() as u32).map(|i| self.page(issued, i).tag);
         CommitFrame {
             handoff: issued.id,
             tenant: TenantTag::of(ACME),
@@ -146,7 +137,7 @@ fn a_page_sealed_for_another_tenant_fails_the_handoff_before_a_byte_is_written()
     let f = fixture(Duration::from_secs(5));
     let issued = f.table.reserve(6, 3, ACME).unwrap();
     let globex = PageFrame { tenant: TenantTag::of("globex"), ..f.page(&issued, 0) };
-    let Err(v) = f.table.claim_page(&globex.view().fields, globex.checksum, true) else { panic!("claimed") };
+    let Err(v) = f.table.claim_page(&globex.view().fields, globex.tag, true) else { panic!("claimed") };
     assert_eq!(v.reason.as_str(), "tenant");
     assert_eq!(f.mismatch("tenant"), 1);
     assert_eq!(f.table.pool.used_pages(), 0);
@@ -218,7 +209,7 @@ fn an_unused_reservation_expires_without_an_integrity_mismatch() {
 }
 
 #[test]
-fn page_set_token_count_and_checksum_rules_hold() {
+fn page_set_token_count_and_tag_rules_hold() {
     let f = fixture(Duration::from_secs(5));
     let reason = |frame: PageFrame| {
         let issued = f.table.reserve(6, 2, ACME).unwrap();
@@ -229,7 +220,7 @@ fn page_set_token_count_and_checksum_rules_hold() {
     let base = template(&f.table.reserve(6, 2, ACME).unwrap());
     assert_eq!(reason(PageFrame { page: u32::MAX, ..base.clone() }), "page_set");
     assert_eq!(reason(PageFrame { tokens: 3, ..base.clone() }), "token_count");
-    assert_eq!(reason(PageFrame { checksum: 1, ..base.clone() }), "checksum");
+    assert_eq!(reason(PageFrame { tag: 1, ..base.clone() }), "checksum");
     // Twice the same index.
     let issued = f.table.reserve(6, 2, ACME).unwrap();
     accept(&f.table, &f.page(&issued, 0), true).unwrap();

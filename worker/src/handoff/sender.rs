@@ -64,7 +64,7 @@ pub struct Transfer<'a> {
     pub model_fingerprint: &'a str,
     pub layout_fingerprint: &'a str,
     pub metrics: &'a HandoffMetrics,
-    /// False only in the benchmark that measures what the integrity checks (checksums and
+    /// False only in the benchmark that measures what the integrity checks (page tags and
     /// MACs) cost; honoured only in a build with the `testing` feature.
     pub integrity: bool,
 }
@@ -112,7 +112,7 @@ pub trait Sink {
         Flow::Send
     }
     /// A sealed page frame, to send.
-    async fn page(&mut self, frame: &mut PageFrame<'_>) -> Result<(), SendError>;
+    async fn page(&mut self, frame: &mut OutgoingPage<'_>) -> Result<(), SendError>;
     /// The commit, to sign with `key` (none with the integrity checks off) and send.
     async fn commit(&mut self, commit: CommitFrame, key: Option<&FrameKey>) -> Result<(), SendError>;
     /// Decode's answer.
@@ -154,7 +154,7 @@ pub enum Payload<'f> {
 
 /// One page frame: header, fields, tag and MAC, then the payload, staged in a buffer or still in
 /// the pool.
-pub struct PageFrame<'a> {
+pub struct OutgoingPage<'a> {
     pub fields: PageFields,
     head: [u8; FRAME_HEAD_LEN],
     page: PoolPage<'a>,
@@ -163,17 +163,17 @@ pub struct PageFrame<'a> {
     staged: bool,
 }
 
-impl<'a> PageFrame<'a> {
+impl<'a> OutgoingPage<'a> {
     /// A full page's frame whose payload stays in the pool.
     fn in_pool(fields: PageFields, page: PoolPage<'a>, buf: &'a mut [u8]) -> Self {
-        PageFrame { fields, head: [0; FRAME_HEAD_LEN], page, buf, staged: false }
+        OutgoingPage { fields, head: [0; FRAME_HEAD_LEN], page, buf, staged: false }
     }
 
     /// A frame whose payload is copied into `buf`, with the slots past its `fields.tokens` zeroed:
     /// they were never written by this request, and whatever is there (another tenant's KV when
     /// scrubbing is off) stays here.
     fn staged(fields: PageFields, page: PoolPage<'a>, buf: &'a mut [u8]) -> Result<Self, SendError> {
-        let mut frame = PageFrame { fields, head: [0; FRAME_HEAD_LEN], page, buf, staged: false };
+        let mut frame = OutgoingPage { fields, head: [0; FRAME_HEAD_LEN], page, buf, staged: false };
         frame.stage()?;
         for range in page.pool.layout().unwritten_byte_ranges(fields.tokens as usize) {
             frame.buf[range].fill(0);
@@ -210,8 +210,8 @@ impl<'a> PageFrame<'a> {
         FRAME_HEAD_LEN + self.buf.len()
     }
 
-    /// The tag the frame carries (its payload's checksum).
-    pub fn checksum(&self) -> u128 {
+    /// The tag the frame carries (its payload's MAC, `page_tag`).
+    pub fn tag(&self) -> u128 {
         let at = HEADER_LEN + PAGE_FIELDS_LEN;
         u128::from_le_bytes(self.head[at..at + TAG_LEN].try_into().expect("16 bytes"))
     }
@@ -221,15 +221,15 @@ impl<'a> PageFrame<'a> {
     pub fn seal(&mut self, key: Option<&FrameKey>) -> Result<(), SendError> {
         let (head, seal) = self.head.split_at_mut(HEADER_LEN + PAGE_FIELDS_LEN);
         head.copy_from_slice(&self.fields.header());
-        let (checksum, mac) = match key {
+        let (tag, mac) = match key {
             Some(key) => {
-                let tag = |payload: &[u8]| key.page_tags().tag(self.fields.index, payload);
-                let checksum = if self.staged { tag(self.buf) } else { self.page.read(tag)? };
-                (checksum, page_mac(key, head, checksum))
+                let tag_of = |payload: &[u8]| key.page_tags().tag(self.fields.index, payload);
+                let tag = if self.staged { tag_of(self.buf) } else { self.page.read(tag_of)? };
+                (tag, page_mac(key, head, tag))
             }
             None => (0, Mac([0; MAC_LEN])),
         };
-        seal.copy_from_slice(&page_seal(checksum, &mac));
+        seal.copy_from_slice(&page_seal(tag, &mac));
         Ok(())
     }
 }
@@ -258,7 +258,7 @@ impl<'a> KvConnection<'a> {
 }
 
 impl Sink for KvConnection<'_> {
-    async fn page(&mut self, frame: &mut PageFrame<'_>) -> Result<(), SendError> {
+    async fn page(&mut self, frame: &mut OutgoingPage<'_>) -> Result<(), SendError> {
         let first = self.out.is_none();
         let out = self.out().await?;
         match frame.payload() {
@@ -301,7 +301,7 @@ impl Sink for KvConnection<'_> {
 }
 
 impl Transfer<'_> {
-    /// Whether checksums and MACs are computed: always, without the `testing` feature.
+    /// Whether page tags and MACs are computed: always, without the `testing` feature.
     fn integrity(&self) -> bool {
         self.integrity || !cfg!(feature = "testing")
     }
@@ -320,7 +320,7 @@ impl Transfer<'_> {
         let page_size = layout.page_size as u32;
         let page_bytes = layout.page_bytes();
         let n = r.pages.len();
-        let mut checksums = Vec::with_capacity(n);
+        let mut tags = Vec::with_capacity(n);
         let in_place = page_bytes >= IN_PLACE_MIN_BYTES && self.pool.in_host_memory();
         // One staging buffer for every page that is copied out.
         let mut buf = vec![0u8; page_bytes];
@@ -339,12 +339,12 @@ impl Transfer<'_> {
             let fields = PageFields { handoff: id, tenant: self.tenant, index: i as u32, page: dest, tokens, payload_len: page_bytes as u32 };
             let page = PoolPage { pool: self.pool, lease: self.lease, index: i };
             let mut frame =
-                if in_place && tokens == page_size { PageFrame::in_pool(fields, page, &mut buf) } else { PageFrame::staged(fields, page, &mut buf)? };
+                if in_place && tokens == page_size { OutgoingPage::in_pool(fields, page, &mut buf) } else { OutgoingPage::staged(fields, page, &mut buf)? };
             let sealed = std::time::Instant::now();
             frame.seal(key.as_ref())?;
             sealing += sealed.elapsed();
             sink.page(&mut frame).await?;
-            checksums.push(frame.checksum());
+            tags.push(frame.tag());
             (sent_pages, sent_bytes) = (sent_pages + 1, sent_bytes + frame.wire_len());
         }
         let commit = CommitFrame {
@@ -352,7 +352,7 @@ impl Transfer<'_> {
             tenant: self.tenant,
             total_tokens: r.reserved_tokens,
             page_count: n as u32,
-            digest: digest(checksums.iter().copied()),
+            digest: digest(tags.iter().copied()),
             first_token: self.first_token,
             first_logprobs: self.first_logprobs.clone(),
             model_fingerprint: fingerprint_u64(self.model_fingerprint).map_err(|e| SendError::Fingerprint(format!("model fingerprint: {e}")))?,
@@ -365,7 +365,7 @@ impl Transfer<'_> {
         span.record("bytes", sent_bytes as i64);
         span.record("integrity_seconds", sealing.as_secs_f64());
         let ack = sink.ack().await?;
-        if ack.ok {
+        if ack.ok() {
             self.metrics.size.observe((sent_pages * page_bytes) as f64);
         }
         Ok(SendOutcome::Acked(ack))

@@ -30,7 +30,7 @@ pub struct Rules {
     pub layout_fingerprint: u64,
     /// Page tags, the digest and (in the table) frame MACs are checked; off only in the
     /// benchmark that measures their cost.
-    pub checksums: bool,
+    pub integrity: bool,
 }
 
 /// One reservation's transfer: the pages it must fill and what has arrived.
@@ -113,9 +113,9 @@ pub fn check_page_fields(rules: &Rules, t: &Transfer, f: &PageFields) -> Result<
 /// tag of the payload as received (the receiver computes it while the page arrives, under the
 /// handoff's keys).
 pub fn check_page_tag(rules: &Rules, f: &PageFields, claimed: u128, payload_tag: u128) -> Result<(), Refused> {
-    if rules.checksums && payload_tag != claimed {
+    if rules.integrity && payload_tag != claimed {
         let i = f.index;
-        return refused(Mismatch::Checksum, format!("kv_handoff_checksum: page index {i} failed its checksum (the payload does not match its tag)"));
+        return refused(Mismatch::Checksum, format!("kv_handoff_checksum: page index {i} does not match its tag (its bytes are not the bytes prefill sealed)"));
     }
     Ok(())
 }
@@ -143,7 +143,7 @@ pub fn check_commit(rules: &Rules, t: &Transfer, c: &CommitFrame) -> Result<(), 
     if missing > 0 || c.page_count as usize != t.pages.len() {
         return refused(Mismatch::PageSet, format!("kv_handoff_page_set: {missing} of {} reserved pages never arrived", t.pages.len()));
     }
-    if rules.checksums && digest(t.received.iter().map(|r| r.unwrap_or_default())) != c.digest {
+    if rules.integrity && digest(t.received.iter().map(|r| r.unwrap_or_default())) != c.digest {
         return refused(Mismatch::Checksum, "kv_handoff_checksum: the commit digest does not match the pages received".into());
     }
     if c.first_token as usize >= rules.vocab {

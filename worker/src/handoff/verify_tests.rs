@@ -6,7 +6,7 @@ use kvgate_proto::handoff::{HandoffId, MAC_LEN, PageFrame, TenantTag};
 
 use super::*;
 
-const RULES: Rules = Rules { page_size: 4, page_bytes: 8, vocab: 100, model_fingerprint: 0xa, layout_fingerprint: 0xb, checksums: true };
+const RULES: Rules = Rules { page_size: 4, page_bytes: 8, vocab: 100, model_fingerprint: 0xa, layout_fingerprint: 0xb, integrity: true };
 const PAGES: [u32; 3] = [7, 3, 11];
 const TOKENS: u32 = 10;
 
@@ -26,23 +26,14 @@ fn tag(index: u32, payload: &[u8]) -> u128 {
 fn page(index: u32) -> PageFrame {
     let payload = vec![index as u8 + 1; RULES.page_bytes];
     let tokens = (TOKENS - index * RULES.page_size).min(RULES.page_size);
-    PageFrame {
-        handoff: HandoffId(1),
-        tenant: acme(),
-        index,
-        page: PAGES[index as usize],
-        tokens,
-        checksum: tag(index, &payload),
-        payload,
-        mac: Mac([0; MAC_LEN]),
-    }
+    PageFrame { handoff: HandoffId(1), tenant: acme(), index, page: PAGES[index as usize], tokens, tag: tag(index, &payload), payload, mac: Mac([0; MAC_LEN]) }
 }
 
 /// Both checks of a whole frame, its payload's tag computed as the receiver does.
 fn check(rules: &Rules, t: &Transfer, f: &PageFrame) -> Result<(), Refused> {
     let fields = f.view().fields;
     check_page_fields(rules, t, &fields)?;
-    check_page_tag(rules, &fields, f.checksum, tag(f.index, &f.payload))
+    check_page_tag(rules, &fields, f.tag, tag(f.index, &f.payload))
 }
 
 fn commit(t: &Transfer) -> CommitFrame {
@@ -66,7 +57,7 @@ fn after(order: &[u32]) -> Transfer {
     for &i in order {
         let f = page(i);
         check(&RULES, &t, &f).unwrap_or_else(|e| panic!("page {i}: {e:?}"));
-        t.record(&f.view().fields, f.checksum);
+        t.record(&f.view().fields, f.tag);
     }
     t
 }
@@ -130,7 +121,7 @@ fn a_page_still_arriving_is_taken_but_not_received() {
     // A commit (from another connection) before its payload is in is refused.
     let whole = after(&[0, 1, 2]);
     assert_eq!(reason(check_commit(&RULES, &t, &commit(&whole))), Some("token_count"));
-    t.record(&page(2).view().fields, page(2).checksum);
+    t.record(&page(2).view().fields, page(2).tag);
     assert_eq!(check_commit(&RULES, &t, &commit(&whole)), Ok(()));
 }
 
@@ -165,8 +156,8 @@ fn the_incomplete_message_gives_both_numbers() {
 }
 
 #[test]
-fn without_checksums_only_the_checksums_and_digest_are_skipped() {
-    let off = Rules { checksums: false, ..RULES };
+fn without_integrity_checks_only_the_tags_and_digest_are_skipped() {
+    let off = Rules { integrity: false, ..RULES };
     let mut flipped = page(0);
     flipped.payload[0] ^= 1;
     assert_eq!(check(&off, &transfer(), &flipped), Ok(()));

@@ -315,12 +315,6 @@ impl KvPool {
         self.store.in_host_memory()
     }
 
-    /// Overwrites the lease's `index`-th page with `bytes` (a whole page, as a handoff frame
-    /// carries it).
-    pub fn write_page(&self, lease: &Lease, index: usize, bytes: &[u8]) -> Result<(), KvError> {
-        self.write_page_at(lease, index, 0, bytes)
-    }
-
     /// Overwrites the lease's `index`-th page from byte `offset` with `bytes`.
     pub fn write_page_at(&self, lease: &Lease, index: usize, offset: usize, bytes: &[u8]) -> Result<(), KvError> {
         let page = self.owned_page(lease, index * self.layout.page_size)?;
@@ -453,7 +447,7 @@ mod tests {
         let (running, arriving) = (pool.lease(2).unwrap(), pool.lease(2).unwrap());
         let held = pool.store.read(running.pages()[0].id).unwrap();
         std::thread::scope(|s| {
-            s.spawn(|| pool.write_page(&arriving, 0, &vec![3u8; pool.layout().page_bytes()]).unwrap()).join().unwrap();
+            s.spawn(|| pool.write_page_at(&arriving, 0, 0, &vec![3u8; pool.layout().page_bytes()]).unwrap()).join().unwrap();
         });
         drop(held);
         assert!(pool.page_bytes(&arriving, 0).unwrap().iter().all(|b| *b == 3));
@@ -465,6 +459,6 @@ mod tests {
         let foreign = b.lease(2).unwrap();
         let _own = a.lease(2).unwrap();
         assert!(a.verify(&foreign).is_err());
-        assert!(matches!(a.write_page(&foreign, 0, &vec![0u8; a.layout().page_bytes()]), Err(KvError::ForeignLease)));
+        assert!(matches!(a.write_page_at(&foreign, 0, 0, &vec![0u8; a.layout().page_bytes()]), Err(KvError::ForeignLease)));
     }
 }

@@ -20,7 +20,7 @@ use tracing::field::Empty;
 
 use crate::engine::{Engine, Event, Mode, Rejection};
 use crate::handoff::reservations::{Issued, ReserveError};
-use crate::handoff::{Reservations, Verdict};
+use crate::handoff::{HandoffRefusal, Reservations};
 use crate::model::SamplingParams;
 use crate::server::api;
 use crate::server::error::ApiError;
@@ -44,7 +44,7 @@ pub fn routes(role: DecodeRole) -> Router {
 }
 
 /// The error a failed handoff surfaces as: 502, with decode's own words.
-pub fn verdict_error(v: &Verdict) -> ApiError {
+pub fn verdict_error(v: &HandoffRefusal) -> ApiError {
     ApiError { status: StatusCode::BAD_GATEWAY, kind: "server_error", code: v.reason.code(), param: None, message: v.message.clone() }
 }
 
@@ -197,7 +197,7 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
                 Event::PromptLogprobs(_) => return Ok(String::new()),
                 Event::Done { finish, prompt_tokens, completion_tokens } => {
                     span.record("completion_tokens", completion_tokens as i64);
-                    StreamLine::Done { finish: finish.as_str().into(), prompt_tokens: prompt_tokens as u32, completion_tokens: completion_tokens as u32 }
+                    StreamLine::Done { finish, prompt_tokens: prompt_tokens as u32, completion_tokens: completion_tokens as u32 }
                 }
                 Event::Rejected(r) => StreamLine::Error { status: ApiError::from(r.clone()).status.as_u16(), code: r.reason().into(), message: r.to_string() },
                 Event::Failed(f) => StreamLine::Error { status: f.status, code: f.code, message: f.message },

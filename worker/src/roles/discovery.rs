@@ -12,7 +12,8 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::peers::{PeerRole, Peers};
+use super::peers::Peers;
+use kvgate_proto::contract::KvRole;
 
 /// Where to look.
 #[derive(Debug, Clone)]
@@ -67,7 +68,7 @@ pub async fn run(client: kube::Client, services: Services, peers: Arc<Peers>, ht
 /// Sets each role's peers from the slices of its Service.
 async fn update(store: &Store<EndpointSlice>, services: &Services, peers: &Peers, http: &reqwest::Client) {
     let slices = store.state();
-    for (role, service) in [(PeerRole::Prefill, &services.prefill), (PeerRole::Decode, &services.decode)] {
+    for (role, service) in [(KvRole::Prefill, &services.prefill), (KvRole::Decode, &services.decode)] {
         let mine: Vec<EndpointSlice> =
             slices.iter().filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME)) == Some(service)).map(|s| (**s).clone()).collect();
         let added = peers.set(role, &ready_addresses(&mine));

@@ -130,7 +130,7 @@ impl Verifier {
         let kind = "authentication_error";
         let code = match e {
             // The caller holds the secret but named another process: it re-reads our report.
-            AuthError::WrongTarget => "wrong_target",
+            AuthError::WrongTarget => e.reason(),
             _ => "unauthenticated",
         };
         let mut resp = ApiError { status: StatusCode::UNAUTHORIZED, kind, code: code.into(), param: None, message: e.to_string() }.into_response();

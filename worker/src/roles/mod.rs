@@ -10,6 +10,7 @@ pub mod prefill_faults;
 pub mod prefill_rate;
 pub mod retry;
 pub mod router;
+pub mod router_codes;
 
 /// Internal endpoints (not part of the public API); the operator's canary calls them too.
 pub use kvgate_proto::roles::{PREFILL_PATH, RESERVE_PATH, cancel_path, generate_path};

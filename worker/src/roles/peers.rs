@@ -1,6 +1,7 @@
 //! The router's view of its prefill and decode peers: capacity reports, load, and pairing
 //! (only peers whose model and layout fingerprints agree may exchange pages).
 
+use kvgate_proto::contract::KvRole;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -69,12 +70,6 @@ pub struct Peers {
     decode: Mutex<Vec<Arc<Peer>>>,
 }
 
-#[derive(Debug, Clone, Copy)]
-pub enum PeerRole {
-    Prefill,
-    Decode,
-}
-
 fn compatible(a: &CapacityReport, b: &CapacityReport) -> bool {
     a.model_fingerprint == b.model_fingerprint && a.layout_fingerprint == b.layout_fingerprint
 }
@@ -82,25 +77,25 @@ fn compatible(a: &CapacityReport, b: &CapacityReport) -> bool {
 impl Peers {
     pub fn new(prefill: &[String], decode: &[String]) -> Self {
         let peers = Peers::default();
-        peers.set(PeerRole::Prefill, prefill);
-        peers.set(PeerRole::Decode, decode);
+        peers.set(KvRole::Prefill, prefill);
+        peers.set(KvRole::Decode, decode);
         peers
     }
 
-    fn list(&self, role: PeerRole) -> &Mutex<Vec<Arc<Peer>>> {
+    fn list(&self, role: KvRole) -> &Mutex<Vec<Arc<Peer>>> {
         match role {
-            PeerRole::Prefill => &self.prefill,
-            PeerRole::Decode => &self.decode,
+            KvRole::Prefill => &self.prefill,
+            KvRole::Decode => &self.decode,
         }
     }
 
-    fn snapshot(&self, role: PeerRole) -> Vec<Arc<Peer>> {
+    fn snapshot(&self, role: KvRole) -> Vec<Arc<Peer>> {
         self.list(role).lock().unwrap().clone()
     }
 
     /// Replaces a role's peers with `addrs`, keeping what is known (report, load) of those that
     /// stay; returns the new ones, whose reports are still to be read.
-    pub fn set(&self, role: PeerRole, addrs: &[String]) -> Vec<Arc<Peer>> {
+    pub fn set(&self, role: KvRole, addrs: &[String]) -> Vec<Arc<Peer>> {
         let mut list = self.list(role).lock().unwrap();
         let mut added = Vec::new();
         let next: Vec<Arc<Peer>> = addrs
@@ -122,12 +117,12 @@ impl Peers {
     pub fn reports(&self) -> PeerReports {
         let public = |r: CapacityReport| CapacityReport { instance: String::new(), ..r };
         let of = |role| self.snapshot(role).iter().map(|p| p.report()).map(|r| PeerReport { reachable: r.is_some(), report: r.map(public) }).collect();
-        PeerReports { prefill: of(PeerRole::Prefill), decode: of(PeerRole::Decode) }
+        PeerReports { prefill: of(KvRole::Prefill), decode: of(KvRole::Decode) }
     }
 
     /// Re-reads every peer's capacity report; an unreachable peer has none and is not picked.
     pub async fn refresh(&self, http: &reqwest::Client) {
-        for p in self.snapshot(PeerRole::Prefill).iter().chain(&self.snapshot(PeerRole::Decode)) {
+        for p in self.snapshot(KvRole::Prefill).iter().chain(&self.snapshot(KvRole::Decode)) {
             p.refresh(http).await;
         }
     }
@@ -140,8 +135,8 @@ impl Peers {
     /// As [`Peers::pick`], preferring peers not in `avoid` (a retry's failed ones): a peer in
     /// it is taken only when no other of its role can make a pair.
     pub fn pick_avoiding(&self, avoid: &[Arc<Peer>]) -> Option<(Arc<Peer>, Arc<Peer>)> {
-        let decode = self.snapshot(PeerRole::Decode);
-        let prefill = self.snapshot(PeerRole::Prefill);
+        let decode = self.snapshot(KvRole::Decode);
+        let prefill = self.snapshot(KvRole::Prefill);
         let avoided = |p: &Arc<Peer>| avoid.iter().any(|a| Arc::ptr_eq(a, p));
         let mut decodes: Vec<(&Arc<Peer>, CapacityReport)> = decode.iter().filter_map(|d| d.report().map(|r| (d, r))).collect();
         decodes.sort_by_key(|(d, _)| (avoided(d), d.load()));
@@ -156,7 +151,7 @@ impl Peers {
 
     /// Why `pick` found nothing, for the error a client sees.
     pub fn explain_no_pair(&self) -> String {
-        let (prefill, decode) = (self.snapshot(PeerRole::Prefill), self.snapshot(PeerRole::Decode));
+        let (prefill, decode) = (self.snapshot(KvRole::Prefill), self.snapshot(KvRole::Decode));
         let known = |ps: &[Arc<Peer>]| ps.iter().filter(|p| p.report().is_some()).count();
         format!(
             "no prefill/decode pair with matching model and KV layout fingerprints is available ({} of {} prefill and {} of {} decode peers reachable)",
@@ -192,14 +187,14 @@ mod tests {
     #[test]
     fn a_retry_avoids_the_failed_peers_while_another_pair_exists() {
         let peers = Peers::new(&["p1".into(), "p2".into()], &["d1".into(), "d2".into()]);
-        for p in peers.snapshot(PeerRole::Prefill).iter().chain(&peers.snapshot(PeerRole::Decode)) {
+        for p in peers.snapshot(KvRole::Prefill).iter().chain(&peers.snapshot(KvRole::Decode)) {
             *p.report.lock().unwrap() = Some(report("m"));
         }
         let (p, d) = peers.pick().unwrap();
         let (p2, d2) = peers.pick_avoiding(&[p.clone(), d.clone()]).unwrap();
         assert!(!Arc::ptr_eq(&p, &p2) && !Arc::ptr_eq(&d, &d2), "another pair: {} {}", p2.base, d2.base);
         // With every peer of a role avoided, the least loaded one serves all the same.
-        let everyone: Vec<_> = peers.snapshot(PeerRole::Prefill).into_iter().chain(peers.snapshot(PeerRole::Decode)).collect();
+        let everyone: Vec<_> = peers.snapshot(KvRole::Prefill).into_iter().chain(peers.snapshot(KvRole::Decode)).collect();
         assert!(peers.pick_avoiding(&everyone).is_some());
     }
 }

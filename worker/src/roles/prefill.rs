@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use kvgate_proto::handoff::TenantTag;
+use kvgate_proto::handoff::{AckFrame, TenantTag};
 use kvgate_proto::refusal::Mismatch;
 use kvgate_proto::roles::{PrefillRequest, PrefillResponse, Sampling};
 use kvgate_telemetry::trace_context::mark_failed;
@@ -131,10 +131,10 @@ pub(crate) fn refuse(role: &PrefillRole, r: Rejection) -> Response {
 /// The answer to a prefill that ran (or failed).
 pub(crate) fn respond(outcome: Result<PrefillResponse, Failed>) -> Response {
     match outcome {
-        Ok(resp) if resp.ok => Json(resp).into_response(),
+        Ok(resp) if resp.refused.is_none() => Json(resp).into_response(),
         Ok(resp) => {
             // Decode refused the handoff: the prefill span fails with decode's reason.
-            mark_failed(&tracing::Span::current(), &resp.reason);
+            mark_failed(&tracing::Span::current(), resp.refused.map_or("", |r| r.as_str()));
             (StatusCode::BAD_GATEWAY, Json(resp)).into_response()
         }
         Err(Failed::Send(e @ SendError::Reservation(_))) => reservation_error(e).into_response(),
@@ -231,15 +231,15 @@ pub(crate) async fn run(role: &PrefillRole, req: &PrefillRequest, via: &impl Via
     let span = tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
     let outcome = via.send(&transfer).instrument(span.clone()).await;
     match &outcome {
-        Ok(SendOutcome::Acked(ack)) if !ack.ok => mark_failed(&span, &ack.reason),
+        Ok(SendOutcome::Acked(AckFrame { refused: Some(reason), .. })) => mark_failed(&span, reason.as_str()),
         Err(e) => mark_failed(&span, &e.to_string()),
         _ => {}
     }
     role.metrics.duration.observe(started.elapsed().as_secs_f64());
     match outcome? {
         SendOutcome::Acked(ack) => {
-            role.metrics.total.with_label_values(&[if ack.ok { "committed" } else { "failed" }]).inc();
-            Ok(PrefillResponse { ok: ack.ok, reason: ack.reason, message: ack.message, prompt_logprobs: prefilled.prompt_logprobs.clone() })
+            role.metrics.total.with_label_values(&[if ack.ok() { "committed" } else { "failed" }]).inc();
+            Ok(PrefillResponse { refused: ack.refused, message: ack.message, prompt_logprobs: prefilled.prompt_logprobs.clone() })
         }
         SendOutcome::Died => {
             role.metrics.total.with_label_values(&["failed"]).inc();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use kvgate_proto::auth::AuthError;
 use kvgate_proto::logprobs::TokenLogprobs;
-use kvgate_proto::refusal::Refusal;
 use kvgate_proto::roles::{CancelRequest, GenerateRequest, PrefillRequest, PrefillResponse, Reservation, ReserveRequest, Sampling, StreamLine};
 use serde_json::Value;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -18,8 +18,10 @@ use tracing::field::Empty;
 use super::internal_auth::{REFUSED_HEADER, Signer};
 use super::peers::{Peer, Peers};
 use super::retry::{self, ATTEMPTS, Failed, Retries, Retry};
+use super::router_codes::RouterCode::{NoPeers, PeerError, PeerUnreachable};
+use super::router_codes::relayed;
 use crate::engine::admission::{self, Limits};
-use crate::engine::{Event, Failure, FinishReason, Rejection};
+use crate::engine::{Event, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
 use crate::server::RequestContext;
@@ -61,24 +63,19 @@ impl std::fmt::Debug for Dispatcher {
     }
 }
 
-fn fail(status: u16, code: &str, message: impl Into<String>) -> Event {
-    Event::Failed(Failure { status, code: code.into(), message: message.into() })
-}
-
 /// A peer's error body (OpenAI-style or a prefill verdict) as a failure.
 async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
     let status = resp.status().as_u16();
     let body: Value = resp.json().await.unwrap_or(Value::Null);
-    let (code, message) = match (&body["error"], &body["reason"]) {
-        (Value::Object(e), _) => (e["code"].as_str().unwrap_or("peer_error").to_string(), e["message"].as_str().unwrap_or("").to_string()),
-        (_, Value::String(reason)) => {
-            // Decode's verdict, relayed by prefill: one of the closed set of refusal reasons.
-            let code = Refusal::parse(reason).map_or_else(|| "peer_error".to_string(), Refusal::code);
-            (code, body["message"].as_str().unwrap_or("").to_string())
-        }
-        _ => ("peer_error".to_string(), format!("{peer} answered HTTP {status}")),
-    };
-    fail(status, &code, message)
+    if let Value::Object(e) = &body["error"] {
+        let code = e["code"].as_str().unwrap_or(PeerError.as_str()).to_string();
+        return relayed(status, code, e["message"].as_str().unwrap_or(""));
+    }
+    // Decode's verdict, relayed by prefill: one of the closed set of refusal reasons.
+    match serde_json::from_value::<PrefillResponse>(body) {
+        Ok(PrefillResponse { refused: Some(r), message, .. }) => relayed(status, r.code(), message),
+        _ => PeerError.fail(status, format!("{peer} answered HTTP {status}")),
+    }
 }
 
 impl crate::server::Remote for Dispatcher {
@@ -206,7 +203,7 @@ impl Dispatcher {
         let send = |target| self.signer.post(&self.http, &peer.base, target, path, body).send();
         let target = peer.instance().unwrap_or(kvgate_proto::auth::Instance(0));
         let resp = send(target).await?;
-        if resp.headers().get(REFUSED_HEADER).is_some_and(|r| r == "wrong_target") {
+        if resp.headers().get(REFUSED_HEADER).is_some_and(|r| r == AuthError::WrongTarget.reason()) {
             peer.refresh(&self.http).await;
             if let Some(fresh) = peer.instance().filter(|i| *i != target) {
                 return send(fresh).await;
@@ -237,7 +234,7 @@ impl Dispatcher {
         if self.peers.pick().is_none() {
             self.peers.refresh(&self.http).await;
         }
-        let (prefill, decode) = self.peers.pick_avoiding(avoid).ok_or_else(|| Failed::last(fail(503, "no_peers", self.peers.explain_no_pair())))?;
+        let (prefill, decode) = self.peers.pick_avoiding(avoid).ok_or_else(|| Failed::last(NoPeers.fail(503, self.peers.explain_no_pair())))?;
         let (_p, _d) = (prefill.busy(), decode.busy());
         let dispatch = tracing::Span::current();
         dispatch.record("prefill", prefill.base.as_str());
@@ -254,7 +251,7 @@ impl Dispatcher {
             let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
             resp.json::<Reservation>()
                 .await
-                .map_err(|e| Failed::retry(fail(502, "peer_error", format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&decode]))
+                .map_err(|e| Failed::retry(PeerError.fail(502, format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&decode]))
         }
         .instrument(tracing::info_span!("reserve", prompt_tokens = prompt.len() as i64, max_tokens = max_tokens as i64))
         .await?;
@@ -315,9 +312,9 @@ impl Dispatcher {
                 let body = r.text().await.unwrap_or_default();
                 // A body with a `reason` is decode's refusal of the transfer, relayed: an
                 // integrity verdict, final. Anything else is prefill's own failure.
-                let relayed = serde_json::from_str::<Value>(&body).is_ok_and(|v| v["reason"].is_string());
+                let verdict = serde_json::from_str::<PrefillResponse>(&body).is_ok_and(|p| p.refused.is_some());
                 tracing::warn!(status, body, "prefill peer failed; asking decode for the verdict");
-                Some((self.grace, !relayed))
+                Some((self.grace, !verdict))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "prefill peer unreachable; asking decode for the verdict");
@@ -349,7 +346,7 @@ impl Dispatcher {
         .instrument(generate_span.clone())
         .await;
         match generated {
-            Err(Failed { event: Event::Failed(f), .. }) if f.code == "peer_unreachable" => {
+            Err(Failed { event: Event::Failed(f), .. }) if PeerUnreachable.is(&f) => {
                 mark_failed(&generate_span, &f.code);
                 let failed_peers: &[&Arc<Peer>] = if prefill_failed { &[&prefill, &decode] } else { &[&decode] };
                 Err(Failed::retry(Event::Failed(f), Retry::DecodeUnreachable, failed_peers))
@@ -376,7 +373,7 @@ impl Dispatcher {
         let resp = self
             .call(decode, path, body)
             .await
-            .map_err(|e| Failed::retry(fail(502, "peer_unreachable", format!("decode peer {}: {e}", decode.base)), Retry::DecodeUnreachable, &[decode]))?;
+            .map_err(|e| Failed::retry(PeerUnreachable.fail(502, format!("decode peer {}: {e}", decode.base)), Retry::DecodeUnreachable, &[decode]))?;
         if !resp.status().is_success() {
             return Err(Failed::last(peer_error(resp, "decode").await));
         }
@@ -399,12 +396,11 @@ impl Dispatcher {
         let mut buf: Vec<u8> = Vec::new();
         let mut last: Option<Instant> = None;
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Relay::Broke(fail(502, "peer_error", format!("decode stream broke: {e}"))))?;
+            let chunk = chunk.map_err(|e| Relay::Broke(PeerError.fail(502, format!("decode stream broke: {e}"))))?;
             buf.extend_from_slice(&chunk);
             while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=nl).collect();
-                let parsed: StreamLine =
-                    serde_json::from_slice(&line).map_err(|e| Relay::Failed(fail(502, "peer_error", format!("bad line from decode: {e}"))))?;
+                let parsed: StreamLine = serde_json::from_slice(&line).map_err(|e| Relay::Failed(PeerError.fail(502, format!("bad line from decode: {e}"))))?;
                 let event = match parsed {
                     StreamLine::Token(_) | StreamLine::Scored { .. } => {
                         let now = Instant::now();
@@ -430,18 +426,17 @@ impl Dispatcher {
                     StreamLine::Done { finish, prompt_tokens, completion_tokens } => {
                         self.metrics.duration.observe(arrived.elapsed().as_secs_f64());
                         tracing::Span::current().record("completion_tokens", i64::from(completion_tokens));
-                        let finish = if finish == "stop" { FinishReason::Stop } else { FinishReason::Length };
                         let _ = tx.send(Event::Done { finish, prompt_tokens: prompt_tokens as usize, completion_tokens: completion_tokens as usize });
                         return Ok(());
                     }
-                    StreamLine::Error { status, code, message } => return Err(Relay::Failed(fail(status, &code, message))),
+                    StreamLine::Error { status, code, message } => return Err(Relay::Failed(relayed(status, code, message))),
                 };
                 if tx.send(event).is_err() {
                     return Ok(()); // client left; dropping the stream tells decode
                 }
             }
         }
-        Err(Relay::Broke(fail(502, "peer_error", "decode ended the stream without finishing")))
+        Err(Relay::Broke(PeerError.fail(502, "decode ended the stream without finishing")))
     }
 }
 

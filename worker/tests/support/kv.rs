@@ -67,7 +67,7 @@ impl KvClient {
         let payload = vec![0u8; self.page_bytes];
         let tokens = (self.reservation.reserved_tokens - index * self.page_size).min(self.page_size);
         let page = self.reservation.pages[index as usize];
-        self.encode(Frame::Page(PageFrame { handoff, tenant: self.tenant, index, page, tokens, checksum: 0, payload, mac: Mac([0; MAC_LEN]) }))
+        self.encode(Frame::Page(PageFrame { handoff, tenant: self.tenant, index, page, tokens, tag: 0, payload, mac: Mac([0; MAC_LEN]) }))
     }
 
     /// Every page of the reservation.
@@ -114,7 +114,7 @@ pub async fn send_raw(kv_addr: &str, frames: &[Vec<u8>]) -> (bool, String, Strin
     let mut body = vec![0u8; h.body_len as usize];
     s.read_exact(&mut body).await.unwrap();
     match Frame::decode_body(h.kind, &body).unwrap() {
-        Frame::Ack(a) => (a.ok, a.reason, a.message),
+        Frame::Ack(a) => (a.ok(), a.refused.map_or(String::new(), |r| r.as_str().to_string()), a.message),
         other => panic!("expected an ack, got {other:?}"),
     }
 }
