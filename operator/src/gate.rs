@@ -73,7 +73,7 @@ pub enum PodVerdict {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum RevisionVerdict {
     /// Every pod reported and passed.
     Verified,
     /// Some pods have not reported; none failed.
@@ -87,7 +87,7 @@ pub enum Verdict {
 /// A pod passes when its measured pool holds the window and its model and layout fingerprints
 /// equal those of the other role's pods (the pages decode stores must be the ones prefill
 /// computes). With no pod of the other role reporting yet, the fingerprint check waits.
-pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdict) {
+pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, RevisionVerdict) {
     let fingerprints = |role: Role| -> Option<(&str, &str)> { pods.iter().filter(|p| p.role == role).find_map(|p| p.report.as_ref()?.fingerprints()) };
     let mut verdicts: Vec<PodVerdict> = pods
         .iter()
@@ -132,11 +132,11 @@ pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Verdi
         PodVerdict::Failed { failure, message } => Some((*failure, message.clone())),
         _ => None,
     }) {
-        Verdict::Refused { failure, message }
+        RevisionVerdict::Refused { failure, message }
     } else if !pods.is_empty() && verdicts.iter().all(|v| matches!(v, PodVerdict::Verified { .. })) {
-        Verdict::Verified
+        RevisionVerdict::Verified
     } else {
-        Verdict::Pending
+        RevisionVerdict::Pending
     };
     (verdicts, verdict)
 }
@@ -172,7 +172,10 @@ mod tests {
         let (per_pod, verdict) = judge(1_048_576, &pods);
         assert_eq!(
             verdict,
-            Verdict::Refused { failure: Failure::KVPoolBelowContextWindow, message: "prefill pod p-0 measured 681280 tokens < contextWindow 1048576".into() }
+            RevisionVerdict::Refused {
+                failure: Failure::KVPoolBelowContextWindow,
+                message: "prefill pod p-0 measured 681280 tokens < contextWindow 1048576".into()
+            }
         );
         assert!(matches!(per_pod[1], PodVerdict::Verified { .. }), "{per_pod:?}");
     }
@@ -180,15 +183,15 @@ mod tests {
     #[test]
     fn a_pool_exactly_the_window_passes() {
         let pods = [pod(Role::Prefill, "p", report(4096, "m", "l")), pod(Role::Decode, "d", report(4096, "m", "l"))];
-        assert_eq!(judge(4096, &pods).1, Verdict::Verified);
-        assert!(matches!(judge(4097, &pods).1, Verdict::Refused { failure: Failure::KVPoolBelowContextWindow, .. }));
+        assert_eq!(judge(4096, &pods).1, RevisionVerdict::Verified);
+        assert!(matches!(judge(4097, &pods).1, RevisionVerdict::Refused { failure: Failure::KVPoolBelowContextWindow, .. }));
     }
 
     #[test]
     fn fingerprints_must_agree_across_roles() {
         let pods = [pod(Role::Prefill, "p", report(4096, "m", "l-bf16")), pod(Role::Decode, "d", report(4096, "m", "l-f32"))];
         let (_, verdict) = judge(1024, &pods);
-        let Verdict::Refused { failure, message } = verdict else { panic!("{verdict:?}") };
+        let RevisionVerdict::Refused { failure, message } = verdict else { panic!("{verdict:?}") };
         assert_eq!(failure, Failure::FingerprintMismatch);
         assert!(message.contains("l-bf16") && message.contains("l-f32"), "{message}");
     }
@@ -207,11 +210,14 @@ mod tests {
         let (per_pod, verdict) = judge(4096, &[pod(Role::Server, "s-0", engine(1024))]);
         assert_eq!(
             verdict,
-            Verdict::Refused { failure: Failure::KVPoolBelowContextWindow, message: "llamacpp pod s-0: n_ctx per slot 1024 < contextWindow 4096".into() }
+            RevisionVerdict::Refused {
+                failure: Failure::KVPoolBelowContextWindow,
+                message: "llamacpp pod s-0: n_ctx per slot 1024 < contextWindow 4096".into()
+            }
         );
         assert_eq!(per_pod.len(), 1);
         // No peer role, no fingerprints: a pool that holds the window is verified on its own.
-        assert_eq!(judge(4096, &[pod(Role::Server, "s-0", engine(4096))]).1, Verdict::Verified);
+        assert_eq!(judge(4096, &[pod(Role::Server, "s-0", engine(4096))]).1, RevisionVerdict::Verified);
     }
 
     #[test]
@@ -229,18 +235,18 @@ mod tests {
         let (per_pod, verdict) = judge(1_048_576, &pods(681_280));
         assert_eq!(
             verdict,
-            Verdict::Refused {
+            RevisionVerdict::Refused {
                 failure: Failure::KVPoolBelowContextWindow,
                 message: "sglang prefill pod p-0: max_total_num_tokens 681280 < contextWindow 1048576".into()
             }
         );
         assert_eq!(per_pod[2], PodVerdict::Pending, "the router never passes over a refused pod");
         let (per_pod, verdict) = judge(1_048_576, &pods(1_048_576));
-        assert_eq!(verdict, Verdict::Verified);
+        assert_eq!(verdict, RevisionVerdict::Verified);
         assert_eq!(per_pod[2], PodVerdict::Verified { message: "routes to 2 verified pods of its revision".into() });
         // With one pod still unread the router waits too.
         let (per_pod, verdict) = judge(1024, &[pod(Role::Prefill, "p-0", engine(4096)), pod(Role::Decode, "d-0", None), pod(Role::Router, "r-0", None)]);
-        assert_eq!((verdict, &per_pod[2]), (Verdict::Pending, &PodVerdict::Pending));
+        assert_eq!((verdict, &per_pod[2]), (RevisionVerdict::Pending, &PodVerdict::Pending));
     }
 
     #[test]
@@ -253,19 +259,19 @@ mod tests {
         let (per_pod, verdict) = judge(4096, &pods);
         assert_eq!(per_pod[1], PodVerdict::Failed { failure: Failure::CanaryFailed, message: "stale KV: ...".into() });
         assert_eq!(per_pod[2], PodVerdict::Pending, "a router in front of a caught pod does not pass");
-        assert_eq!(verdict, Verdict::Refused { failure: Failure::CanaryFailed, message: "stale KV: ...".into() });
+        assert_eq!(verdict, RevisionVerdict::Refused { failure: Failure::CanaryFailed, message: "stale KV: ...".into() });
     }
 
     #[test]
     fn waiting_pods_keep_the_revision_pending_until_a_failure() {
         let pods = [pod(Role::Prefill, "p", report(4096, "m", "l")), pod(Role::Decode, "d", None)];
         let (per_pod, verdict) = judge(1024, &pods);
-        assert_eq!(verdict, Verdict::Pending);
+        assert_eq!(verdict, RevisionVerdict::Pending);
         // Without a decode report there is nothing to compare fingerprints with yet.
         assert_eq!(per_pod, vec![PodVerdict::Pending, PodVerdict::Pending]);
         // A too-small pool fails at once, whatever the other pods do.
         let pods = [pod(Role::Prefill, "p", report(512, "m", "l")), pod(Role::Decode, "d", None)];
-        assert!(matches!(judge(1024, &pods).1, Verdict::Refused { .. }));
-        assert_eq!(judge(1024, &[]).1, Verdict::Pending);
+        assert!(matches!(judge(1024, &pods).1, RevisionVerdict::Refused { .. }));
+        assert_eq!(judge(1024, &[]).1, RevisionVerdict::Pending);
     }
 }

@@ -7,9 +7,6 @@ use std::path::{Component, Path};
 
 use crate::crd::InferenceDeployment;
 
-/// The refusal reason (status condition, Event, metric label).
-pub const REASON: &str = "HostPathNotAllowed";
-
 /// Why the spec's host path may not be mounted, if it may not.
 pub fn refusal(d: &InferenceDeployment, allowed: &[String]) -> Option<String> {
     let path = d.spec.model.volume.as_ref()?.host_path.as_deref()?;

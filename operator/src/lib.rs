@@ -18,6 +18,7 @@ pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
 pub mod rbac;
+pub mod reasons;
 pub mod reconcile;
 pub mod render;
 pub mod role;

@@ -291,7 +291,7 @@ mod tests {
             &mut refused.conditions,
             crate::conditions::ROLLOUT_REFUSED,
             true,
-            "CanaryFailed",
+            crate::reasons::Reason::Refused(crate::rollout_state::RefusalReason::CanaryFailed),
             "m".into(),
             None,
             &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),

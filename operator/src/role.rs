@@ -31,10 +31,10 @@ impl Role {
     }
 
     /// The kvgate worker role (its subcommand and port), for prefill and decode.
-    pub const fn worker(self) -> Option<kvgate_proto::contract::Role> {
+    pub const fn worker(self) -> Option<kvgate_proto::contract::KvRole> {
         match self {
-            Role::Prefill => Some(kvgate_proto::contract::Role::Prefill),
-            Role::Decode => Some(kvgate_proto::contract::Role::Decode),
+            Role::Prefill => Some(kvgate_proto::contract::KvRole::Prefill),
+            Role::Decode => Some(kvgate_proto::contract::KvRole::Decode),
             Role::Server | Role::Router => None,
         }
     }

@@ -108,7 +108,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     for gate in &plan.pod_gates {
         let since = &gate.since;
         let patch = json!({ "status": { "conditions": [{
-            "type": crate::gate::CONDITION, "status": gate.status(), "reason": gate.reason, "message": gate.message, "lastTransitionTime": since,
+            "type": crate::gate::CONDITION, "status": gate.status(), "reason": gate.reason.as_str(), "message": gate.message, "lastTransitionTime": since,
         }]}});
         // Strategic merge keys conditions by type: the kubelet's own conditions are left alone.
         match pods.patch_status(&gate.pod, &PatchParams::default(), &Patch::Strategic(patch)).await {

@@ -17,6 +17,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use super::{Context, Error};
 use crate::crd::InferenceDeployment;
 use crate::labels::MANAGER;
+use crate::reasons::Reason;
 use crate::render::inference_pool::{self, GROUP, KIND, VERSION};
 
 pub const CONDITION: &str = "InferencePoolReady";
@@ -92,7 +93,7 @@ fn not_found(e: &kube::Error) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolCondition {
     pub ok: bool,
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
 }
 
@@ -102,11 +103,11 @@ pub fn condition(d: &InferenceDeployment, outcome: &Outcome) -> Option<PoolCondi
     let (ok, reason, message) = match outcome {
         Outcome::NotWanted => return None,
         Outcome::Applied { name } => {
-            (true, "Applied", format!("{KIND} {name} selects the pods that serve this deployment's API; endpoint picker Service {picker}"))
+            (true, Reason::Applied, format!("{KIND} {name} selects the pods that serve this deployment's API; endpoint picker Service {picker}"))
         }
         Outcome::NotServed => (
             false,
-            "CRDNotInstalled",
+            Reason::CrdNotInstalled,
             format!(
                 "spec.inferencePool is set, but the API server does not serve {GROUP}/{VERSION} {KIND}: install the Gateway API Inference Extension's CRDs (v1.0 or later); the deployment serves without it"
             ),
@@ -120,7 +121,7 @@ pub fn condition(d: &InferenceDeployment, outcome: &Outcome) -> Option<PoolCondi
 pub fn differs(found: Option<&PoolCondition>, shown: Option<&Condition>) -> bool {
     match (found, shown) {
         (None, None) => false,
-        (Some(f), Some(c)) => (c.status == "True") != f.ok || c.reason != f.reason || c.message != f.message,
+        (Some(f), Some(c)) => (c.status == "True") != f.ok || c.reason != f.reason.as_str() || c.message != f.message,
         _ => true,
     }
 }
@@ -138,12 +139,12 @@ mod tests {
         }));
         assert!(condition(&d, &Outcome::NotWanted).is_none());
         let applied = condition(&d, &Outcome::Applied { name: "llm".into() }).unwrap();
-        assert!(applied.ok && applied.reason == "Applied" && applied.message.contains("epp:9002"), "{applied:?}");
+        assert!(applied.ok && applied.reason == Reason::Applied && applied.message.contains("epp:9002"), "{applied:?}");
         let missing = condition(&d, &Outcome::NotServed).unwrap();
-        assert!(!missing.ok && missing.reason == "CRDNotInstalled");
+        assert!(!missing.ok && missing.reason == Reason::CrdNotInstalled);
         let forbidden = kube::Error::Api(kube::core::Status::failure("no", "Forbidden").with_code(403).boxed());
         let failed = condition(&d, &Outcome::Failed(Error::api("applying InferencePool llm")(forbidden))).unwrap();
-        assert!(!failed.ok && failed.reason == "Forbidden" && failed.message.starts_with("applying InferencePool llm: forbidden"), "{failed:?}");
+        assert!(!failed.ok && failed.reason == Reason::Forbidden && failed.message.starts_with("applying InferencePool llm: forbidden"), "{failed:?}");
 
         // A finding is news only when status does not already say it (a first sync that finds
         // no pool wanted wakes nothing).

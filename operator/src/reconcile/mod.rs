@@ -23,6 +23,7 @@ use crate::crd::InferenceDeployment;
 use crate::index::Index;
 use crate::keys::RootKey;
 use crate::metrics::Metrics;
+use crate::reasons::{EventAction, Reason};
 use crate::tasks::canaries::Canaries;
 use crate::tasks::probes::Probes;
 use crate::tasks::scrapes::Scrapes;
@@ -98,12 +99,12 @@ impl Error {
     }
 
     /// The reason of the Warning Event a failure publishes.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Error::Forbidden { .. } => "Forbidden",
-            Error::Conflict { .. } => "Conflict",
-            Error::Rejected { .. } => "ObjectRejected",
-            Error::Api { .. } => "ApiUnavailable",
+            Error::Forbidden { .. } => Reason::Forbidden,
+            Error::Conflict { .. } => Reason::Conflict,
+            Error::Rejected { .. } => Reason::ObjectRejected,
+            Error::Api { .. } => Reason::ApiUnavailable,
         }
     }
 
@@ -134,7 +135,7 @@ pub async fn reconcile(d: Arc<InferenceDeployment>, ctx: Arc<Context>) -> Result
     );
     let result = rollout::reconcile(&d, &ctx).instrument(span.clone()).await;
     if let Err(e) = &result {
-        kvgate_telemetry::trace_context::mark_failed(&span, e.reason());
+        kvgate_telemetry::trace_context::mark_failed(&span, e.reason().as_str());
     }
     if result.is_ok() {
         ctx.memory.succeeded(&d);
@@ -152,19 +153,19 @@ pub fn error_policy(d: Arc<InferenceDeployment>, err: &Error, ctx: Arc<Context>)
         return Action::await_change();
     }
     let retry = err.retry_after(failures);
-    tracing::warn!(name = d.name_any(), namespace = d.namespace(), error = %err, reason = err.reason(), failures, ?retry, "reconcile failed");
+    tracing::warn!(name = d.name_any(), namespace = d.namespace(), error = %err, reason = err.reason().as_str(), failures, ?retry, "reconcile failed");
     let ctx = ctx.clone();
     let reference = d.object_ref(&());
     let note = err.to_string();
     let reason = err.reason();
-    tokio::spawn(async move { event(&ctx, &reference, EventType::Warning, reason, "Reconcile", note).await });
+    tokio::spawn(async move { event(&ctx, &reference, EventType::Warning, reason, EventAction::Reconcile, note).await });
     Action::requeue(retry)
 }
 
-pub async fn event(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
-    let ev = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
+pub async fn event(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: Reason, action: EventAction, note: String) {
+    let ev = Event { type_, reason: reason.as_str().into(), note: Some(note), action: action.as_str().into(), secondary: None };
     if let Err(e) = ctx.recorder.publish(&ev, reference).await {
-        tracing::warn!(error = %e, reason, "could not publish an event");
+        tracing::warn!(error = %e, %reason, "could not publish an event");
     }
 }
 
@@ -187,7 +188,7 @@ mod tests {
         let rows = [(403, "Forbidden", 60, 60), (409, "Conflict", 1, 1), (422, "ObjectRejected", 60, 60), (500, "ApiUnavailable", 1, 4)];
         for (code, reason, first, third) in rows {
             let e = Error::api("applying Deployment x")(status(code));
-            assert_eq!((e.reason(), e.retry_after(1).as_secs(), e.retry_after(3).as_secs()), (reason, first, third), "HTTP {code}");
+            assert_eq!((e.reason().as_str(), e.retry_after(1).as_secs(), e.retry_after(3).as_secs()), (reason, first, third), "HTTP {code}");
             assert!(e.to_string().starts_with("applying Deployment x"), "{e}");
         }
     }

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Inputs, Rollout, normal, total, warning};
 use crate::crd::{BakeStatus, InferenceDeploymentStatus};
+use crate::reasons::{EventAction, Reason};
 use crate::rollout_state::RollbackReason;
 
 /// Whether a promotion of this deployment bakes: kvgate's workers count handoff mismatches to
@@ -49,16 +50,16 @@ pub(super) fn advance(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &mut 
     }
     let Some(b) = r.bake.clone() else { return };
     match judge(&b, i.world.mismatches.as_ref(), rollout.max_handoff_mismatches, rollout.bake_seconds, i.now) {
-        Verdict::Continue => {}
-        Verdict::Done => {
+        BakeOutcome::Continue => {}
+        BakeOutcome::Done => {
             r.bake = None;
             r.events.push(normal(
-                "BakeComplete",
-                "Bake",
+                Reason::BakeComplete,
+                EventAction::Bake,
                 format!("revision {} baked {} s without handoff mismatches; revision {} retired", b.revision, rollout.bake_seconds, b.previous),
             ));
         }
-        Verdict::RollBack(message) => {
+        BakeOutcome::RollBack(message) => {
             let reason = RollbackReason::HandoffIntegrityViolation;
             r.serving = Some(b.previous.clone());
             r.serving_window = Some(b.previous_context_window);
@@ -66,13 +67,13 @@ pub(super) fn advance(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &mut 
             r.rollback = Some(reason);
             r.scale_to_zero |= b.revision == i.revision;
             r.bake = None;
-            r.events.push(warning("RolledBack", "Bake", format!("revision {} rolled back: {message}", b.revision)));
+            r.events.push(warning(Reason::RolledBack, EventAction::Bake, format!("revision {} rolled back: {message}", b.revision)));
         }
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(super) enum BakeOutcome {
     /// Still baking.
     Continue,
     /// The window passed cleanly: the previous revision can go.
@@ -83,11 +84,11 @@ pub(super) enum Verdict {
 
 /// Judges one pass of a bake: `mismatches` are the deployment's pods' counters now (by reason;
 /// `None`: none could be read yet).
-pub(super) fn judge(b: &BakeStatus, mismatches: Option<&BTreeMap<String, u64>>, max: u64, seconds: u64, now: &Time) -> Verdict {
+pub(super) fn judge(b: &BakeStatus, mismatches: Option<&BTreeMap<String, u64>>, max: u64, seconds: u64, now: &Time) -> BakeOutcome {
     let new = mismatches.map_or(0, |m| total(m).saturating_sub(b.mismatches_at_start));
     if new > max {
         let by_reason: Vec<String> = mismatches.into_iter().flatten().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
-        return Verdict::RollBack(format!(
+        return BakeOutcome::RollBack(format!(
             "{new} handoff mismatches during the bake of revision {} (more than maxHandoffMismatches {max}; counters by reason: {}); revision {} serves again",
             b.revision,
             by_reason.join(", "),
@@ -95,7 +96,7 @@ pub(super) fn judge(b: &BakeStatus, mismatches: Option<&BTreeMap<String, u64>>, 
         ));
     }
     let elapsed = now.0.as_second() - b.started_at.0.as_second();
-    if elapsed >= seconds as i64 { Verdict::Done } else { Verdict::Continue }
+    if elapsed >= seconds as i64 { BakeOutcome::Done } else { BakeOutcome::Continue }
 }
 
 #[cfg(test)]
@@ -114,20 +115,20 @@ mod tests {
     #[test]
     fn a_bake_rolls_back_past_the_allowed_mismatches_and_ends_clean_after_its_window() {
         let counts = |checksum: u64| BTreeMap::from([("checksum".to_string(), checksum), ("timeout".to_string(), 2)]);
-        assert_eq!(judge(&bake(), Some(&counts(0)), 0, 300, &at(1010)), Verdict::Continue, "the counts it started with are not new");
-        assert_eq!(judge(&bake(), None, 0, 300, &at(1010)), Verdict::Continue);
-        assert_eq!(judge(&bake(), Some(&counts(1)), 1, 300, &at(1010)), Verdict::Continue, "one allowed");
-        let Verdict::RollBack(why) = judge(&bake(), Some(&counts(2)), 1, 300, &at(1010)) else { panic!() };
+        assert_eq!(judge(&bake(), Some(&counts(0)), 0, 300, &at(1010)), BakeOutcome::Continue, "the counts it started with are not new");
+        assert_eq!(judge(&bake(), None, 0, 300, &at(1010)), BakeOutcome::Continue);
+        assert_eq!(judge(&bake(), Some(&counts(1)), 1, 300, &at(1010)), BakeOutcome::Continue, "one allowed");
+        let BakeOutcome::RollBack(why) = judge(&bake(), Some(&counts(2)), 1, 300, &at(1010)) else { panic!() };
         assert_eq!(
             why,
             "2 handoff mismatches during the bake of revision r2 (more than maxHandoffMismatches 1; counters by reason: checksum 2, timeout 2); revision r1 serves again"
         );
-        assert_eq!(judge(&bake(), Some(&counts(0)), 0, 300, &at(1300)), Verdict::Done);
+        assert_eq!(judge(&bake(), Some(&counts(0)), 0, 300, &at(1300)), BakeOutcome::Done);
     }
 
     #[test]
     fn a_counter_that_went_down_a_pod_restart_is_no_mismatch() {
         let counts = BTreeMap::from([("timeout".to_string(), 1)]);
-        assert_eq!(judge(&bake(), Some(&counts), 0, 300, &at(1010)), Verdict::Continue);
+        assert_eq!(judge(&bake(), Some(&counts), 0, 300, &at(1010)), BakeOutcome::Continue);
     }
 }

@@ -5,6 +5,7 @@
 use super::{Inputs, Rollout, normal, warning};
 use crate::canary::{Boundary, CanaryRun, Endpoint, Reference, ServingRun, Target, prompts};
 use crate::gate::{Measured, Role};
+use crate::reasons::{EventAction, Reason};
 use crate::reconcile::observe::WorkerPod;
 use crate::rollout_state::RefusalReason;
 
@@ -15,7 +16,11 @@ pub(super) fn record(i: &Inputs<'_>, r: &mut Rollout) {
     let recorded = r.canary.as_ref().is_some_and(|c| c.revision == rev);
     if let Some(done) = i.world.canary.as_ref().filter(|c| c.revision == rev && !recorded && !r.refused(rev)) {
         let note = format!("revision {rev}: {}", done.message);
-        r.events.push(if done.passed { normal("CanaryPassed", "IntegrityCanary", note) } else { warning(failure(done).as_str(), "IntegrityCanary", note) });
+        r.events.push(if done.passed {
+            normal(Reason::CanaryPassed, EventAction::IntegrityCanary, note)
+        } else {
+            warning(Reason::Refused(failure(done)), EventAction::IntegrityCanary, note)
+        });
         r.canary = Some(done.clone());
     }
     let passed = r.canary.as_ref().is_some_and(|c| c.revision == rev && c.passed);

@@ -3,7 +3,8 @@
 //! it once every desired pod is verified and Ready.
 
 use super::{Inputs, Rollout, all_pods, canary, normal, warning};
-use crate::gate::Verdict;
+use crate::gate::RevisionVerdict;
+use crate::reasons::{EventAction, Reason};
 use crate::render::workers;
 use crate::rollout_state::RefusalReason;
 
@@ -15,7 +16,7 @@ pub(super) fn judge(i: &Inputs<'_>, candidate: &Verification, r: &mut Rollout) {
         r.scale_to_zero = true;
         if !r.refused(rev) {
             r.refuse(rev, RefusalReason::HostPathNotAllowed, message);
-            r.events.push(warning("RolloutRefused", "HostPathPolicy", format!("revision {rev} refused, no pod created: {message}")));
+            r.events.push(warning(Reason::RolloutRefused, EventAction::HostPathPolicy, format!("revision {rev} refused, no pod created: {message}")));
         }
         return;
     }
@@ -27,18 +28,18 @@ pub(super) fn judge(i: &Inputs<'_>, candidate: &Verification, r: &mut Rollout) {
         return;
     }
     let keeps = r.serving.as_ref().map_or("no revision serves yet".to_string(), |c| format!("revision {c} keeps serving"));
-    let refuse = |r: &mut Rollout, reason: RefusalReason, message: &str, action: &'static str, note: String| {
+    let refuse = |r: &mut Rollout, reason: RefusalReason, message: &str, action: EventAction, note: String| {
         r.refuse(rev, reason, message);
         r.scale_to_zero = true;
-        r.events.push(warning("RolloutRefused", action, format!("{note}; {keeps}")));
+        r.events.push(warning(Reason::RolloutRefused, action, format!("{note}; {keeps}")));
     };
     match &candidate.verdict {
-        Verdict::Refused { failure, message } => refuse(r, *failure, message, "RolloutGate", format!("revision {rev} refused: {message}")),
-        Verdict::Pending => {}
-        Verdict::Verified => {
+        RevisionVerdict::Refused { failure, message } => refuse(r, *failure, message, EventAction::RolloutGate, format!("revision {rev} refused: {message}")),
+        RevisionVerdict::Pending => {}
+        RevisionVerdict::Verified => {
             if let Some((reason, message)) = canary::failed(r, rev) {
                 let note = format!("revision {rev} refused before any traffic: the integrity canary failed: {message}");
-                refuse(r, reason, &message, "IntegrityCanary", note);
+                refuse(r, reason, &message, EventAction::IntegrityCanary, note);
             } else if r.canary_pending {
                 // Every pod must be there: the canary drives every prefill x decode pair.
                 if all_pods(i.d, candidate) {
@@ -46,8 +47,8 @@ pub(super) fn judge(i: &Inputs<'_>, candidate: &Verification, r: &mut Rollout) {
                 }
             } else if full_strength(i, candidate) && baseline_known(i, r) {
                 r.events.push(normal(
-                    "RolloutVerified",
-                    "RolloutGate",
+                    Reason::RolloutVerified,
+                    EventAction::RolloutGate,
                     format!("revision {rev}: every pod's KV pool holds contextWindow {}; now serving", i.window()),
                 ));
                 r.serving = Some(rev.to_string());

@@ -9,18 +9,17 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Announcement, Inputs, Rollout, failures, normal, warning};
+use crate::capacity::NoReportReason;
 use crate::conditions;
 use crate::crd::InferenceDeploymentStatus;
-use crate::gate::{self, PodReport, PodVerdict, Role, Verdict};
+use crate::gate::{self, PodReport, PodVerdict, RevisionVerdict, Role};
+use crate::reasons::{EventAction, Reason};
 use crate::reconcile::observe::{WorkerPod, World};
-
-/// The `Degraded` condition's reason when a serving pod fails the gate.
-pub const SERVING_POD_UNVERIFIED: &str = "ServingPodUnverified";
 
 /// What the gate found for one revision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verification {
-    pub verdict: Verdict,
+    pub verdict: RevisionVerdict,
     /// Per role: pods that passed, and the smallest measured pool of those that reported.
     pub verified: BTreeMap<Role, i32>,
     pub min_measured: BTreeMap<Role, u64>,
@@ -45,7 +44,7 @@ pub struct PodGate {
     pub pod: String,
     /// The condition's status: `True` lets the pod become Ready.
     pub verified: bool,
-    pub reason: String,
+    pub reason: Reason,
     pub message: String,
     /// The transition time: kept while the status is unchanged, else the pass's.
     pub since: Time,
@@ -90,21 +89,21 @@ pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout
     if !unverified.is_empty() && r.serving.is_some() {
         if was.map(|c| c.message.as_str()) != Some(degraded_message(&shown, &unverified, &stuck).as_str()) {
             events.push(warning(
-                "ServingPodUnverified",
-                "RolloutGate",
+                Reason::ServingPodUnverified,
+                EventAction::RolloutGate,
                 format!("serving revision {shown}: {}; out of the Service's endpoints until it passes again", unverified.join("; ")),
             ));
         }
-    } else if was.is_some_and(|c| c.reason == SERVING_POD_UNVERIFIED) {
-        events.push(normal("ServingPodsVerified", "RolloutGate", format!("every pod of serving revision {shown} passes the gate again")));
+    } else if was.is_some_and(|c| c.reason == Reason::ServingPodUnverified.as_str()) {
+        events.push(normal(Reason::ServingPodsVerified, EventAction::RolloutGate, format!("every pod of serving revision {shown} passes the gate again")));
     }
     // Advisory: a window the prefill pods cannot prefill before the handoff deadline is said
     // once, when it becomes so (the condition keeps saying it).
     if let Some(p) = &shown_pods.slowest_prefill {
         let (ok, reason, message) = prefill_deadline(p, i.window(), i.d.spec.handoff.timeout_ms);
-        let said = prev.conditions.iter().any(|c| c.type_ == conditions::PREFILL_WITHIN_DEADLINE && c.reason == reason);
+        let said = prev.conditions.iter().any(|c| c.type_ == conditions::PREFILL_WITHIN_DEADLINE && c.reason == reason.as_str());
         if !ok && !said {
-            events.push(warning("PrefillSlowerThanHandoffTimeout", "RolloutGate", message));
+            events.push(warning(Reason::PrefillSlowerThanHandoffTimeout, EventAction::RolloutGate, message));
         }
     }
     Gates { pod_gates, shown: shown_pods, unverified, events }
@@ -146,23 +145,23 @@ fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[Pod
             let (verified, reason, message) = match verdict {
                 PodVerdict::Pending => {
                     let (reason, why) = match &pod.report {
-                        Err(why) => (why.reason.as_str(), why.message.clone()),
+                        Err(why) => (Reason::NoReport(why.reason), why.message.clone()),
                         Ok(_) => {
                             let peer = pod.role.peer().map_or("other", |p| p.as_str());
-                            ("AwaitingCapacityReport", format!("waiting for the {peer} pods' capacity reports to compare fingerprints"))
+                            (Reason::NoReport(NoReportReason::Awaiting), format!("waiting for the {peer} pods' capacity reports to compare fingerprints"))
                         }
                     };
-                    (false, reason.to_string(), why)
+                    (false, reason, why)
                 }
                 PodVerdict::Verified { message } => match held {
-                    Some(why) => (false, "AwaitingCanary".to_string(), format!("{message}; {why}")),
-                    None => (true, "KVPoolVerified".to_string(), message.clone()),
+                    Some(why) => (false, Reason::AwaitingCanary, format!("{message}; {why}")),
+                    None => (true, Reason::KVPoolVerified, message.clone()),
                 },
-                PodVerdict::Failed { failure, message } => (false, failure.to_string(), message.clone()),
+                PodVerdict::Failed { failure, message } => (false, Reason::Refused(*failure), message.clone()),
             };
             let status = condition_status(verified);
             let existing = pod.condition.as_ref();
-            if existing.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(&reason) && c.message.as_deref() == Some(&message)) {
+            if existing.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(reason.as_str()) && c.message.as_deref() == Some(&message)) {
                 return None;
             }
             let since = existing.filter(|c| c.status == status).and_then(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
@@ -180,7 +179,7 @@ pub fn degraded_message(serving: &str, unverified: &[String], stuck: &[String]) 
 
 /// Whether the slowest prefill pod, at the rate it measured, prefills a prompt of the whole
 /// window before the handoff deadline; the condition's status, reason and message.
-pub fn prefill_deadline(p: &PrefillEstimate, window: u64, timeout_ms: u64) -> (bool, &'static str, String) {
+pub fn prefill_deadline(p: &PrefillEstimate, window: u64, timeout_ms: u64) -> (bool, Reason, String) {
     let t = &p.timings;
     let measured =
         format!("prefill pod {} measured {} tokens in {} ms and {} in {} ms", p.pod, t.tokens[0], t.micros[0] / 1000, t.tokens[1], t.micros[1] / 1000);
@@ -190,7 +189,7 @@ pub fn prefill_deadline(p: &PrefillEstimate, window: u64, timeout_ms: u64) -> (b
             p.window_ms / 1000,
             timeout_ms / 1000
         );
-        return (true, "WithinHandoffTimeout", message);
+        return (true, Reason::WithinHandoffTimeout, message);
     }
     let fits = t.tokens_within(timeout_ms as f64);
     let message = format!(
@@ -198,7 +197,7 @@ pub fn prefill_deadline(p: &PrefillEstimate, window: u64, timeout_ms: u64) -> (b
         p.window_ms / 1000,
         timeout_ms / 1000
     );
-    (false, "WindowExceedsHandoffTimeout", message)
+    (false, Reason::WindowExceedsHandoffTimeout, message)
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ use super::observe::World;
 use crate::canary::CanaryRun;
 use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision};
 use crate::gate::PodVerdict;
+use crate::reasons::{EventAction, Reason};
 use crate::rollout_state::{RefusalReason, RollbackReason};
 use status::Observed;
 
@@ -48,16 +49,16 @@ pub use workloads::WorkerDeployment;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announcement {
     pub warning: bool,
-    pub reason: &'static str,
-    pub action: &'static str,
+    pub reason: Reason,
+    pub action: EventAction,
     pub note: String,
 }
 
-pub(crate) fn warning(reason: &'static str, action: &'static str, note: String) -> Announcement {
+pub(crate) fn warning(reason: Reason, action: EventAction, note: String) -> Announcement {
     Announcement { warning: true, reason, action, note }
 }
 
-pub(crate) fn normal(reason: &'static str, action: &'static str, note: String) -> Announcement {
+pub(crate) fn normal(reason: Reason, action: EventAction, note: String) -> Announcement {
     Announcement { warning: false, reason, action, note }
 }
 
@@ -231,7 +232,12 @@ fn secret_missing(i: &Inputs<'_>) -> bool {
 fn pool_event(prev: &InferenceDeploymentStatus, now: &InferenceDeploymentStatus, o: &Observed) -> Option<Announcement> {
     let status = |s: &InferenceDeploymentStatus| s.conditions.iter().find(|c| c.type_ == POOL_CONDITION).map(|c| c.status.clone());
     let found = o.inference_pool.as_ref()?.as_ref()?;
-    (status(prev) != status(now)).then(|| Announcement { warning: !found.ok, reason: found.reason, action: "InferencePool", note: found.message.clone() })
+    (status(prev) != status(now)).then(|| Announcement {
+        warning: !found.ok,
+        reason: found.reason,
+        action: EventAction::InferencePool,
+        note: found.message.clone(),
+    })
 }
 
 /// The sum of a deployment's mismatch counters.

@@ -8,15 +8,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PREFILL_WITHIN_DEADLINE, PROGRESSING, ROLLOUT_REFUSED};
 use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
-use crate::gate::{Role, Verdict};
+use crate::gate::{RevisionVerdict, Role};
 use crate::rollout_state::{Phase, RefusalReason};
 
 use crate::reconcile::inference_pool::{self, PoolCondition};
 
-use super::gates::{SERVING_POD_UNVERIFIED, Verification, degraded_message, prefill_deadline};
-
-/// A condition's reason when pods cannot start (image, configuration, crash loop, OOM).
-pub const PODS_CANNOT_START: &str = "PodsCannotStart";
+use super::gates::{Verification, degraded_message, prefill_deadline};
+use crate::reasons::Reason;
 
 /// What the reconcile saw and decided.
 #[derive(Debug, Clone)]
@@ -109,60 +107,58 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         format!("revision {s} serves contextWindow {}: {counts}", o.serving_window.unwrap_or(0))
     });
     let (reason, message) = match (&o.serving, available, refused_now) {
-        (_, true, _) => ("Serving", serving_text.clone()),
-        (None, _, Some(r)) => ("RolloutRefused", format!("never available: {}", r.message)),
-        (None, _, None) if !o.candidate_stuck.is_empty() => (PODS_CANNOT_START, format!("never available: {}", stuck(&o.candidate_stuck))),
-        (None, _, None) => ("AwaitingVerification", "the first revision's pods are not all verified and Ready yet".to_string()),
-        (Some(_), false, _) if !o.router_stuck.is_empty() => (PODS_CANNOT_START, format!("{serving_text}; {}", stuck(&o.router_stuck))),
-        (Some(_), false, _) => ("NotEnoughReadyPods", serving_text.clone()),
+        (_, true, _) => (Reason::Serving, serving_text.clone()),
+        (None, _, Some(r)) => (Reason::RolloutRefused, format!("never available: {}", r.message)),
+        (None, _, None) if !o.candidate_stuck.is_empty() => (Reason::PodsCannotStart, format!("never available: {}", stuck(&o.candidate_stuck))),
+        (None, _, None) => (Reason::AwaitingVerification, "the first revision's pods are not all verified and Ready yet".to_string()),
+        (Some(_), false, _) if !o.router_stuck.is_empty() => (Reason::PodsCannotStart, format!("{serving_text}; {}", stuck(&o.router_stuck))),
+        (Some(_), false, _) => (Reason::NotEnoughReadyPods, serving_text.clone()),
     };
     conditions::set(&mut conds, AVAILABLE, available, reason, message, generation, &o.now);
 
     let progressing = !rolled_out && refused_now.is_none();
     let (reason, message) = if let Some(r) = refused_now {
-        ("RolloutRefused", format!("revision {} refused; change the spec to try again", r.revision))
+        (Reason::RolloutRefused, format!("revision {} refused; change the spec to try again", r.revision))
     } else if rolled_out {
-        ("RolloutComplete", format!("revision {} is serving", o.spec_revision))
+        (Reason::RolloutComplete, format!("revision {} is serving", o.spec_revision))
     } else if !o.candidate_stuck.is_empty() {
-        (PODS_CANNOT_START, format!("revision {}: {}", o.spec_revision, stuck(&o.candidate_stuck)))
+        (Reason::PodsCannotStart, format!("revision {}: {}", o.spec_revision, stuck(&o.candidate_stuck)))
     } else if o.canary_running {
-        ("IntegrityCanary", format!("revision {}: every pod's KV pool verified; the integrity canary runs before any pod takes traffic", o.spec_revision))
+        (Reason::IntegrityCanary, format!("revision {}: every pod's KV pool verified; the integrity canary runs before any pod takes traffic", o.spec_revision))
     } else {
         let v = &o.candidate;
         let count = |r: &Role| format!("{}/{} {}", v.verified.get(r).copied().unwrap_or(0), d.spec.replicas(*r), r.as_str());
         let counts: Vec<String> = d.spec.roles().iter().map(count).collect();
-        ("VerifyingKVPools", format!("revision {}: {} pods verified", o.spec_revision, counts.join(" and ")))
+        (Reason::VerifyingKVPools, format!("revision {}: {} pods verified", o.spec_revision, counts.join(" and ")))
     };
     conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation, &o.now);
 
     let (ok, reason, message) = match (refused_now, &o.candidate.verdict, rolled_out) {
-        (Some(r), _, _) => (false, r.reason.to_string(), r.message.clone()),
-        (None, _, true) => (
+        (Some(r), _, _) => (false, Reason::Refused(r.reason), r.message.clone()),
+        (None, _, true) => {
+            (true, Reason::KVPoolVerified, format!("every pod of revision {} measured a KV pool >= contextWindow {}", o.spec_revision, d.spec.context_window))
+        }
+        (None, RevisionVerdict::Verified, false) => (
             true,
-            "KVPoolVerified".to_string(),
-            format!("every pod of revision {} measured a KV pool >= contextWindow {}", o.spec_revision, d.spec.context_window),
-        ),
-        (None, Verdict::Verified, false) => (
-            true,
-            "KVPoolVerified".to_string(),
+            Reason::KVPoolVerified,
             format!("every pod of revision {} measured a KV pool >= contextWindow {}; waiting for all to be Ready", o.spec_revision, d.spec.context_window),
         ),
-        (None, _, false) => (false, "AwaitingCapacityReports".to_string(), format!("waiting for the capacity reports of revision {}", o.spec_revision)),
+        (None, _, false) => (false, Reason::AwaitingCapacityReports, format!("waiting for the capacity reports of revision {}", o.spec_revision)),
     };
-    conditions::set(&mut conds, CAPACITY_VERIFIED, ok, &reason, message, generation, &o.now);
+    conditions::set(&mut conds, CAPACITY_VERIFIED, ok, reason, message, generation, &o.now);
 
     let (reason, message) = match refused_now {
-        Some(r) => (r.reason.to_string(), format!("revision {}: {}", r.revision, r.message)),
-        None => ("NotRefused".to_string(), String::new()),
+        Some(r) => (Reason::Refused(r.reason), format!("revision {}: {}", r.revision, r.message)),
+        None => (Reason::NotRefused, String::new()),
     };
-    conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), &reason, message, generation, &o.now);
+    conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), reason, message, generation, &o.now);
 
     let degraded = o.serving.is_some() && !(o.unverified.is_empty() && o.serving_stuck.is_empty());
     let (reason, message) = match &o.serving {
-        Some(s) if !o.unverified.is_empty() => (SERVING_POD_UNVERIFIED, degraded_message(s, &o.unverified, &o.serving_stuck)),
-        Some(s) if !o.serving_stuck.is_empty() => (PODS_CANNOT_START, degraded_message(s, &o.unverified, &o.serving_stuck)),
-        Some(s) => ("ServingPodsVerified", format!("every pod of serving revision {s} passes the gate")),
-        None => ("NoServingRevision", "no revision serves yet".to_string()),
+        Some(s) if !o.unverified.is_empty() => (Reason::ServingPodUnverified, degraded_message(s, &o.unverified, &o.serving_stuck)),
+        Some(s) if !o.serving_stuck.is_empty() => (Reason::PodsCannotStart, degraded_message(s, &o.unverified, &o.serving_stuck)),
+        Some(s) => (Reason::ServingPodsVerified, format!("every pod of serving revision {s} passes the gate")),
+        None => (Reason::NoServingRevision, "no revision serves yet".to_string()),
     };
     conditions::set(&mut conds, DEGRADED, degraded, reason, message, generation, &o.now);
 

@@ -116,7 +116,7 @@ fn first_rollout_waits_for_reports_then_serves_once_verified_and_ready() {
     let plan = pass(&mut d, "r1", &world);
     assert_eq!((plan.status.current_revision.as_deref(), plan.status.current_context_window), (Some("r1"), Some(WINDOW)));
     assert_eq!((phase(&plan), plan.settled, plan.router_window), ("Available", true, Some(WINDOW)));
-    assert_eq!(plan.events.iter().map(|e| (e.warning, e.reason)).collect::<Vec<_>>(), [(false, "RolloutVerified")]);
+    assert_eq!(plan.events.iter().map(|e| (e.warning, e.reason.as_str())).collect::<Vec<_>>(), [(false, "RolloutVerified")]);
     assert_eq!(condition(&plan, AVAILABLE), (true, "Serving".into()));
     assert_eq!(plan.status.prefill.as_ref().unwrap().min_measured_tokens, Some(8192));
 
@@ -134,7 +134,7 @@ pub(super) fn world_with_conditions(world: &World, plan: &Plan) -> World {
             pod.condition = Some(k8s_openapi::api::core::v1::PodCondition {
                 type_: gate::CONDITION.into(),
                 status: g.status().into(),
-                reason: Some(g.reason.clone()),
+                reason: Some(g.reason.as_str().into()),
                 message: Some(g.message.clone()),
                 ..Default::default()
             });
@@ -380,7 +380,7 @@ fn a_serving_pod_that_restarts_smaller_is_unverified_at_once_and_the_deployment_
     assert_eq!(condition(&plan, conditions::DEGRADED), (true, "ServingPodUnverified".into()));
     assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Available"), "still the serving revision");
     assert!(plan.refused_reason.is_none() && plan.delete.is_empty());
-    assert_eq!((plan.events.len(), plan.events[0].reason, plan.events[0].warning), (1, "ServingPodUnverified", true));
+    assert_eq!((plan.events.len(), plan.events[0].reason.as_str(), plan.events[0].warning), (1, "ServingPodUnverified", true));
     // Announced once; when it passes again, the condition clears with a Normal Event.
     let again = pass(&mut d, "r1", &world_with_conditions(&restarted, &plan));
     assert!(again.events.is_empty(), "{:?}", again.events);
@@ -428,7 +428,7 @@ fn a_promotion_bakes_beside_the_previous_revision_and_mismatches_roll_it_back() 
     assert_eq!((plan.rollback, plan.refused_reason), (Some(RollbackReason::HandoffIntegrityViolation), Some(RefusalReason::HandoffIntegrityViolation)));
     assert_eq!(sizes(&plan), [(Role::Prefill, "r2", 0), (Role::Decode, "r2", 0)]);
     assert!(plan.delete.is_empty() && plan.status.bake.is_none());
-    assert_eq!(plan.events.iter().map(|e| (e.reason, e.warning)).collect::<Vec<_>>(), [("RolledBack", true)]);
+    assert_eq!(plan.events.iter().map(|e| (e.reason.as_str(), e.warning)).collect::<Vec<_>>(), [("RolledBack", true)]);
     assert_eq!(condition(&plan, ROLLOUT_REFUSED), (true, "HandoffIntegrityViolation".into()));
     // Not counted or announced twice.
     let plan = pass_at(&mut d, "r2", &world, 1_033);
@@ -549,17 +549,18 @@ fn a_pod_missing_the_deployments_own_handoff_secret_gets_it_created_again() {
 
 #[test]
 fn the_inference_pool_condition_says_what_the_last_sync_found_and_a_change_is_announced_once() {
+    use crate::reasons::Reason;
     use crate::reconcile::inference_pool::{CONDITION, PoolCondition};
     let (mut d, mut world) = serving_r1();
-    let pool = |ok: bool, reason: &'static str| Some(Some(PoolCondition { ok, reason, message: format!("{reason} message") }));
-    let announced = |plan: &Plan| plan.events.iter().filter(|e| e.action == "InferencePool").map(|e| (e.warning, e.reason)).collect::<Vec<_>>();
+    let pool = |ok: bool, reason: Reason| Some(Some(PoolCondition { ok, reason, message: format!("{reason} message") }));
+    let announced = |plan: &Plan| plan.events.iter().filter(|e| e.action == "InferencePool").map(|e| (e.warning, e.reason.as_str())).collect::<Vec<_>>();
 
-    world.inference_pool = pool(false, "CRDNotInstalled");
+    world.inference_pool = pool(false, Reason::CrdNotInstalled);
     let plan = pass(&mut d, "r1", &world);
     assert_eq!((condition(&plan, CONDITION), announced(&plan)), ((false, "CRDNotInstalled".into()), vec![(true, "CRDNotInstalled")]));
     assert!(announced(&pass(&mut d, "r1", &world)).is_empty(), "the same finding again is no news");
 
-    world.inference_pool = pool(true, "Applied");
+    world.inference_pool = pool(true, Reason::Applied);
     let plan = pass(&mut d, "r1", &world);
     assert_eq!((condition(&plan, CONDITION), announced(&plan)), ((true, "Applied".into()), vec![(false, "Applied")]));
 
