@@ -255,8 +255,8 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == 'tiny'").message("spec.model.name: the only built-in model is 'tiny'; use spec.model.path for a checkpoint").reason(Reason::FieldValueInvalid))]
     pub name: Option<String>,
-    /// A checkpoint directory (config.json, *.safetensors, tokenizer.json) inside `volume`,
-    /// relative to the volume's root.
+    /// A checkpoint inside `volume`, relative to the volume's root: a directory (config.json,
+    /// *.safetensors, tokenizer.json) or a `.gguf` file (kvgate's workers and llama.cpp).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// The volume holding the checkpoint, mounted read-only at /models in every pod.

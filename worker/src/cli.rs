@@ -101,7 +101,8 @@ pub struct RouterArgs {
     /// Namespace of those Services.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub namespace: String,
-    /// `tiny` or a checkpoint directory: the router needs only its name and tokenizer.
+    /// `tiny`, a checkpoint directory or a `.gguf` file: the router needs only its name and
+    /// tokenizer.
     #[arg(long = flag::MODEL, default_value = "tiny", env = "KVGATE_MODEL")]
     pub model: ModelSource,
     /// Declared context window: prompt + completion tokens one request may use.
@@ -319,8 +320,9 @@ pub struct ProbeArgs {
 /// Model, window and KV pool settings shared by every command.
 #[derive(Debug, Args, Clone)]
 pub struct EngineArgs {
-    /// `tiny` (built-in, seeded weights) or a checkpoint directory with config.json,
-    /// *.safetensors and tokenizer.json.
+    /// `tiny` (built-in, seeded weights), a checkpoint directory with config.json,
+    /// *.safetensors and tokenizer.json, or a `.gguf` file (llama.cpp's format: Llama, Mistral
+    /// or Qwen2 in f32, f16, Q8_0, Q4_K, Q6_K ..., served on the CPU in its own types).
     #[arg(long = flag::MODEL, default_value = "tiny", env = "KVGATE_MODEL")]
     pub model: ModelSource,
     /// Declared context window: prompt + completion tokens one request may use.

@@ -1,4 +1,8 @@
-//! Text <-> token ids: the tiny model's byte-level tokenizer, or a checkpoint's `tokenizer.json`.
+//! Text <-> token ids: the tiny model's byte-level tokenizer, a checkpoint's `tokenizer.json`,
+//! or the vocabulary a GGUF file carries (a byte-level BPE as `tokenizers` builds it, or a
+//! SentencePiece vocabulary, `spm`).
+
+mod spm;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,6 +21,7 @@ pub enum Tokenizer {
     /// One token per byte, with BOS prepended.
     Bytes,
     Hf(Box<tokenizers::Tokenizer>),
+    Spm(Box<spm::Spm>),
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -24,6 +29,7 @@ impl std::fmt::Debug for Tokenizer {
         f.write_str(match self {
             Tokenizer::Bytes => "Tokenizer::Bytes",
             Tokenizer::Hf(_) => "Tokenizer::Hf",
+            Tokenizer::Spm(_) => "Tokenizer::Spm",
         })
     }
 }
@@ -32,6 +38,44 @@ impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
         let t = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError(format!("{}: {e}", path.display())))?;
         Ok(Tokenizer::Hf(Box::new(t)))
+    }
+
+    /// The tokenizer a GGUF file's metadata describes (`tokenizer.ggml.*`).
+    pub fn from_gguf(content: &candle_core::quantized::gguf_file::Content) -> Result<Self, TokenizerError> {
+        use candle_core::quantized::gguf_file::Value;
+        let m = &content.metadata;
+        let get = |k: &str| m.get(k).ok_or_else(|| TokenizerError(format!("GGUF metadata: missing `{k}`")));
+        let model = get("tokenizer.ggml.model")?.to_string().map_err(|e| TokenizerError(format!("`tokenizer.ggml.model`: {e}")))?;
+        match model.as_str() {
+            "gpt2" => {
+                use candle_core::quantized::tokenizer::TokenizerFromGguf;
+                let t = tokenizers::Tokenizer::from_gguf(content).map_err(|e| TokenizerError(format!("GGUF byte-level BPE vocabulary: {e}")))?;
+                Ok(Tokenizer::Hf(Box::new(t)))
+            }
+            "llama" => {
+                let list = |k: &str| get(k)?.to_vec().map_err(|e| TokenizerError(format!("`{k}`: {e}")));
+                let pieces = list("tokenizer.ggml.tokens")?.iter().map(|v| v.to_string().cloned()).collect::<Result<Vec<_>, _>>();
+                let pieces = pieces.map_err(|e| TokenizerError(format!("`tokenizer.ggml.tokens`: {e}")))?;
+                let scores = match m.get("tokenizer.ggml.scores") {
+                    Some(v) => {
+                        v.to_vec().map_err(|e| TokenizerError(format!("`tokenizer.ggml.scores`: {e}")))?.iter().map(|s| s.to_f32().unwrap_or(0.0)).collect()
+                    }
+                    None => vec![0.0; pieces.len()],
+                };
+                let types = match m.get("tokenizer.ggml.token_type") {
+                    Some(v) => {
+                        v.to_vec().map_err(|e| TokenizerError(format!("`tokenizer.ggml.token_type`: {e}")))?.iter().map(|t| t.to_i32().unwrap_or(1)).collect()
+                    }
+                    None => vec![1; pieces.len()],
+                };
+                let flag = |k: &str, default: bool| m.get(k).map_or(Ok(default), |v: &Value| v.to_bool().map_err(|e| TokenizerError(format!("`{k}`: {e}"))));
+                let bos = m.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok());
+                let spm =
+                    spm::Spm::new(pieces, scores, types, bos, flag("tokenizer.ggml.add_bos_token", true)?, flag("tokenizer.ggml.add_space_prefix", true)?)?;
+                Ok(Tokenizer::Spm(Box::new(spm)))
+            }
+            other => Err(TokenizerError(format!("GGUF metadata `tokenizer.ggml.model` = {other:?}: not implemented (gpt2, llama)"))),
+        }
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
@@ -43,6 +87,7 @@ impl Tokenizer {
         match self {
             Tokenizer::Bytes => Ok(special.then_some(BOS).into_iter().chain(text.bytes().map(u32::from)).collect()),
             Tokenizer::Hf(t) => Ok(t.encode(text, special).map_err(|e| TokenizerError(e.to_string()))?.get_ids().to_vec()),
+            Tokenizer::Spm(s) => s.encode(text, special),
         }
     }
 
@@ -51,6 +96,7 @@ impl Tokenizer {
         match self {
             Tokenizer::Bytes => None,
             Tokenizer::Hf(t) => t.id_to_token(id),
+            Tokenizer::Spm(s) => s.token(id),
         }
     }
 
@@ -61,6 +107,7 @@ impl Tokenizer {
                 Ok(String::from_utf8_lossy(&bytes).into_owned())
             }
             Tokenizer::Hf(t) => t.decode(ids, true).map_err(|e| TokenizerError(e.to_string())),
+            Tokenizer::Spm(s) => s.decode(ids),
         }
     }
 }

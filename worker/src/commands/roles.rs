@@ -181,14 +181,19 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret
 pub async fn router(args: &RouterArgs, registry: &prometheus::Registry, secret: Secret) -> anyhow::Result<Started> {
     let (name, tokenizer, special, vocab) = match &args.model {
         ModelSource::Tiny => ("tiny".to_string(), Tokenizer::Bytes, SpecialTokens::default(), crate::model::tiny::config().vocab_size),
+        // The router computes nothing, but reads the config as the workers do: a checkpoint
+        // they refuse, it refuses too.
         ModelSource::Dir(dir) => {
-            let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-            // The router computes nothing, but reads the config as the workers do: a checkpoint
-            // they refuse, it refuses too.
             let ckpt = Checkpoint::open(dir)?;
             let tokenizer = Tokenizer::from_file(&ckpt.tokenizer)?;
             let special = SpecialTokens::of(&tokenizer, ckpt.config.bos_token_id, &ckpt.config.eos_ids());
-            (name, tokenizer, special, ckpt.config.vocab_size)
+            (args.model.name(), tokenizer, special, ckpt.config.vocab_size)
+        }
+        ModelSource::Gguf(file) => {
+            let gguf = crate::model::gguf::Gguf::open(file)?;
+            let tokenizer = gguf.tokenizer()?;
+            let special = SpecialTokens::of(&tokenizer, gguf.config.bos_token_id, &gguf.config.eos_ids());
+            (args.model.name(), tokenizer, special, gguf.config.vocab_size)
         }
     };
     let metrics = Metrics::new(registry, "router");

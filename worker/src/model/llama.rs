@@ -2,13 +2,15 @@
 //! pool, RMSNorm, SwiGLU MLP), final norm and LM head. Tensor names follow the checkpoint.
 
 use candle_core::{D, DType, Device, Module, Result, Tensor};
-use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
+use candle_nn::RmsNorm;
 
 use super::chunk_attention::attend_chunk;
 use super::config::ModelConfig;
+use super::layer::{Embed, Layer, stacked};
 use super::projection::{project, with_slice};
 use super::rope::Rope;
 use super::token_attention::{TokenQuery, attend_tokens};
+use super::weights::Weights;
 use crate::cpu;
 use crate::kv::{AttnShape, KvPool, Lease};
 
@@ -26,16 +28,16 @@ pub struct SeqStep<'a> {
 pub(crate) struct Attention {
     /// Q, K and V stacked into one weight: one matrix product over the normed rows instead of
     /// three (wider products keep `gemm`'s tiles fuller, and the rows are read once).
-    qkv: Linear,
+    qkv: Layer,
     /// Output widths of Q and of K (= V).
     q_out: usize,
     kv_out: usize,
-    pub(crate) o: Linear,
+    pub(crate) o: Layer,
 }
 
 impl Attention {
     /// Q, K and V of `h` (`[n, hidden]`), unrotated.
-    pub(crate) fn qkv(&self, h: &Tensor, project: impl Fn(&Linear, &Tensor) -> Result<Tensor>) -> Result<(Tensor, Tensor, Tensor)> {
+    pub(crate) fn qkv(&self, h: &Tensor, project: impl Fn(&Layer, &Tensor) -> Result<Tensor>) -> Result<(Tensor, Tensor, Tensor)> {
         let y = project(&self.qkv, h)?;
         Ok((y.narrow(1, 0, self.q_out)?, y.narrow(1, self.q_out, self.kv_out)?, y.narrow(1, self.q_out + self.kv_out, self.kv_out)?))
     }
@@ -47,60 +49,49 @@ pub(crate) struct Block {
     pub(crate) attn: Attention,
     pub(crate) post_norm: RmsNorm,
     /// Gate and up stacked into one weight, as Q, K and V are.
-    gate_up: Linear,
+    gate_up: Layer,
     intermediate: usize,
-    down: Linear,
+    down: Layer,
 }
 
 #[derive(Debug, Clone)]
 pub struct Llama {
     pub(crate) cfg: ModelConfig,
-    pub(crate) embed: Embedding,
+    pub(crate) embed: Embed,
     pub(crate) blocks: Vec<Block>,
     pub(crate) norm: RmsNorm,
-    pub(crate) lm_head: Linear,
+    pub(crate) lm_head: Layer,
     pub(crate) rope: Rope,
     pub(crate) device: Device,
 }
 
-fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
-    if bias { candle_nn::linear(i, o, vb) } else { candle_nn::linear_no_bias(i, o, vb) }
-}
-
-/// One layer whose outputs are `parts`' outputs one after another (each output is the same dot
-/// product over the same inputs, so the results are those of the parts).
-fn stacked(parts: &[Linear]) -> Result<Linear> {
-    let weights: Vec<&Tensor> = parts.iter().map(Linear::weight).collect();
-    let biases: Option<Vec<&Tensor>> = parts.iter().map(Linear::bias).collect();
-    Ok(Linear::new(Tensor::cat(&weights, 0)?, biases.map(|b| Tensor::cat(&b, 0)).transpose()?))
-}
-
 impl Block {
-    fn load(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    fn load(cfg: &ModelConfig, w: &Weights, i: usize) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim());
         let (q_out, kv_out) = (cfg.num_attention_heads * hd, cfg.num_kv_heads() * hd);
         let bias = cfg.qkv_bias();
-        let a = vb.pp("self_attn");
-        let m = vb.pp("mlp");
+        let name = |part: &str| format!("model.layers.{i}.{part}");
+        let ffn = cfg.intermediate_size;
         Ok(Block {
-            input_norm: candle_nn::rms_norm(h, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
+            input_norm: w.norm(&name("input_layernorm"), h, cfg.rms_norm_eps)?,
             attn: Attention {
-                qkv: stacked(&[linear(h, q_out, bias, a.pp("q_proj"))?, linear(h, kv_out, bias, a.pp("k_proj"))?, linear(h, kv_out, bias, a.pp("v_proj"))?])?,
+                qkv: stacked(vec![
+                    w.linear(&name("self_attn.q_proj"), h, q_out, bias)?,
+                    w.linear(&name("self_attn.k_proj"), h, kv_out, bias)?,
+                    w.linear(&name("self_attn.v_proj"), h, kv_out, bias)?,
+                ])?,
                 q_out,
                 kv_out,
-                o: linear(q_out, h, cfg.o_bias(), a.pp("o_proj"))?,
+                o: w.linear(&name("self_attn.o_proj"), q_out, h, cfg.o_bias())?,
             },
-            post_norm: candle_nn::rms_norm(h, cfg.rms_norm_eps, vb.pp("post_attention_layernorm"))?,
-            gate_up: stacked(&[
-                linear(h, cfg.intermediate_size, cfg.mlp_bias, m.pp("gate_proj"))?,
-                linear(h, cfg.intermediate_size, cfg.mlp_bias, m.pp("up_proj"))?,
-            ])?,
-            intermediate: cfg.intermediate_size,
-            down: linear(cfg.intermediate_size, h, cfg.mlp_bias, m.pp("down_proj"))?,
+            post_norm: w.norm(&name("post_attention_layernorm"), h, cfg.rms_norm_eps)?,
+            gate_up: stacked(vec![w.linear(&name("mlp.gate_proj"), h, ffn, cfg.mlp_bias)?, w.linear(&name("mlp.up_proj"), h, ffn, cfg.mlp_bias)?])?,
+            intermediate: ffn,
+            down: w.linear(&name("mlp.down_proj"), ffn, h, cfg.mlp_bias)?,
         })
     }
 
-    pub(crate) fn mlp(&self, x: &Tensor, project: impl Fn(&Linear, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    pub(crate) fn mlp(&self, x: &Tensor, project: impl Fn(&Layer, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
         let y = project(&self.gate_up, x)?;
         let gated = match (y.dims2()?, y.device()) {
             ((rows, _), Device::Cpu) if y.dtype() == DType::F32 => {
@@ -114,16 +105,26 @@ impl Block {
 }
 
 impl Llama {
-    pub fn load(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
-        let embed = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, vb.pp("model.embed_tokens"))?;
-        let blocks = (0..cfg.num_hidden_layers).map(|i| Block::load(cfg, vb.pp(format!("model.layers.{i}")))).collect::<Result<Vec<_>>>()?;
-        let norm = candle_nn::rms_norm(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("model.norm"))?;
-        let lm_head = if cfg.tie_word_embeddings {
-            Linear::new(embed.embeddings().clone(), None)
-        } else {
-            candle_nn::linear_no_bias(cfg.hidden_size, cfg.vocab_size, vb.pp("lm_head"))?
-        };
-        Ok(Llama { cfg: cfg.clone(), embed, blocks, norm, lm_head, rope: Rope::new(cfg), device: vb.device().clone() })
+    pub fn load(cfg: &ModelConfig, w: &Weights) -> Result<Self> {
+        let embed = w.embedding("model.embed_tokens", cfg.vocab_size, cfg.hidden_size)?;
+        let blocks = (0..cfg.num_hidden_layers).map(|i| Block::load(cfg, w, i)).collect::<Result<Vec<_>>>()?;
+        let norm = w.norm("model.norm", cfg.hidden_size, cfg.rms_norm_eps)?;
+        let lm_head = if cfg.tie_word_embeddings { embed.as_layer()? } else { w.linear("lm_head", cfg.hidden_size, cfg.vocab_size, false)? };
+        Ok(Llama { cfg: cfg.clone(), embed, blocks, norm, lm_head, rope: Rope::new(cfg), device: w.device() })
+    }
+
+    /// The types the weights are kept in (`f32`, `q8_0`, `q4k+q4k+q6k` ...), layer by layer
+    /// as the first block and the output layer hold them.
+    pub fn weight_types(&self) -> String {
+        let b = &self.blocks[0];
+        format!(
+            "qkv {}, o {}, gate/up {}, down {}, output {}",
+            b.attn.qkv.type_name(),
+            b.attn.o.type_name(),
+            b.gate_up.type_name(),
+            b.down.type_name(),
+            self.lm_head.type_name()
+        )
     }
 
     pub fn config(&self) -> &ModelConfig {

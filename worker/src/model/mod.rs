@@ -1,4 +1,5 @@
-//! The model: config, weights (built-in tiny or a checkpoint), forward pass and sampling.
+//! The model: config, weights (built-in tiny, a safetensors checkpoint or a GGUF file),
+//! forward pass and sampling.
 
 pub mod checkpoint;
 #[cfg(test)]
@@ -6,6 +7,10 @@ mod checkpoint_tests;
 mod chunk_attention;
 pub mod config;
 mod config_reader;
+pub mod gguf;
+#[cfg(test)]
+mod gguf_tests;
+pub mod layer;
 pub mod llama;
 pub mod logprobs;
 mod projection;
@@ -16,6 +21,7 @@ pub mod sampling;
 mod tests;
 pub mod tiny;
 mod token_attention;
+pub mod weights;
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +35,7 @@ pub use sampling::{Sampler, SamplingParams};
 
 use crate::kv::{KvDtype, KvLayout};
 use crate::tokenizer::Tokenizer;
+use weights::Weights;
 
 #[derive(Debug, Error)]
 pub enum ModelError {
@@ -51,12 +58,29 @@ pub enum ModelError {
 pub enum ModelSource {
     Tiny,
     Dir(PathBuf),
+    /// A `.gguf` file.
+    Gguf(PathBuf),
 }
 
 impl std::str::FromStr for ModelSource {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(if s == "tiny" { ModelSource::Tiny } else { ModelSource::Dir(PathBuf::from(s)) })
+        Ok(match s {
+            "tiny" => ModelSource::Tiny,
+            _ if s.ends_with(".gguf") => ModelSource::Gguf(PathBuf::from(s)),
+            _ => ModelSource::Dir(PathBuf::from(s)),
+        })
+    }
+}
+
+impl ModelSource {
+    /// The model's name: `tiny`, or the directory's or file's name.
+    pub fn name(&self) -> String {
+        let of = |p: &Path| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
+        match self {
+            ModelSource::Tiny => "tiny".into(),
+            ModelSource::Dir(p) | ModelSource::Gguf(p) => of(p),
+        }
     }
 }
 
@@ -75,12 +99,13 @@ impl Model {
         match source {
             ModelSource::Tiny => Self::tiny(device),
             ModelSource::Dir(dir) => Self::from_dir(dir, device),
+            ModelSource::Gguf(file) => Self::from_gguf(file, device),
         }
     }
 
     pub fn tiny(device: &Device) -> Result<Self, ModelError> {
         let cfg = tiny::config();
-        let llama = Llama::load(&cfg, tiny::var_builder(device)?)?;
+        let llama = Llama::load(&cfg, &Weights::Safetensors(tiny::var_builder(device)?))?;
         let text = serde_json::to_string(&cfg).map_err(|e| ModelError::Config(e.to_string()))?;
         let fingerprint = format!("{:016x}", xxh3_64(format!("tiny-r{}:{text}", tiny::TINY_REVISION).as_bytes()));
         Ok(Model { name: "tiny".into(), eos: cfg.eos_ids(), llama, tokenizer: std::sync::Arc::new(Tokenizer::Bytes), fingerprint })
@@ -89,9 +114,24 @@ impl Model {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self, ModelError> {
         let ckpt = checkpoint::Checkpoint::open(dir)?;
         let tokenizer = std::sync::Arc::new(Tokenizer::from_file(&ckpt.tokenizer)?);
-        let llama = Llama::load(&ckpt.config, ckpt.var_builder(DType::F32, device)?)?;
-        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let llama = Llama::load(&ckpt.config, &Weights::Safetensors(ckpt.var_builder(DType::F32, device)?))?;
+        let name = ModelSource::Dir(dir.to_path_buf()).name();
         Ok(Model { name, eos: ckpt.config.eos_ids(), fingerprint: ckpt.fingerprint()?, llama, tokenizer })
+    }
+
+    /// A GGUF file, on the CPU: its quantized weights stay quantized.
+    pub fn from_gguf(file: &Path, device: &Device) -> Result<Self, ModelError> {
+        if !matches!(device, Device::Cpu) {
+            return Err(ModelError::Config(format!("{}: GGUF files are served on the CPU only", file.display())));
+        }
+        if !file.is_file() {
+            return Err(ModelError::MissingFile(file.to_path_buf()));
+        }
+        let gguf = gguf::Gguf::open(file)?;
+        let tokenizer = std::sync::Arc::new(gguf.tokenizer()?);
+        let llama = Llama::load(&gguf.config, &Weights::Gguf(&gguf))?;
+        let name = ModelSource::Gguf(file.to_path_buf()).name();
+        Ok(Model { name, eos: gguf.config.eos_ids(), fingerprint: gguf.fingerprint()?, llama, tokenizer })
     }
 
     /// Token ids this model embeds: `0..vocab_size()`.

@@ -5,6 +5,7 @@
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
+use super::layer::Layer;
 use crate::cpu::matvec;
 
 /// Up to this many rows a matrix product is computed as `(W x^T)^T`. `gemm`'s AVX-512 kernels
@@ -15,7 +16,15 @@ use crate::cpu::matvec;
 const TRANSPOSED_ROWS: usize = 128;
 
 /// `x W^T + b` for `x` `[rows, in]`.
-pub fn project(layer: &Linear, x: &Tensor) -> Result<Tensor> {
+pub fn project(layer: &Layer, x: &Tensor) -> Result<Tensor> {
+    match layer {
+        Layer::Dense(l) => project_dense(l, x),
+        Layer::Quantized(q) => q.forward(x),
+        Layer::Parts(parts) => Tensor::cat(&parts.iter().map(|p| project(p, x)).collect::<Result<Vec<_>>>()?, 1),
+    }
+}
+
+fn project_dense(layer: &Linear, x: &Tensor) -> Result<Tensor> {
     let (rows, k) = x.dims2()?;
     let w = layer.weight();
     if rows > TRANSPOSED_ROWS || !matches!(x.device(), Device::Cpu) || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
@@ -65,7 +74,7 @@ mod tests {
         for layer in [Linear::new(w.clone(), None), Linear::new(w, Some(b))] {
             for rows in [1, matvec::MAX_ROWS, matvec::MAX_ROWS + 1, TRANSPOSED_ROWS, TRANSPOSED_ROWS + 1] {
                 let x = Tensor::from_vec(pseudo(rows * k, 3), (rows, k), cpu).unwrap();
-                let (got, want) = (project(&layer, &x).unwrap(), layer.forward(&x).unwrap());
+                let (got, want) = (project(&Layer::Dense(layer.clone()), &x).unwrap(), layer.forward(&x).unwrap());
                 assert_eq!(got.dims(), want.dims(), "{rows} rows");
                 let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
                 assert!(diff < 1e-4, "{rows} rows: off by {diff}");

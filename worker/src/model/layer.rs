@@ -1,0 +1,175 @@
+//! A linear layer's weight as the checkpoint stores it, and the embedding table. Dense f32
+//! weights are multiplied by `projection::project`'s kernels; quantized ones (a GGUF's Q8_0,
+//! Q4_K, Q6_K ...) by candle's quantized products, which quantize the rows to 8 bits first, as
+//! llama.cpp does, and never widen the weight to f32.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{D, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, Linear};
+
+#[derive(Debug, Clone)]
+pub enum Layer {
+    Dense(Linear),
+    Quantized(Quantized),
+    /// Parts stored in different types (a Q4_K_M file keeps V in Q6_K beside Q and K in Q4_K),
+    /// computed one after another; their outputs are joined as a stacked layer's would be.
+    Parts(Vec<Layer>),
+}
+
+#[derive(Debug, Clone)]
+pub struct Quantized {
+    weight: Arc<QTensor>,
+    product: QMatMul,
+    bias: Option<Tensor>,
+}
+
+impl Quantized {
+    pub fn new(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
+        Ok(Quantized { product: QMatMul::from_arc(weight.clone())?, weight, bias })
+    }
+
+    pub fn dtype(&self) -> GgmlDType {
+        self.weight.dtype()
+    }
+}
+
+impl Layer {
+    /// A weight as the checkpoint stores it: f32 stays dense (the dense kernels are faster than
+    /// candle's quantized path for it), every other type stays in its blocks.
+    pub fn from_qtensor(weight: QTensor, bias: Option<Tensor>) -> Result<Layer> {
+        match weight.dtype() {
+            GgmlDType::F32 => Ok(Layer::Dense(Linear::new(weight.dequantize(&Device::Cpu)?, bias))),
+            _ => Ok(Layer::Quantized(Quantized::new(Arc::new(weight), bias)?)),
+        }
+    }
+
+    /// Output features.
+    pub fn outputs(&self) -> Result<usize> {
+        match self {
+            Layer::Dense(l) => l.weight().dim(0),
+            Layer::Quantized(q) => q.weight.shape().dims2().map(|(rows, _)| rows),
+            Layer::Parts(parts) => parts.iter().map(Layer::outputs).sum(),
+        }
+    }
+
+    /// The weight's type as llama.cpp spells it (`f32`, `q8_0`, `q4_K`; parts joined by `+`).
+    pub fn type_name(&self) -> String {
+        match self {
+            Layer::Dense(l) => format!("{:?}", l.weight().dtype()).to_lowercase(),
+            Layer::Quantized(q) => ggml_name(q.dtype()).to_string(),
+            Layer::Parts(parts) => parts.iter().map(Layer::type_name).collect::<Vec<_>>().join("+"),
+        }
+    }
+}
+
+/// A GGUF tensor type's name as llama.cpp spells it.
+pub fn ggml_name(t: GgmlDType) -> &'static str {
+    match t {
+        GgmlDType::F32 => "f32",
+        GgmlDType::F16 => "f16",
+        GgmlDType::BF16 => "bf16",
+        GgmlDType::Q4_0 => "q4_0",
+        GgmlDType::Q4_1 => "q4_1",
+        GgmlDType::Q5_0 => "q5_0",
+        GgmlDType::Q5_1 => "q5_1",
+        GgmlDType::Q8_0 => "q8_0",
+        GgmlDType::Q8_1 => "q8_1",
+        GgmlDType::Q2K => "q2_K",
+        GgmlDType::Q3K => "q3_K",
+        GgmlDType::Q4K => "q4_K",
+        GgmlDType::Q5K => "q5_K",
+        GgmlDType::Q6K => "q6_K",
+        GgmlDType::Q8K => "q8_K",
+    }
+}
+
+/// One layer whose outputs are `parts`' outputs one after another: one product over the rows
+/// instead of several (wider products keep the kernels' tiles fuller, and the rows are read
+/// once). Dense parts are concatenated; quantized parts of one type too (each output row is
+/// quantized on its own, so rows are appended as they are); anything else stays in parts.
+pub fn stacked(parts: Vec<Layer>) -> Result<Layer> {
+    if let Some(dense) = parts.iter().map(|p| if let Layer::Dense(l) = p { Some(l) } else { None }).collect::<Option<Vec<_>>>() {
+        let weights: Vec<&Tensor> = dense.iter().map(|l| l.weight()).collect();
+        let biases: Option<Vec<&Tensor>> = dense.iter().map(|l| l.bias()).collect();
+        return Ok(Layer::Dense(Linear::new(Tensor::cat(&weights, 0)?, biases.map(|b| Tensor::cat(&b, 0)).transpose()?)));
+    }
+    let quantized: Option<Vec<&Quantized>> = parts.iter().map(|p| if let Layer::Quantized(q) = p { Some(q) } else { None }).collect();
+    if let Some(q) = quantized.filter(|q| q.iter().all(|x| x.dtype() == q[0].dtype() && x.bias.is_some() == q[0].bias.is_some())) {
+        let cols = q[0].weight.shape().dims2()?.1;
+        let mut bytes = Vec::new();
+        let mut rows = 0;
+        for part in &q {
+            let (r, c) = part.weight.shape().dims2()?;
+            if c != cols {
+                candle_core::bail!("stacking quantized layers of {cols} and {c} inputs");
+            }
+            bytes.extend_from_slice(&part.weight.data()?);
+            rows += r;
+        }
+        let weight = QTensor::new(QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, q[0].dtype())?, (rows, cols))?;
+        let biases: Option<Vec<&Tensor>> = q.iter().map(|x| x.bias.as_ref()).collect();
+        return Ok(Layer::Quantized(Quantized::new(Arc::new(weight), biases.map(|b| Tensor::cat(&b, 0)).transpose()?)?));
+    }
+    Ok(Layer::Parts(parts))
+}
+
+impl Module for Layer {
+    /// `x W^T + b` by candle's own kernels (the reference path; serving goes through
+    /// `projection::project`).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Layer::Dense(l) => l.forward(x),
+            Layer::Quantized(q) => q.forward(x),
+            Layer::Parts(parts) => Tensor::cat(&parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?, D::Minus1),
+        }
+    }
+}
+
+impl Module for Quantized {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.product.forward(&x.contiguous()?)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// The token embedding table: dense, or a GGUF's quantized rows looked up without widening the
+/// table (an 8B model's 128k x 4096 table would be 2 GiB in f32).
+#[derive(Debug, Clone)]
+pub enum Embed {
+    Dense(Embedding),
+    Quantized(Arc<QTensor>),
+}
+
+impl Embed {
+    /// The table as an output layer (tied embeddings).
+    pub fn as_layer(&self) -> Result<Layer> {
+        match self {
+            Embed::Dense(e) => Ok(Layer::Dense(Linear::new(e.embeddings().clone(), None))),
+            Embed::Quantized(q) if q.dtype() == GgmlDType::F32 => Ok(Layer::Dense(Linear::new(q.dequantize(&Device::Cpu)?, None))),
+            Embed::Quantized(q) => Ok(Layer::Quantized(Quantized::new(q.clone(), None)?)),
+        }
+    }
+
+    /// The dense table, where there is one.
+    pub fn embeddings(&self) -> Option<&Tensor> {
+        match self {
+            Embed::Dense(e) => Some(e.embeddings()),
+            Embed::Quantized(_) => None,
+        }
+    }
+}
+
+impl Module for Embed {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Embed::Dense(e) => e.forward(ids),
+            Embed::Quantized(q) => q.embedding(ids),
+        }
+    }
+}
