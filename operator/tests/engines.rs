@@ -358,6 +358,25 @@ fn a_serving_pod_answering_from_stale_kv_beside_live_traffic_is_taken_out() {
     assert!(op.metric(r#"kvgate_operator_probe_mismatches_total{engine="llamacpp",probe="stale_kv",role="server"}"#).unwrap_or(0.0) > before);
 }
 
+/// kvgate's own workers from a GGUF file (the llama.cpp tests' tiny model: f32, a SentencePiece
+/// vocabulary of bytes) on the models hostPath: every pod reads it, prefill and decode agree on
+/// its fingerprint, the gate and the integrity canary pass, and the router answers.
+#[test]
+fn kvgates_workers_serve_a_gguf_file_through_the_gate_and_the_canary() {
+    let (cp, _) = env();
+    let ns = models_namespace(cp, "kvgate-gguf");
+    let model = format!("model: {{ path: tiny.gguf, volume: {{ hostPath: {} }} }}", models(cp).display());
+    apply_yaml(cp, &ns, &tiny("gguf", 2048, 4096, 4096, "").replace("model: { name: tiny }", &model));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "gguf")["status"]["phase"] == "Available");
+    let d = infd(cp, &ns, "gguf");
+    assert_eq!(d["status"]["canary"]["passed"], true, "{d}");
+    assert_eq!(d["status"]["minMeasuredTokens"].as_u64(), Some(4096), "{d}");
+    let router = router_endpoints(cp, &ns, "gguf").pop().expect("a ready router endpoint");
+    let (status, body) = complete(&router, "Hello", 4).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"model\":\"tiny.gguf\""), "the model is named by its file: {body}");
+}
+
 /// Every example is an object the API server accepts as written (each engine's among them).
 #[test]
 fn every_example_passes_the_api_servers_validation() {
@@ -371,7 +390,7 @@ fn every_example_passes_the_api_servers_validation() {
         checked.push(entry.file_name().to_string_lossy().into_owned());
     }
     checked.sort();
-    for want in ["llamacpp.yaml", "sglang-gpu.yaml", "sglang-pd-incident.yaml", "tenants.yaml", "tiny.yaml", "vllm.yaml"] {
+    for want in ["gguf.yaml", "llamacpp.yaml", "sglang-gpu.yaml", "sglang-pd-incident.yaml", "tenants.yaml", "tiny.yaml", "vllm.yaml"] {
         assert!(checked.iter().any(|c| c == want), "{want} not among {checked:?}");
     }
 }
