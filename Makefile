@@ -57,6 +57,8 @@ bench:
 	$(CARGO) bench -p kvgate-worker --bench engine
 	$(CARGO) bench -p kvgate-worker --bench handoff
 	$(CARGO) bench -p kvgate-worker --bench contention
+	# The same GGUF file in kvgate and llama.cpp (the xllamacpp wheel of `make test-deps`).
+	$(CARGO) bench -p kvgate-worker --bench gguf
 	# Traces on vs off: a real Jaeger (`make tools`).
 	$(CARGO) bench -p kvgate-worker --bench tracing
 	bench/venv.sh bench/plot.py

@@ -51,6 +51,7 @@ pub fn load(args: &EngineArgs) -> anyhow::Result<Loaded> {
     );
     // The model runs on the CPU; only the pool may live on a GPU.
     let model = Model::load(&args.model, &Device::Cpu).with_context(|| format!("loading model {:?}", args.model))?;
+    tracing::info!(model = %model.name, fingerprint = %model.fingerprint, weights = %model.llama.weight_types(), "model loaded");
     let layout = model.kv_layout(args.pool.page_size, args.pool.kv_dtype);
     let size = args.pool.size(args.context_window);
     let pool = match args.pool.device.parse::<PoolDevice>()? {

@@ -1,0 +1,120 @@
+//! kvgate against llama.cpp on the same GGUF file (`cargo bench -p kvgate-worker --bench gguf`,
+//! a Markdown table): a random Llama of 8 layers shaped like TinyLlama's (hidden 2048, FFN 5632,
+//! 32 heads, 4 KV heads, 32k vocabulary), written in Q4_K_M's mix and in Q8_0. Each server runs
+//! alone on the machine in turn (kvgate colocated, f16 KV; llama.cpp's server from the pinned
+//! `xllamacpp` wheel with 8 slots sharing its f16 cache), both on 2 threads, over HTTP with
+//! token-id prompts: a 512-token prefill (a request for one token), decode of one stream and of
+//! eight at once (64 tokens each, end-of-sequence ignored), and each process's RSS after the
+//! runs. Medians of 3 rounds.
+
+#[path = "../tests/support/gguf_files.rs"]
+mod gguf_files;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use gguf_files::{Family, Mix, Shape, llama_server, root, write};
+use serde_json::{Value, json};
+use support::Worker;
+
+const SHAPE: Shape = Shape { hidden: 2048, ffn: 5632, heads: 32, kv_heads: 4, layers: 8, vocab: 32000 };
+const PREFILL: usize = 512;
+const DECODE: usize = 64;
+const STREAMS: usize = 8;
+const ROUNDS: usize = 3;
+
+/// One server as the bench talks to it: a completion of `prompt` asking for `tokens`.
+struct Server {
+    base: String,
+    llamacpp: bool,
+    pid: u32,
+    http: reqwest::Client,
+}
+
+impl Server {
+    async fn complete(&self, prompt: &[u32], tokens: usize) -> Duration {
+        let (path, body) = if self.llamacpp {
+            ("/completion", json!({ "prompt": prompt, "n_predict": tokens, "temperature": 0.0, "ignore_eos": true, "cache_prompt": false }))
+        } else {
+            ("/v1/completions", json!({ "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": true }))
+        };
+        let started = Instant::now();
+        let resp = self.http.post(format!("{}{path}", self.base)).json(&body).send().await.unwrap();
+        assert!(resp.status().is_success(), "{}: {}", self.base, resp.text().await.unwrap_or_default());
+        let _: Value = resp.json().await.unwrap();
+        started.elapsed()
+    }
+
+    fn rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0.0);
+        kib / 1024.0
+    }
+}
+
+fn prompt(n: usize, seed: usize) -> Vec<u32> {
+    (0..n).map(|i| 3 + ((i * 7919 + seed * 104729) % (SHAPE.vocab - 4)) as u32).collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Prefill tokens/s, one stream's and eight streams' decode tokens/s, RSS in MiB.
+async fn measure(s: &Server) -> [f64; 4] {
+    s.complete(&prompt(32, 99), 4).await; // warm-up
+    let (mut prefill, mut one, mut eight) = (vec![], vec![], vec![]);
+    for round in 0..ROUNDS {
+        let p = prompt(PREFILL, round);
+        prefill.push(PREFILL as f64 / s.complete(&p, 1).await.as_secs_f64());
+        let short = prompt(16, round + 10);
+        let (first, all) = (s.complete(&short, 1).await, s.complete(&short, DECODE + 1).await);
+        one.push(DECODE as f64 / (all - first).as_secs_f64());
+        let started = Instant::now();
+        join_all((0..STREAMS).map(|k| {
+            let p = prompt(16, round * STREAMS + k + 100);
+            async move { s.complete(&p, DECODE).await }
+        }))
+        .await;
+        eight.push((STREAMS * DECODE) as f64 / started.elapsed().as_secs_f64());
+    }
+    [median(prefill), median(one), median(eight), s.rss_mib()]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let dir = root().join("target/tmp/gguf-bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(600)).build().unwrap();
+    let mut rows = Vec::new();
+    for (mix, name) in [(Mix::Q4KM, "Q4_K_M"), (Mix::Q8_0, "Q8_0")] {
+        let file = dir.join(format!("tinyllama-8-layers-{name}.gguf"));
+        if !file.is_file() {
+            write(&file, SHAPE, Family::Llama, mix);
+        }
+        let size = std::fs::metadata(&file).unwrap().len() as f64 / (1 << 20) as f64;
+        let model = file.to_str().unwrap();
+        let worker =
+            Worker::colocated(&["--model", model, "--context-window=4096", "--kv-pool-tokens=16384", "--kv-dtype=f16", "--max-requests-per-client=16"]);
+        let kvgate = measure(&Server { base: worker.base.clone(), llamacpp: false, pid: worker.child.id(), http: http.clone() }).await;
+        drop(worker);
+        let server = llama_server(&file, &["-c", "16384", "-np", "8", "--kv-unified", "-t", "2"]).await;
+        let llamacpp = measure(&Server { base: server.base.clone(), llamacpp: true, pid: server.child.id(), http: http.clone() }).await;
+        drop(server);
+        let ratio = |i: usize| kvgate[i] / llamacpp[i];
+        rows.push((
+            format!("{name} ({size:.0} MiB) prefill, {PREFILL}-token prompt"),
+            format!("{:.0} / {:.0} tokens/s ({:.2}x)", kvgate[0], llamacpp[0], ratio(0)),
+        ));
+        rows.push((format!("{name} decode, 1 stream"), format!("{:.1} / {:.1} tokens/s ({:.2}x)", kvgate[1], llamacpp[1], ratio(1))));
+        rows.push((format!("{name} decode, {STREAMS} streams"), format!("{:.1} / {:.1} tokens/s ({:.2}x)", kvgate[2], llamacpp[2], ratio(2))));
+        rows.push((format!("{name} RSS after the runs (16384-token f16 KV each)"), format!("{:.0} / {:.0} MiB ({:.2}x)", kvgate[3], llamacpp[3], ratio(3))));
+    }
+    println!("\n| same GGUF file: kvgate / llama.cpp | result |\n| --- | --- |");
+    for (k, v) in rows {
+        println!("| {k} | {v} |");
+    }
+}

@@ -1,0 +1,218 @@
+//! Random GGUF files of Llama and Qwen2 in Q8_0 or Q4_K_M's mix, and llama.cpp's server from the
+//! pinned `xllamacpp` wheel: what `tests/gguf.rs` compares kvgate with and `benches/gguf.rs`
+//! measures it against.
+
+#![allow(dead_code)] // the test and the bench each use a part
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+
+/// A model's dimensions.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub hidden: usize,
+    pub ffn: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub layers: usize,
+    /// Three specials, then pieces `t3`, `t4`, ... (and, for BPE, the newline llama.cpp looks
+    /// up and a merge of two of them, since it refuses a BPE vocabulary without merges).
+    pub vocab: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Family {
+    Llama,
+    Qwen2,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Mix {
+    Q8_0,
+    Q4KM,
+}
+
+impl Mix {
+    fn dtype(self, name: &str) -> GgmlDType {
+        match self {
+            Mix::Q8_0 => GgmlDType::Q8_0,
+            // llama.cpp's Q4_K_M keeps V, the down projection and the output layer in Q6_K.
+            Mix::Q4KM if name.contains("attn_v") || name.contains("ffn_down") || name == "output.weight" => GgmlDType::Q6K,
+            Mix::Q4KM => GgmlDType::Q4K,
+        }
+    }
+}
+
+/// Uniform numbers from a fixed seed (the same file on every run).
+struct Rng(u64);
+
+impl Rng {
+    fn tensor(&mut self, shape: &[usize], scale: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((self.0 >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+}
+
+/// Writes a random model of `shape` to `path`.
+pub fn write(path: &Path, shape: Shape, family: Family, mix: Mix) {
+    let Shape { hidden, ffn, heads, kv_heads, layers, vocab } = shape;
+    let mut rng = Rng(0x6767_7566 + family as u64 * 7 + mix as u64);
+    let hd = hidden / heads;
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    let mut add = |name: String, shape: &[usize], rng: &mut Rng| {
+        let fan_in = *shape.last().unwrap() as f32;
+        let scale = if name.starts_with("token_embd") { 4.0 * (3.0 / fan_in).sqrt() } else { (3.0 / fan_in).sqrt() };
+        let t = rng.tensor(shape, scale);
+        let dtype = if shape.len() == 2 { mix.dtype(&name) } else { GgmlDType::F32 };
+        tensors.push((name, QTensor::quantize(&t, dtype).unwrap()));
+    };
+    add("token_embd.weight".into(), &[vocab, hidden], &mut rng);
+    add("output.weight".into(), &[vocab, hidden], &mut rng);
+    for i in 0..layers {
+        for (t, shape) in [
+            ("attn_q.weight", vec![heads * hd, hidden]),
+            ("attn_k.weight", vec![kv_heads * hd, hidden]),
+            ("attn_v.weight", vec![kv_heads * hd, hidden]),
+            ("attn_output.weight", vec![hidden, heads * hd]),
+            ("ffn_gate.weight", vec![ffn, hidden]),
+            ("ffn_up.weight", vec![ffn, hidden]),
+            ("ffn_down.weight", vec![hidden, ffn]),
+        ] {
+            add(format!("blk.{i}.{t}"), &shape, &mut rng);
+        }
+        if matches!(family, Family::Qwen2) {
+            for (t, n) in [("attn_q.bias", heads * hd), ("attn_k.bias", kv_heads * hd), ("attn_v.bias", kv_heads * hd)] {
+                add(format!("blk.{i}.{t}"), &[n], &mut rng);
+            }
+        }
+    }
+    let ones = |n: usize| QTensor::quantize(&Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).unwrap(), GgmlDType::F32).unwrap();
+    for i in 0..layers {
+        tensors.push((format!("blk.{i}.attn_norm.weight"), ones(hidden)));
+        tensors.push((format!("blk.{i}.ffn_norm.weight"), ones(hidden)));
+    }
+    tensors.push(("output_norm.weight".into(), ones(hidden)));
+
+    let arch = match family {
+        Family::Llama => "llama",
+        Family::Qwen2 => "qwen2",
+    };
+    let u = |n: usize| Value::U32(n as u32);
+    let s = |t: &str| Value::String(t.into());
+    let mut pieces: Vec<Value> = ["<unk>", "<s>", "</s>"].iter().map(|p| s(p)).collect();
+    pieces.extend((3..vocab - 1).map(|i| s(&format!("t{i}"))));
+    let mut types: Vec<Value> = vec![Value::I32(2), Value::I32(3), Value::I32(3)];
+    types.extend((3..vocab).map(|_| Value::I32(1)));
+    let key = |k: &str| format!("{arch}.{k}");
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), s(arch)),
+        (key("context_length"), u(16384)),
+        (key("embedding_length"), u(hidden)),
+        (key("block_count"), u(layers)),
+        (key("feed_forward_length"), u(ffn)),
+        (key("attention.head_count"), u(heads)),
+        (key("attention.head_count_kv"), u(kv_heads)),
+        (key("rope.dimension_count"), u(hd)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        (key("rope.freq_base"), Value::F32(10000.0)),
+        ("tokenizer.ggml.bos_token_id".into(), u(1)),
+        ("tokenizer.ggml.eos_token_id".into(), u(2)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+    ];
+    match family {
+        Family::Llama => {
+            pieces.push(s(&format!("t{}", vocab - 1)));
+            meta.push(("tokenizer.ggml.model".into(), s("llama")));
+            meta.push(("tokenizer.ggml.scores".into(), Value::Array(vec![Value::F32(0.0); vocab])));
+        }
+        Family::Qwen2 => {
+            pieces.pop();
+            pieces.extend([s("\u{10a}"), s("\u{10a}\u{10a}")]);
+            meta.push(("tokenizer.ggml.model".into(), s("gpt2")));
+            meta.push(("tokenizer.ggml.pre".into(), s("qwen2")));
+            meta.push(("tokenizer.ggml.merges".into(), Value::Array(vec![s("\u{10a} \u{10a}")])));
+        }
+    }
+    meta.push(("tokenizer.ggml.tokens".into(), Value::Array(pieces)));
+    meta.push(("tokenizer.ggml.token_type".into(), Value::Array(types)));
+    let meta: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut f, &meta, &tensors).unwrap();
+}
+
+/// llama.cpp's server from the pinned wheel, unpacked once under target/.
+pub struct LlamaCpp {
+    pub child: Child,
+    pub base: String,
+}
+
+impl Drop for LlamaCpp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// llama.cpp's server for `model` on a free loopback port, with `args` (`-c`, `-np`, `-t` ...).
+pub async fn llama_server(model: &Path, args: &[&str]) -> LlamaCpp {
+    let wheels = root().join("target/images/wheels");
+    let wheel = std::fs::read_dir(&wheels)
+        .ok()
+        .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("xllamacpp-"))))
+        .unwrap_or_else(|| panic!("no xllamacpp wheel in {}: fetch it with `make test-deps` (or `bash scripts/images.sh --fetch`)", wheels.display()));
+    let site = root().join("target/tmp/xllamacpp-site");
+    if !site.join("xllamacpp").is_dir() {
+        let partial = root().join(format!("target/tmp/xllamacpp-site.{}", std::process::id()));
+        let ok = Command::new("python3")
+            .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"])
+            .arg(&wheel)
+            .arg(&partial)
+            .status()
+            .expect("python3 (make test-deps installs it)");
+        assert!(ok.success(), "unpacking {}", wheel.display());
+        // Another test may have unpacked it meanwhile: either copy is whole.
+        let _ = std::fs::rename(&partial, &site);
+    }
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = model.with_extension("llama-server.log");
+    let child = Command::new("python3")
+        .arg(root().join("images/llamacpp/llama-server"))
+        .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(args)
+        .env("PYTHONPATH", &site)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("python3");
+    let mut server = LlamaCpp { child, base: format!("http://127.0.0.1:{port}") };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if reqwest::get(format!("{}/health", server.base)).await.is_ok_and(|r| r.status().is_success()) {
+            return server;
+        }
+        let exited = server.child.try_wait().unwrap();
+        if exited.is_some() || Instant::now() > deadline {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let errors: Vec<&str> = text.lines().filter(|l| l.contains(" E ") || l.contains("Error")).collect();
+            panic!("llama.cpp's server for {} did not come up ({exited:?}): {}", model.display(), errors.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
