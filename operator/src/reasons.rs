@@ -60,20 +60,8 @@ impl Reason {
     }
 }
 
-impl From<RefusalReason> for Reason {
-    fn from(r: RefusalReason) -> Self {
-        Reason::Refused(r)
-    }
-}
-
-impl From<NoReportReason> for Reason {
-    fn from(r: NoReportReason) -> Self {
-        Reason::NoReport(r)
-    }
-}
-
 /// What an Event says the operator was doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
 pub enum EventAction {
     RolloutGate,
     IntegrityCanary,
@@ -83,17 +71,7 @@ pub enum EventAction {
     Reconcile,
 }
 
-impl EventAction {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
-impl PartialEq<&str> for EventAction {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
+crate::rollout_state::closed_set!(EventAction);
 
 /// Compared with how it is spelled on the API (a condition or an Event read back).
 impl PartialEq<&str> for Reason {

@@ -66,6 +66,9 @@ pub enum RollbackReason {
     HandoffIntegrityViolation,
 }
 
+// Other closed sets of the operator (`reasons::EventAction`) use it too.
+pub(crate) use closed_set;
+
 closed_set!(Phase);
 closed_set!(RefusalReason);
 closed_set!(RollbackReason);

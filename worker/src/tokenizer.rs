@@ -42,38 +42,15 @@ impl Tokenizer {
 
     /// The tokenizer a GGUF file's metadata describes (`tokenizer.ggml.*`).
     pub fn from_gguf(content: &candle_core::quantized::gguf_file::Content) -> Result<Self, TokenizerError> {
-        use candle_core::quantized::gguf_file::Value;
-        let m = &content.metadata;
-        let get = |k: &str| m.get(k).ok_or_else(|| TokenizerError(format!("GGUF metadata: missing `{k}`")));
-        let model = get("tokenizer.ggml.model")?.to_string().map_err(|e| TokenizerError(format!("`tokenizer.ggml.model`: {e}")))?;
+        let model = content.metadata.get("tokenizer.ggml.model").ok_or_else(|| TokenizerError("GGUF metadata: missing `tokenizer.ggml.model`".into()))?;
+        let model = model.to_string().map_err(|e| TokenizerError(format!("`tokenizer.ggml.model`: {e}")))?;
         match model.as_str() {
             "gpt2" => {
                 use candle_core::quantized::tokenizer::TokenizerFromGguf;
                 let t = tokenizers::Tokenizer::from_gguf(content).map_err(|e| TokenizerError(format!("GGUF byte-level BPE vocabulary: {e}")))?;
                 Ok(Tokenizer::Hf(Box::new(t)))
             }
-            "llama" => {
-                let list = |k: &str| get(k)?.to_vec().map_err(|e| TokenizerError(format!("`{k}`: {e}")));
-                let pieces = list("tokenizer.ggml.tokens")?.iter().map(|v| v.to_string().cloned()).collect::<Result<Vec<_>, _>>();
-                let pieces = pieces.map_err(|e| TokenizerError(format!("`tokenizer.ggml.tokens`: {e}")))?;
-                let scores = match m.get("tokenizer.ggml.scores") {
-                    Some(v) => {
-                        v.to_vec().map_err(|e| TokenizerError(format!("`tokenizer.ggml.scores`: {e}")))?.iter().map(|s| s.to_f32().unwrap_or(0.0)).collect()
-                    }
-                    None => vec![0.0; pieces.len()],
-                };
-                let types = match m.get("tokenizer.ggml.token_type") {
-                    Some(v) => {
-                        v.to_vec().map_err(|e| TokenizerError(format!("`tokenizer.ggml.token_type`: {e}")))?.iter().map(|t| t.to_i32().unwrap_or(1)).collect()
-                    }
-                    None => vec![1; pieces.len()],
-                };
-                let flag = |k: &str, default: bool| m.get(k).map_or(Ok(default), |v: &Value| v.to_bool().map_err(|e| TokenizerError(format!("`{k}`: {e}"))));
-                let bos = m.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok());
-                let spm =
-                    spm::Spm::new(pieces, scores, types, bos, flag("tokenizer.ggml.add_bos_token", true)?, flag("tokenizer.ggml.add_space_prefix", true)?)?;
-                Ok(Tokenizer::Spm(Box::new(spm)))
-            }
+            "llama" => Ok(Tokenizer::Spm(Box::new(spm::Spm::from_gguf(&content.metadata)?))),
             other => Err(TokenizerError(format!("GGUF metadata `tokenizer.ggml.model` = {other:?}: not implemented (gpt2, llama)"))),
         }
     }

@@ -51,21 +51,26 @@ impl Checkpoint {
 
     /// Hash of the config and every weight byte: two workers agree only on identical models.
     pub fn fingerprint(&self) -> Result<String, ModelError> {
-        let mut h = Xxh3::new();
-        h.update(self.config_text.as_bytes());
-        let mut buf = vec![0u8; 1 << 20];
-        for path in &self.weights {
-            let mut f = File::open(path).map_err(|e| ModelError::Io(path.clone(), e))?;
-            loop {
-                let n = f.read(&mut buf).map_err(|e| ModelError::Io(path.clone(), e))?;
-                if n == 0 {
-                    break;
-                }
-                h.update(&buf[..n]);
-            }
-        }
-        Ok(format!("{:016x}", h.digest()))
+        fingerprint_of(self.config_text.as_bytes(), &self.weights)
     }
+}
+
+/// xxh3 of `head` and then every byte of `files`, as hex.
+pub(super) fn fingerprint_of(head: &[u8], files: &[PathBuf]) -> Result<String, ModelError> {
+    let mut h = Xxh3::new();
+    h.update(head);
+    let mut buf = vec![0u8; 1 << 20];
+    for path in files {
+        let mut f = File::open(path).map_err(|e| ModelError::Io(path.clone(), e))?;
+        loop {
+            let n = f.read(&mut buf).map_err(|e| ModelError::Io(path.clone(), e))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(format!("{:016x}", h.digest()))
 }
 
 fn require(path: PathBuf) -> Result<PathBuf, ModelError> {

@@ -10,17 +10,17 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{QStorage, QTensor};
-use xxhash_rust::xxh3::Xxh3;
 
 use super::ModelError;
+use super::checkpoint::fingerprint_of;
 use super::config::{ModelConfig, RopeScaling, TokenIds};
-use super::layer::ggml_name;
 
 /// Keys of `{arch}.` this loader reads; any other key of the architecture is refused.
 const READ: &[&str] = &[
@@ -47,6 +47,8 @@ pub const ARCHITECTURES: &[&str] = &["llama", "qwen2"];
 
 pub struct Gguf {
     path: PathBuf,
+    /// The file, read tensor by tensor as the model asks for them.
+    reader: Mutex<BufReader<File>>,
     content: Content,
     pub config: ModelConfig,
     /// `general.architecture`.
@@ -68,7 +70,7 @@ impl Gguf {
         }
         let config = config(&content, &arch)?;
         config.validate()?;
-        let gguf = Gguf { path: path.to_path_buf(), content, config, arch };
+        let gguf = Gguf { path: path.to_path_buf(), reader: Mutex::new(f), content, config, arch };
         gguf.check_tensors()?;
         Ok(gguf)
     }
@@ -97,14 +99,10 @@ impl Gguf {
         Ok(())
     }
 
-    pub fn has(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
-    }
-
     /// A tensor as stored; Llama's Q and K (weights and biases) in the checkpoint's row order.
     pub fn tensor(&self, name: &str) -> Result<QTensor, ModelError> {
-        let mut f = BufReader::new(File::open(&self.path).map_err(|e| ModelError::Io(self.path.clone(), e))?);
-        let t = self.content.tensor(&mut f, name, &Device::Cpu).map_err(|e| ModelError::Config(format!("GGUF tensor `{name}`: {e}")))?;
+        let mut f = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let t = self.content.tensor(&mut *f, name, &Device::Cpu).map_err(|e| ModelError::Config(format!("GGUF tensor `{name}`: {e}")))?;
         let heads = if name.ends_with("attn_q.weight") || name.ends_with("attn_q.bias") {
             Some(self.config.num_attention_heads)
         } else if name.ends_with("attn_k.weight") || name.ends_with("attn_k.bias") {
@@ -125,29 +123,7 @@ impl Gguf {
 
     /// Hash of every byte of the file: two workers agree only on identical models.
     pub fn fingerprint(&self) -> Result<String, ModelError> {
-        let mut h = Xxh3::new();
-        let mut f = File::open(&self.path).map_err(|e| ModelError::Io(self.path.clone(), e))?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = f.read(&mut buf).map_err(|e| ModelError::Io(self.path.clone(), e))?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-        Ok(format!("{:016x}", h.digest()))
-    }
-
-    /// The tensor types the file stores and how many of each, most common first
-    /// (`q4_K x128, q6_K x33, f32 x65`).
-    pub fn types(&self) -> String {
-        let mut counts: HashMap<&'static str, usize> = HashMap::new();
-        for t in self.content.tensor_infos.values() {
-            *counts.entry(ggml_name(t.ggml_dtype)).or_default() += 1;
-        }
-        let mut v: Vec<_> = counts.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        v.iter().map(|(t, n)| format!("{t} x{n}")).collect::<Vec<_>>().join(", ")
+        fingerprint_of(b"", std::slice::from_ref(&self.path))
     }
 }
 

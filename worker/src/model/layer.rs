@@ -46,15 +46,6 @@ impl Layer {
         }
     }
 
-    /// Output features.
-    pub fn outputs(&self) -> Result<usize> {
-        match self {
-            Layer::Dense(l) => l.weight().dim(0),
-            Layer::Quantized(q) => q.weight.shape().dims2().map(|(rows, _)| rows),
-            Layer::Parts(parts) => parts.iter().map(Layer::outputs).sum(),
-        }
-    }
-
     /// The weight's type as llama.cpp spells it (`f32`, `q8_0`, `q4_K`; parts joined by `+`).
     pub fn type_name(&self) -> String {
         match self {

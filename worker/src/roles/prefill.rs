@@ -131,12 +131,14 @@ pub(crate) fn refuse(role: &PrefillRole, r: Rejection) -> Response {
 /// The answer to a prefill that ran (or failed).
 pub(crate) fn respond(outcome: Result<PrefillResponse, Failed>) -> Response {
     match outcome {
-        Ok(resp) if resp.refused.is_none() => Json(resp).into_response(),
-        Ok(resp) => {
-            // Decode refused the handoff: the prefill span fails with decode's reason.
-            mark_failed(&tracing::Span::current(), resp.refused.map_or("", |r| r.as_str()));
-            (StatusCode::BAD_GATEWAY, Json(resp)).into_response()
-        }
+        Ok(resp) => match resp.refused {
+            None => Json(resp).into_response(),
+            Some(reason) => {
+                // Decode refused the handoff: the prefill span fails with decode's reason.
+                mark_failed(&tracing::Span::current(), reason.as_str());
+                (StatusCode::BAD_GATEWAY, Json(resp)).into_response()
+            }
+        },
         Err(Failed::Send(e @ SendError::Reservation(_))) => reservation_error(e).into_response(),
         Err(Failed::Deadline(message)) => deadline_error(message).into_response(),
         Err(e) => ApiError::internal(e.to_string()).into_response(),

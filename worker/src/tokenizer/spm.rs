@@ -6,6 +6,8 @@
 
 use std::collections::{BinaryHeap, HashMap};
 
+use candle_core::quantized::gguf_file::Value;
+
 use super::TokenizerError;
 
 /// llama.cpp's token types (`tokenizer.ggml.token_type`).
@@ -68,8 +70,18 @@ impl Spm {
         Ok(Spm { pieces, scores, types, ids, bytes, bos, add_bos, add_space_prefix })
     }
 
-    pub fn vocab_size(&self) -> usize {
-        self.pieces.len()
+    /// The vocabulary a GGUF file's `tokenizer.ggml.*` metadata describes (scores 0 and normal
+    /// types where the file gives none, BOS added and a space put in front unless it says not).
+    pub fn from_gguf(m: &HashMap<String, Value>) -> Result<Spm, TokenizerError> {
+        let err = |k: &str, e: candle_core::Error| TokenizerError(format!("`{k}`: {e}"));
+        let list = |k: &str| m.get(k).map(|v| v.to_vec().map_err(|e| err(k, e))).transpose();
+        let Some(tokens) = list("tokenizer.ggml.tokens")? else { return Err(TokenizerError("GGUF metadata: missing `tokenizer.ggml.tokens`".into())) };
+        let pieces = tokens.iter().map(|v| v.to_string().cloned()).collect::<Result<Vec<_>, _>>().map_err(|e| err("tokenizer.ggml.tokens", e))?;
+        let scores = list("tokenizer.ggml.scores")?.map_or_else(|| vec![0.0; pieces.len()], |s| s.iter().map(|s| s.to_f32().unwrap_or(0.0)).collect());
+        let types = list("tokenizer.ggml.token_type")?.map_or_else(|| vec![1; pieces.len()], |t| t.iter().map(|t| t.to_i32().unwrap_or(1)).collect());
+        let flag = |k: &str, default: bool| m.get(k).map_or(Ok(default), |v| v.to_bool().map_err(|e| err(k, e)));
+        let bos = m.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok());
+        Spm::new(pieces, scores, types, bos, flag("tokenizer.ggml.add_bos_token", true)?, flag("tokenizer.ggml.add_space_prefix", true)?)
     }
 
     pub fn token(&self, id: u32) -> Option<String> {

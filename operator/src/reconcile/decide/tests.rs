@@ -553,7 +553,9 @@ fn the_inference_pool_condition_says_what_the_last_sync_found_and_a_change_is_an
     use crate::reconcile::inference_pool::{CONDITION, PoolCondition};
     let (mut d, mut world) = serving_r1();
     let pool = |ok: bool, reason: Reason| Some(Some(PoolCondition { ok, reason, message: format!("{reason} message") }));
-    let announced = |plan: &Plan| plan.events.iter().filter(|e| e.action == "InferencePool").map(|e| (e.warning, e.reason.as_str())).collect::<Vec<_>>();
+    let announced = |plan: &Plan| {
+        plan.events.iter().filter(|e| e.action == crate::reasons::EventAction::InferencePool).map(|e| (e.warning, e.reason.as_str())).collect::<Vec<_>>()
+    };
 
     world.inference_pool = pool(false, Reason::CrdNotInstalled);
     let plan = pass(&mut d, "r1", &world);
