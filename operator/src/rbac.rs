@@ -14,11 +14,12 @@ pub const WATCHED_NAMESPACES: &[(&str, &str, &[&str])] = &[
     ("", "serviceaccounts", &["create", "list", "patch", "watch"]),
     ("rbac.authorization.k8s.io", "roles", &["create", "list", "patch", "watch"]),
     ("rbac.authorization.k8s.io", "rolebindings", &["create", "list", "patch", "watch"]),
-    // The optional gateway InferencePool (`reconcile::inference_pool`): read once per pass
-    // (its CRD may be missing, so it is not watched), server-side applied like the owned
-    // objects above (an apply that creates needs `create` as well as `patch`: without it the
-    // chart's test sees no pool), deleted when no longer asked.
-    ("inference.networking.k8s.io", "inferencepools", &["create", "delete", "get", "patch"]),
+    // The optional gateway InferencePool (`reconcile::inference_pool`): watched once a
+    // deployment asks for one (`watch::inference_pools`), read with a GET while the watch has
+    // not listed (its CRD may be missing), server-side applied like the owned objects above (an
+    // apply that creates needs `create` as well as `patch`: without it the chart's test sees no
+    // pool), deleted when no longer asked.
+    ("inference.networking.k8s.io", "inferencepools", &["create", "delete", "get", "list", "patch", "watch"]),
     // The router's Role grants these; RBAC lets the operator grant only what it holds itself.
     ("discovery.k8s.io", "endpointslices", &["get", "list", "watch"]),
     // The handoff Secret: created once per deployment, its bytes derived from the root key

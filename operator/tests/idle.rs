@@ -1,6 +1,7 @@
 //! Settled deployments: an idle operator asks the API server nothing, and a burst through the
 //! pods is answered whole. With 10 InferenceDeployments settled (3 serving, each with a router,
-//! a prefill and a decode pod; 7 with no pods), the API server's own audit log shows no GET or
+//! a prefill and a decode pod and a gateway's InferencePool, whose CRD is installed; 7 with no
+//! pods), the API server's own audit log shows no GET or
 //! LIST from the operator or any router over 60 s (nothing at all but the leader Lease's
 //! renewals), and every reconcile pass in that window took under 1 s; then 16 requests at once
 //! through one router all get the same answer. The control plane of this binary writes the
@@ -22,17 +23,23 @@ fn an_idle_operator_and_its_routers_send_no_get_or_list_every_pass_is_short_and_
     let cp = cluster();
     let op = Operator::start(cp, "operator-idle");
     let ns = cp.restricted_namespace("idle");
-    let serving: String = (0..3).map(|i| tiny(&format!("live{i}"), 256, 1024, 1024, "") + "---\n").collect();
+    // The pools' CRD served: they are watched, not read per pass.
+    cp.kubectl_ok(&["apply", "-f", repo("tests/fixtures/inferencepool-crd.yaml").to_str().unwrap()]);
+    cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=30s"]);
+    let serving: String = (0..3)
+        .map(|i| tiny(&format!("live{i}"), 256, 1024, 1024, "") + &format!("  inferencePool:\n    endpointPicker: {{ name: live{i}-epp }}\n---\n"))
+        .collect();
     let idle: String =
         (0..7).map(|i| tiny(&format!("idle{i}"), 256, 1024, 1024, "").replace("replicas: 1", "replicas: 0") + "  router: { replicas: 0 }\n---\n").collect();
     apply_yaml(cp, &ns, &(serving + &idle));
-    eventually(cp, &ns, "every status written, the serving ones Available", Duration::from_secs(300), || {
+    eventually(cp, &ns, "every status written, the serving ones Available with their pools", Duration::from_secs(300), || {
         let list = get_json(cp, &["-n", &ns, "get", "infd"]);
         list["items"].as_array().is_some_and(|a| {
             a.len() == 10
                 && a.iter().all(|d| {
                     let name = d["metadata"]["name"].as_str().unwrap_or_default();
-                    d["status"]["observedGeneration"].is_number() && (!name.starts_with("live") || d["status"]["phase"] == "Available")
+                    d["status"]["observedGeneration"].is_number()
+                        && (!name.starts_with("live") || (d["status"]["phase"] == "Available" && condition_true(d, "InferencePoolReady")))
                 })
         })
     });

@@ -73,7 +73,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: ["create", "list", "patch", "watch"]
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
-  verbs: ["create", "delete", "get", "patch"]
+  verbs: ["create", "delete", "get", "list", "patch", "watch"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]

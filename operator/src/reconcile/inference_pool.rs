@@ -1,16 +1,19 @@
 //! Keeps the optional `InferencePool` in line with `spec.inferencePool` and says how it stands
 //! in the condition `InferencePoolReady`. Its CRD is not the operator's and may be missing, and
 //! its RBAC may lag behind an upgrade: either is a False condition and a Warning Event, never a
-//! failed pass (the deployment serves without a gateway, and its rollouts go on). The pool is
-//! not watched (a watch of a type the cluster may not serve would fail), so each pass's apply
-//! reads it once and writes only what differs; a pass runs at least every 30 s, so a CRD
-//! installed later is picked up within that.
+//! failed pass (the deployment serves without a gateway, and its rollouts go on). Each pass's
+//! apply compares the pool with what the spec asks and writes only what differs. It reads the
+//! pool from the watch (`watch::inference_pools`) once that has listed, and with one GET while it
+//! has not (the type is not served, or the watch is recovering); a pass runs at least every 30 s,
+//! so a CRD installed later is picked up within that.
 //!
 //! The condition is decided like every other (`decide`), from what the last sync found
 //! (remembered per deployment, `Memory::pool_synced`): a sync whose finding changed wakes the
 //! next pass, which writes it.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use std::sync::Arc;
+
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 
@@ -19,6 +22,7 @@ use crate::crd::InferenceDeployment;
 use crate::labels::MANAGER;
 use crate::reasons::Reason;
 use crate::render::inference_pool::{self, GROUP, KIND, VERSION};
+use crate::watch::inference_pools::Seen;
 
 pub const CONDITION: &str = "InferencePoolReady";
 
@@ -50,7 +54,7 @@ async fn attempt(ctx: &Context, d: &InferenceDeployment, ns: &str, had_condition
     let Some(pool) = inference_pool::pool(d) else {
         // Only a pool this deployment owns is deleted (the condition says one was made).
         if had_condition {
-            match api.get_opt(&name).await {
+            match read(ctx, &api, ns, &name).await {
                 Ok(Some(p)) if p.owner_references().iter().any(|o| Some(&o.uid) == d.uid().as_ref()) => {
                     match api.delete(&name, &DeleteParams::background()).await {
                         Ok(_) => {}
@@ -67,8 +71,8 @@ async fn attempt(ctx: &Context, d: &InferenceDeployment, ns: &str, had_condition
     };
     // A DynamicObject made for the pool's ApiResource carries its apiVersion and kind.
     let body = serde_json::to_value(&pool).expect("k8s objects serialize");
-    match api.get_opt(&name).await {
-        Ok(Some(seen)) if crate::watch::diff::holds(&serde_json::to_value(&seen).unwrap_or_default(), &body) => {
+    match read(ctx, &api, ns, &name).await {
+        Ok(Some(seen)) if crate::watch::diff::holds(&serde_json::to_value(&*seen).unwrap_or_default(), &body) => {
             return Ok(Outcome::Applied { name });
         }
         Ok(_) => {}
@@ -80,6 +84,14 @@ async fn attempt(ctx: &Context, d: &InferenceDeployment, ns: &str, had_condition
         // An apply creates a missing object: a 404 here means the type itself is missing.
         Err(e) if not_found(&e) => Ok(Outcome::NotServed),
         Err(e) => Err(Error::api(format!("applying {KIND} {name}"))(e)),
+    }
+}
+
+/// The pool as the watch last saw it, or as one GET finds it while the watch has not listed.
+async fn read(ctx: &Context, api: &Api<DynamicObject>, ns: &str, name: &str) -> Result<Option<Arc<DynamicObject>>, kube::Error> {
+    match ctx.stores.inference_pools.get(ns, name) {
+        Seen::Known(pool) => Ok(pool),
+        Seen::Unknown => Ok(api.get_opt(name).await?.map(Arc::new)),
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod cached;
 pub mod diff;
 pub mod digests;
+pub mod inference_pools;
 pub mod owned;
 
 use std::fmt::Debug;
@@ -30,6 +31,7 @@ use crate::labels;
 use crate::tasks::Trigger;
 use cached::Cached;
 use digests::Digests;
+use inference_pools::Pools;
 
 /// Every kind the operator owns, as the watches last saw it.
 #[derive(Clone)]
@@ -42,6 +44,8 @@ pub struct Stores {
     pub role_bindings: Store<RoleBinding>,
     /// Of every kind above that the operator applies, what it owns of each object, digested.
     pub digests: Arc<Digests>,
+    /// The optional InferencePools: watched from the first pass that syncs one, not waited for.
+    pub inference_pools: Arc<Pools>,
 }
 
 impl Stores {
@@ -58,6 +62,7 @@ impl Stores {
             roles: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
             role_bindings: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
             digests,
+            inference_pools: Arc::new(Pools::new(client, namespace, trigger)),
         }
     }
 
@@ -126,7 +131,7 @@ where
     reader
 }
 
-/// What the operator never reads of an InferenceDeployment: its managed fields.
+/// What the operator never reads of an InferenceDeployment or an InferencePool: managed fields.
 pub fn strip<K: Resource>(o: &mut K) {
     o.meta_mut().managed_fields = None;
 }
