@@ -162,7 +162,7 @@ SERVING = dashboard("kvgate-serving", "kvgate / Serving", "Requests, latency, th
           [(f"sum by (code) (rate(kvgate_requests_total{{{R}}}[$__rate_interval]))", "{{code}}")]),
     panel("Error ratio", "Share of requests answered with a non-2xx status.", "percentunit",
           [(f"sum(rate(kvgate_requests_total{{{R}, code!~\"2..\"}}[$__rate_interval])) / sum(rate(kvgate_requests_total{{{R}}}[$__rate_interval]))", "errors")]),
-    panel("Router retries by reason", "Requests a router sent to another prefill/decode pair because a peer failed before any byte reached the client: decode_unreachable, prefill_failed, decode_stream_broke. Retried requests are answered whole; a steady rate points at peers dying or refusing calls.", "reqps",
+    panel("Router retries by reason", "Requests a router sent to another prefill/decode pair because a peer failed before any byte reached the client: decode_unreachable, prefill_failed, decode_stream_broke, handoff_timeout (decode refused a late transfer). Retried requests are answered whole; a steady rate points at peers dying or refusing calls.", "reqps",
           [(f"sum by (reason) (rate(kvgate_router_retries_total{{{W}}}[$__rate_interval]))", "{{reason}}")], w=24),
     panel("Time to first token by role", "From arrival to the first generated token, p50/p90/p99 per role: the router's is what clients see (admission, prefill, handoff and the first decode step); decode's starts when the verified handoff is handed to its scheduler.", "s",
           quantiles("kvgate_time_to_first_token_seconds", W, by="role"), w=8),

@@ -110,6 +110,30 @@ async fn a_prefill_that_dies_mid_transfer_is_a_timeout_and_the_request_is_tried_
     assert_pools_empty(&w).await;
 }
 
+// A sender that stalls past the reservation's deadline (starved of CPU, or a path that hung):
+// decode refuses its late frame as `timeout`, counts it and generates nothing from it; prefill
+// relays that verdict, and as it says the transfer was late, not wrong, the router tries the
+// request again on a fresh reservation and answers it whole.
+#[tokio::test]
+async fn a_transfer_that_outlives_its_reservation_is_refused_as_late_and_tried_again() {
+    let colocated = Worker::colocated(&[]);
+    let want = colocated.complete(&prompt(), 8).await;
+    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", "stall-mid-transfer", "--fault-every", "2", "--handoff-timeout-ms", "1000"]);
+    let (status, first) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
+    assert_eq!((status, &first["choices"][0]["text"]), (200, &Value::from(want.as_str())), "before the stall: {first}");
+    let honest_tokens = first["usage"]["completion_tokens"].as_f64().unwrap();
+    let (status, body) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], want.as_str(), "the retry's answer is the exact one");
+    assert_eq!(mismatches(&w, "timeout").await, 1.0, "the late transfer is counted");
+    assert_eq!(w.metric(r#"kvgate_router_retries_total{reason="handoff_timeout",role="router"}"#).await, 1.0);
+    assert_eq!(w.metric(r#"kvgate_router_retries_total{reason="prefill_failed",role="router"}"#).await, 0.0);
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="failed",role="decode"}"#).await, 1.0);
+    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 2.0);
+    assert_eq!(decode_tokens(&w).await, 2.0 * honest_tokens, "decode generated only from the two whole handoffs");
+    assert_pools_empty(&w).await;
+}
+
 #[tokio::test]
 async fn disaggregated_output_equals_colocated_output_and_survives_failures() {
     let colocated = Worker::colocated(&[]);

@@ -31,10 +31,13 @@ pub enum Fault {
     /// and V mixed up would be): every tag, MAC and fingerprint holds, the KV is wrong.
     /// Only comparing outputs (the operator's canary) catches it.
     WrongLayout,
+    /// Stop at the middle page until the reservation has expired, then go on: a sender starved
+    /// of CPU or a path that hung (decode refuses the late frame as `timeout`).
+    StallMidTransfer,
 }
 
 impl Fault {
-    pub const ALL: [(&'static str, Fault); 10] = [
+    pub const ALL: [(&'static str, Fault); 11] = [
         ("truncate-transfer", Fault::TruncateTransfer),
         ("corrupt-page", Fault::CorruptPage),
         ("drop-page", Fault::DropPage),
@@ -45,6 +48,7 @@ impl Fault {
         ("die-mid-transfer", Fault::DieMidTransfer),
         ("ignore-rejection", Fault::IgnoreRejection),
         ("wrong-layout", Fault::WrongLayout),
+        ("stall-mid-transfer", Fault::StallMidTransfer),
     ];
 }
 

@@ -22,6 +22,8 @@ pub struct Faulty<S> {
     other_tenant: (TenantTag, FrameKey),
     /// Pages in the transfer: the page-level faults hit the middle one.
     pages: usize,
+    /// When the reservation expires (Unix milliseconds): the stall outlasts it.
+    expires_ms: u64,
 }
 
 impl<S: Sink> Faulty<S> {
@@ -30,8 +32,22 @@ impl<S: Sink> Faulty<S> {
         let key = secret.key().frame_key(id, tenant);
         let wrong_key = secret.key().frame_key(HandoffId(id.0 ^ 1), tenant);
         let other = TenantTag::of("kvgate-fault-other-tenant");
-        Faulty { fault, inner, key, wrong_key, other_tenant: (other, secret.key().frame_key(id, other)), pages: reservation.pages.len() }
+        Faulty {
+            fault,
+            inner,
+            key,
+            wrong_key,
+            other_tenant: (other, secret.key().frame_key(id, other)),
+            pages: reservation.pages.len(),
+            expires_ms: reservation.expires_ms,
+        }
     }
+}
+
+/// From now until 100 ms after `expires_ms` (Unix milliseconds).
+fn until_past(expires_ms: u64) -> std::time::Duration {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    std::time::Duration::from_millis(expires_ms + 100).saturating_sub(now)
 }
 
 impl<S: Sink> Sink for Faulty<S> {
@@ -73,6 +89,7 @@ impl<S: Sink> Sink for Faulty<S> {
                 frame.seal(Some(&self.other_tenant.1))?;
             }
             Fault::DuplicatePage if middle => self.inner.page(frame).await?,
+            Fault::StallMidTransfer if middle => tokio::time::sleep(until_past(self.expires_ms)).await,
             _ => {}
         }
         self.inner.page(frame).await

@@ -1,15 +1,19 @@
 //! When the router tries a request again: a peer failed before any byte of the answer reached
 //! the client, so a fresh reservation on another prefill/decode pair (the same one when there
-//! is no other) can still answer it whole. What is never tried again: anything after the first
-//! token went out, a client error, a prompt too large, decode's refusal of an authenticated
-//! transfer (an integrity verdict on a healthy path: counted, alerted, and answered 502), and a
-//! deployment with no pair at all.
+//! is no other) can still answer it whole. That includes decode's refusal of a transfer that
+//! arrived too late (`timeout`): it says the transfer was slow, not that its KV was wrong, and
+//! decode generated nothing from it (the refusal is still counted and alerted). What is never
+//! tried again: anything after the first token went out, a client error, a prompt too large,
+//! decode's every other refusal of an authenticated transfer (an integrity verdict: counted,
+//! alerted, and answered 502), and a deployment with no pair at all.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntCounterVec;
 use strum::VariantArray;
+
+use kvgate_proto::refusal::{Mismatch, Refusal};
 
 use super::peers::Peer;
 use crate::engine::Event;
@@ -29,6 +33,15 @@ pub enum Retry {
     PrefillFailed,
     /// Decode's stream ended before its first token.
     DecodeStreamBroke,
+    /// Decode refused the transfer as late (`kv_handoff_timeout`): a sender starved of CPU or a
+    /// path that hung past the reservation's deadline.
+    HandoffTimeout,
+}
+
+/// Whether decode's refusal of a transfer, relayed by prefill, may be tried again: only a
+/// timeout. Every other refusal is the integrity verdict, answered 502.
+pub fn after_refusal(refusal: Refusal) -> Option<Retry> {
+    (refusal == Refusal::Mismatch(Mismatch::Timeout)).then_some(Retry::HandoffTimeout)
 }
 
 /// A failed attempt: the failure the client would see, and whether (and why) it may be tried
@@ -73,4 +86,22 @@ impl Retries {
 /// refused a burst to drain, short beside any answer's latency.
 pub fn backoff(n: usize) -> Duration {
     Duration::from_millis(25 << n.min(4))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_proto::refusal::PortRefusal;
+
+    #[test]
+    fn only_a_late_transfer_is_tried_again_after_decodes_refusal() {
+        for m in Mismatch::ALL {
+            assert_eq!(after_refusal(Refusal::Mismatch(m)).is_some(), m == Mismatch::Timeout, "{m:?}");
+        }
+        for p in PortRefusal::ALL {
+            assert_eq!(after_refusal(Refusal::Port(p)), None, "{p:?}");
+        }
+        assert_eq!(after_refusal(Refusal::Cancelled), None);
+        assert_eq!(after_refusal(Refusal::Mismatch(Mismatch::Timeout)), Some(Retry::HandoffTimeout));
+    }
 }

@@ -310,18 +310,21 @@ impl Dispatcher {
             Ok(r) => {
                 let status = r.status().as_u16();
                 let body = r.text().await.unwrap_or_default();
-                // A body with a `reason` is decode's refusal of the transfer, relayed: an
-                // integrity verdict, final. Anything else is prefill's own failure.
-                let verdict = serde_json::from_str::<PrefillResponse>(&body).is_ok_and(|p| p.refused.is_some());
+                // A body with a `reason` is decode's refusal of the transfer, relayed: final
+                // unless it says the transfer was late (`retry::after_refusal`). Anything else
+                // is prefill's own failure.
+                let refused = serde_json::from_str::<PrefillResponse>(&body).ok().and_then(|p| p.refused);
                 tracing::warn!(status, body, "prefill peer failed; asking decode for the verdict");
-                Some((self.grace, !verdict))
+                Some((self.grace, refused.map_or(Some(Retry::PrefillFailed), retry::after_refusal)))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "prefill peer unreachable; asking decode for the verdict");
-                Some((self.grace, true))
+                Some((self.grace, Some(Retry::PrefillFailed)))
             }
         };
-        let prefill_failed = commit_wait.is_some_and(|(_, own)| own);
+        // Why the request may be tried again if decode confirms the transfer failed.
+        let retry_as = commit_wait.and_then(|(_, why)| why);
+        let prefill_failed = retry_as == Some(Retry::PrefillFailed);
 
         // 3. Decode generates only from a verified handoff.
         let generate_span = tracing::info_span!("generate", completion_tokens = Empty, time_to_first_token = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
@@ -351,11 +354,15 @@ impl Dispatcher {
                 let failed_peers: &[&Arc<Peer>] = if prefill_failed { &[&prefill, &decode] } else { &[&decode] };
                 Err(Failed::retry(Event::Failed(f), Retry::DecodeUnreachable, failed_peers))
             }
-            Err(Failed { event, retry: None }) if prefill_failed && !delivered => {
+            Err(Failed { event, retry: None }) if retry_as.is_some() && !delivered => {
                 if let Event::Failed(f) = &event {
                     mark_failed(&generate_span, &f.code);
                 }
-                Err(Failed::retry(event, Retry::PrefillFailed, &[&prefill]))
+                // A late transfer may be either peer's doing: the next try avoids both.
+                match retry_as {
+                    Some(Retry::HandoffTimeout) => Err(Failed::retry(event, Retry::HandoffTimeout, &[&prefill, &decode])),
+                    _ => Err(Failed::retry(event, Retry::PrefillFailed, &[&prefill])),
+                }
             }
             Err(failed) => {
                 if let Event::Failed(f) = &failed.event {
