@@ -496,8 +496,9 @@ fn decodes_kv_link_cut_mid_transfer_is_counted_frees_its_pages_and_never_answers
     std::thread::sleep(Duration::from_secs(4));
     link.restore().unwrap();
     let (status, body) = request.join().unwrap().expect("an answer from the router");
-    // Answered whole after a retry once the link was back (prefill failed itself), or failed
-    // with decode's reason (its refusal reached prefill first); never anything else.
+    // Answered whole after a retry once the link was back (prefill failed itself, or decode
+    // refused the late transfer), or failed with decode's reason when every attempt met the
+    // cut; never anything else.
     if status == 200 {
         let reference = complete(&router, &"the quick brown fox jumps over the lazy dog ".repeat(30), 2).unwrap();
         assert_eq!((reference.0, completion_text(&body)), (200, completion_text(&reference.1)), "{body}");
