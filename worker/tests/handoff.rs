@@ -88,50 +88,43 @@ async fn a_foreign_model_fingerprint_is_refused() {
     caught("wrong-fingerprint", "fingerprint", "kv_handoff_fingerprint").await;
 }
 
-// A prefill that dies mid-transfer fails before any byte reached the client: decode counts
-// the half transfer (`timeout`) and generates nothing from it, and the router tries the request
-// again on a fresh reservation, which this time is handed off whole.
-#[tokio::test]
-async fn a_prefill_that_dies_mid_transfer_is_a_timeout_and_the_request_is_tried_again() {
+/// Two requests through a `local` worker whose every second handoff meets `fault`, a failure
+/// before any byte reached the client: decode counts the failed transfer as `timeout` and
+/// generates nothing from it, and the router tries the request again (`retry_reason`) on a fresh
+/// reservation, which is handed off whole. Both answers equal a colocated worker's.
+async fn answered_whole_by_a_retry(fault: &str, flags: &[&str], retry_reason: &str) {
     let colocated = Worker::colocated(&[]);
     let want = colocated.complete(&prompt(), 8).await;
-    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", "die-mid-transfer", "--fault-every", "2"]);
+    let w = Worker::local(&[&["--allow-fault-injection", "--inject-fault", fault, "--fault-every", "2"], flags].concat());
     let (status, first) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
-    assert_eq!((status, &first["choices"][0]["text"]), (200, &Value::from(want.as_str())), "before the failure: {first}");
+    assert_eq!((status, &first["choices"][0]["text"]), (200, &Value::from(want.as_str())), "{fault}: before the failure: {first}");
     let honest_tokens = first["usage"]["completion_tokens"].as_f64().unwrap();
     let (status, body) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["choices"][0]["text"], want.as_str(), "the retry's answer is the exact one");
-    assert_eq!(mismatches(&w, "timeout").await, 1.0, "the half transfer is counted");
-    assert_eq!(w.metric(r#"kvgate_router_retries_total{reason="prefill_failed",role="router"}"#).await, 1.0);
+    assert_eq!(status, 200, "{fault}: {body}");
+    assert_eq!(body["choices"][0]["text"], want.as_str(), "{fault}: the retry's answer is the exact one");
+    assert_eq!(mismatches(&w, "timeout").await, 1.0, "{fault}: the failed transfer is counted");
+    for reason in ["prefill_failed", "handoff_timeout"] {
+        let retries = w.metric(&format!(r#"kvgate_router_retries_total{{reason="{reason}",role="router"}}"#)).await;
+        assert_eq!(retries, if reason == retry_reason { 1.0 } else { 0.0 }, "{fault}: retries for {reason}");
+    }
     assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="failed",role="decode"}"#).await, 1.0);
     assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 2.0);
-    assert_eq!(decode_tokens(&w).await, 2.0 * honest_tokens, "decode generated only from the two whole handoffs");
+    assert_eq!(decode_tokens(&w).await, 2.0 * honest_tokens, "{fault}: decode generated only from the two whole handoffs");
     assert_pools_empty(&w).await;
 }
 
+// A prefill that dies mid-transfer: decode sees half the pages and no commit.
+#[tokio::test]
+async fn a_prefill_that_dies_mid_transfer_is_a_timeout_and_the_request_is_tried_again() {
+    answered_whole_by_a_retry("die-mid-transfer", &[], "prefill_failed").await;
+}
+
 // A sender that stalls past the reservation's deadline (starved of CPU, or a path that hung):
-// decode refuses its late frame as `timeout`, counts it and generates nothing from it; prefill
-// relays that verdict, and as it says the transfer was late, not wrong, the router tries the
-// request again on a fresh reservation and answers it whole.
+// decode refuses its late frame as `timeout`; prefill relays that verdict, and as it says the
+// transfer was late, not wrong, the router tries the request again.
 #[tokio::test]
 async fn a_transfer_that_outlives_its_reservation_is_refused_as_late_and_tried_again() {
-    let colocated = Worker::colocated(&[]);
-    let want = colocated.complete(&prompt(), 8).await;
-    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", "stall-mid-transfer", "--fault-every", "2", "--handoff-timeout-ms", "1000"]);
-    let (status, first) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
-    assert_eq!((status, &first["choices"][0]["text"]), (200, &Value::from(want.as_str())), "before the stall: {first}");
-    let honest_tokens = first["usage"]["completion_tokens"].as_f64().unwrap();
-    let (status, body) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["choices"][0]["text"], want.as_str(), "the retry's answer is the exact one");
-    assert_eq!(mismatches(&w, "timeout").await, 1.0, "the late transfer is counted");
-    assert_eq!(w.metric(r#"kvgate_router_retries_total{reason="handoff_timeout",role="router"}"#).await, 1.0);
-    assert_eq!(w.metric(r#"kvgate_router_retries_total{reason="prefill_failed",role="router"}"#).await, 0.0);
-    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="failed",role="decode"}"#).await, 1.0);
-    assert_eq!(w.metric(r#"kvgate_handoff_total{outcome="committed",role="decode"}"#).await, 2.0);
-    assert_eq!(decode_tokens(&w).await, 2.0 * honest_tokens, "decode generated only from the two whole handoffs");
-    assert_pools_empty(&w).await;
+    answered_whole_by_a_retry("stall-mid-transfer", &["--handoff-timeout-ms", "1000"], "handoff_timeout").await;
 }
 
 #[tokio::test]
