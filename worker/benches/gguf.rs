@@ -1,6 +1,6 @@
 //! kvgate against llama.cpp on the same GGUF file (`cargo bench -p kvgate-worker --bench gguf`,
 //! a Markdown table): a random Llama of 8 layers shaped like TinyLlama's (hidden 2048, FFN 5632,
-//! 32 heads, 4 KV heads, 32k vocabulary), written in Q4_K_M's mix and in Q8_0. Each server runs
+//! 32 heads, 4 KV heads, 32k vocabulary), written in Q4_K_M's mix, in Q8_0 and in f16. Each server runs
 //! alone on the machine in turn (kvgate colocated, f16 KV; llama.cpp's server from the pinned
 //! `xllamacpp` wheel with 8 slots sharing its f16 cache), both on 2 threads, over HTTP with
 //! token-id prompts: a 512-token prefill (a request for one token), decode of one stream and of
@@ -90,7 +90,7 @@ async fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(600)).build().unwrap();
     let mut rows = Vec::new();
-    for (mix, name) in [(Mix::Q4KM, "Q4_K_M"), (Mix::Q8_0, "Q8_0")] {
+    for (mix, name) in [(Mix::Q4KM, "Q4_K_M"), (Mix::Q8_0, "Q8_0"), (Mix::F16, "F16")] {
         let file = dir.join(format!("tinyllama-8-layers-{name}.gguf"));
         if !file.is_file() {
             write(&file, SHAPE, Family::Llama, mix);

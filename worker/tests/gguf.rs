@@ -1,6 +1,6 @@
 //! The same GGUF file in kvgate and in llama.cpp: random Llama (SentencePiece vocabulary) and
-//! Qwen2 (byte-level BPE vocabulary, Q/K/V biases) models, written in Q8_0 and in Q4_K_M's mix
-//! (Q4_K, with Q6_K for V, the down projection and the output layer), are served by
+//! Qwen2 (byte-level BPE vocabulary, Q/K/V biases) models, written in Q8_0, in Q4_K_M's mix
+//! (Q4_K, with Q6_K for V, the down projection and the output layer) and in f16, are served by
 //! `kvgate-worker local` colocated and split, and by llama.cpp's server (the pinned `xllamacpp`
 //! wheel `make test-deps` fetches), both with f16 KV. Split must equal colocated token for token.
 //! Against llama.cpp, greedy continuations of token-id prompts must agree until a position where
@@ -87,7 +87,7 @@ async fn a_gguf_model_gives_llamacpps_greedy_tokens_colocated_and_split() {
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     for family in [Family::Llama, Family::Qwen2] {
-        for mix in [Mix::Q8_0, Mix::Q4KM] {
+        for mix in [Mix::Q8_0, Mix::Q4KM, Mix::F16] {
             let file = dir.join(format!("{family:?}-{mix:?}.gguf").to_lowercase());
             write(&file, SHAPE, family, mix);
             let server = llama_server(&file, &["-c", "4096", "-np", "1", "-t", "2"]).await;

@@ -132,6 +132,37 @@ fn the_tiny_model_written_as_llamacpp_writes_it_loads_back_the_same() {
     assert_ne!(super::gguf::Gguf::open(&q8_file).unwrap().fingerprint().unwrap(), super::gguf::Gguf::open(&f32_file).unwrap().fingerprint().unwrap());
 }
 
+/// The largest logit difference against `want`, relative to the largest logit, and at how many
+/// positions the greedy token is the same.
+fn compare(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f32, usize) {
+    let (mut worst, mut same) = (0.0f32, 0);
+    for (g, w) in got.iter().zip(want) {
+        same += usize::from(argmax(g) == argmax(w));
+        let scale = w.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        worst = worst.max(g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max) / scale);
+    }
+    (worst, same)
+}
+
+/// f16 and bf16 GGUF weights (as llama.cpp's converter writes most downloads) load with their
+/// type reported and compute close to the f32 model (widened on load, `layer.rs` says why).
+#[test]
+fn half_precision_weights_load_and_compute_close_to_f32() {
+    let want = logits(&Model::tiny(&Device::Cpu).unwrap());
+    // Per type: the bound on the largest logit difference, relative to the largest logit (f16
+    // keeps 11 bits of each weight, bf16 8).
+    for (dtype, name, bound) in [(GgmlDType::F16, "f16", 0.01f32), (GgmlDType::BF16, "bf16", 0.05)] {
+        let file = scratch(name);
+        write_tiny(&file, |_| dtype, &[], &[]);
+        let m = Model::from_gguf(&file, &Device::Cpu).unwrap();
+        assert_eq!(m.llama.weight_types(), format!("qkv {name}, o {name}, gate/up {name}, down {name}, output {name}"));
+        let (worst, same) = compare(&logits(&m), &want);
+        println!("{name} GGUF vs f32: largest logit difference {worst:.4} of the largest logit; greedy token the same at {same} of {} positions", want.len());
+        assert!(worst < bound, "{name} logits differ from f32 by {worst} of the largest logit (bound {bound})");
+        assert!(same * 10 >= want.len() * 9, "{name} agrees with f32 on the greedy token at {same} of {} positions", want.len());
+    }
+}
+
 fn refused(extra: &[(&str, Value)], extra_tensors: &[&str]) -> String {
     let f = scratch(&format!("refused-{}", extra.len() + extra_tensors.len() * 10));
     write_tiny(&f, |_| GgmlDType::F32, extra, extra_tensors);

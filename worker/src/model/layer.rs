@@ -1,7 +1,10 @@
 //! A linear layer's weight as the checkpoint stores it, and the embedding table. Dense f32
 //! weights are multiplied by `projection::project`'s kernels; quantized ones (a GGUF's Q8_0,
 //! Q4_K, Q6_K ...) by candle's quantized products, which quantize the rows to 8 bits first, as
-//! llama.cpp does, and never widen the weight to f32.
+//! llama.cpp does, and never widen the weight to f32. A GGUF's f16 and bf16 weights are widened
+//! to f32 on load (`QMatMul::from_arc` does): candle's half-precision product reads the whole
+//! weight once per input row, with no tiling, so a 32-token prompt of a 1B-parameter f16 model
+//! took 15 s on two cores that way; the dense f32 kernels take a fraction of a second.
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -36,6 +36,7 @@ pub enum Family {
 pub enum Mix {
     Q8_0,
     Q4KM,
+    F16,
 }
 
 impl Mix {
@@ -45,6 +46,7 @@ impl Mix {
             // llama.cpp's Q4_K_M keeps V, the down projection and the output layer in Q6_K.
             Mix::Q4KM if name.contains("attn_v") || name.contains("ffn_down") || name == "output.weight" => GgmlDType::Q6K,
             Mix::Q4KM => GgmlDType::Q4K,
+            Mix::F16 => GgmlDType::F16,
         }
     }
 }
