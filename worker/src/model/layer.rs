@@ -1,22 +1,26 @@
 //! A linear layer's weight as the checkpoint stores it, and the embedding table. Dense f32
 //! weights are multiplied by `projection::project`'s kernels; quantized ones (a GGUF's Q8_0,
 //! Q4_K, Q6_K ...) by candle's quantized products, which quantize the rows to 8 bits first, as
-//! llama.cpp does, and never widen the weight to f32. A GGUF's f16 and bf16 weights are widened
-//! to f32 on load (`QMatMul::from_arc` does): candle's half-precision product reads the whole
-//! weight once per input row, with no tiling, so a 32-token prompt of a 1B-parameter f16 model
-//! took 15 s on two cores that way; the dense f32 kernels take a fraction of a second.
+//! llama.cpp does, and never widen the weight to f32. A GGUF's f16 and bf16 weights stay half
+//! (`Half`): a decode step streams them through `cpu::matvec`, widened 16 rows at a time in
+//! cache, and a prefill chunk widens the weight for its one product. Not candle's half-precision
+//! product: it reads the whole weight once per input row, with no tiling (a 32-token prompt of a
+//! 1B-parameter f16 model took 15 s on two cores that way).
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
-use candle_core::{D, Device, Module, Result, Tensor};
+use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear};
+
+use super::host_slice::slice_of;
 
 #[derive(Debug, Clone)]
 pub enum Layer {
     Dense(Linear),
     Quantized(Quantized),
+    Half(Half),
     /// Parts stored in different types (a Q4_K_M file keeps V in Q6_K beside Q and K in Q4_K),
     /// computed one after another; their outputs are joined as a stacked layer's would be.
     Parts(Vec<Layer>),
@@ -39,14 +43,63 @@ impl Quantized {
     }
 }
 
+/// An f16 or bf16 weight (`[outputs, inputs]`) as stored.
+#[derive(Debug, Clone)]
+pub struct Half {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Half {
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// The weight widened to f32, for one product: by the CPU's conversion instructions on
+    /// every thread (candle's `to_dtype` converts one element at a time, which halved the
+    /// prefill rate of an f16 model).
+    pub fn widened(&self) -> Result<Linear> {
+        use half::slice::HalfFloatSliceExt;
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 16;
+        let w = self.weight.contiguous()?;
+        let mut wide = vec![0.0f32; w.elem_count()];
+        match w.dtype() {
+            DType::F16 => slice_of::<half::f16, _>(&w, |s| {
+                wide.par_chunks_mut(CHUNK).zip(s.par_chunks(CHUNK)).for_each(|(d, s)| s.convert_to_f32_slice(d));
+                Ok(())
+            })?,
+            DType::BF16 => slice_of::<half::bf16, _>(&w, |s| {
+                wide.par_chunks_mut(CHUNK).zip(s.par_chunks(CHUNK)).for_each(|(d, s)| s.convert_to_f32_slice(d));
+                Ok(())
+            })?,
+            other => candle_core::bail!("a half-precision layer holds {other:?}"),
+        }
+        Ok(Linear::new(Tensor::from_vec(wide, w.shape(), &Device::Cpu)?, self.bias.clone()))
+    }
+}
+
 impl Layer {
     /// A weight as the checkpoint stores it: f32 stays dense (the dense kernels are faster than
-    /// candle's quantized path for it), every other type stays in its blocks.
+    /// candle's quantized path for it), f16 and bf16 stay half, every other type stays in its
+    /// blocks.
     pub fn from_qtensor(weight: QTensor, bias: Option<Tensor>) -> Result<Layer> {
-        match weight.dtype() {
-            GgmlDType::F32 => Ok(Layer::Dense(Linear::new(weight.dequantize(&Device::Cpu)?, bias))),
-            _ => Ok(Layer::Quantized(Quantized::new(Arc::new(weight), bias)?)),
-        }
+        Layer::from_arc(Arc::new(weight), bias)
+    }
+
+    pub fn from_arc(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Layer> {
+        let half = match weight.dtype() {
+            GgmlDType::F32 => return Ok(Layer::Dense(Linear::new(weight.dequantize(&Device::Cpu)?, bias))),
+            GgmlDType::F16 => DType::F16,
+            GgmlDType::BF16 => DType::BF16,
+            _ => return Ok(Layer::Quantized(Quantized::new(weight, bias)?)),
+        };
+        let stored = Tensor::from_raw_buffer(&weight.data()?, half, weight.shape().dims(), &Device::Cpu)?;
+        Ok(Layer::Half(Half { weight: stored, bias }))
     }
 
     /// The weight's type as llama.cpp spells it (`f32`, `q8_0`, `q4_K`; parts joined by `+`).
@@ -54,6 +107,7 @@ impl Layer {
         match self {
             Layer::Dense(l) => format!("{:?}", l.weight().dtype()).to_lowercase(),
             Layer::Quantized(q) => ggml_name(q.dtype()).to_string(),
+            Layer::Half(h) => format!("{:?}", h.weight.dtype()).to_lowercase(),
             Layer::Parts(parts) => parts.iter().map(Layer::type_name).collect::<Vec<_>>().join("+"),
         }
     }
@@ -90,6 +144,12 @@ pub fn stacked(parts: Vec<Layer>) -> Result<Layer> {
         let biases: Option<Vec<&Tensor>> = dense.iter().map(|l| l.bias()).collect();
         return Ok(Layer::Dense(Linear::new(Tensor::cat(&weights, 0)?, biases.map(|b| Tensor::cat(&b, 0)).transpose()?)));
     }
+    let half: Option<Vec<&Half>> = parts.iter().map(|p| if let Layer::Half(h) = p { Some(h) } else { None }).collect();
+    if let Some(h) = half.filter(|h| h.iter().all(|x| x.weight.dtype() == h[0].weight.dtype() && x.bias.is_some() == h[0].bias.is_some())) {
+        let weights: Vec<&Tensor> = h.iter().map(|x| &x.weight).collect();
+        let biases: Option<Vec<&Tensor>> = h.iter().map(|x| x.bias.as_ref()).collect();
+        return Ok(Layer::Half(Half { weight: Tensor::cat(&weights, 0)?, bias: biases.map(|b| Tensor::cat(&b, 0)).transpose()? }));
+    }
     let quantized: Option<Vec<&Quantized>> = parts.iter().map(|p| if let Layer::Quantized(q) = p { Some(q) } else { None }).collect();
     if let Some(q) = quantized.filter(|q| q.iter().all(|x| x.dtype() == q[0].dtype() && x.bias.is_some() == q[0].bias.is_some())) {
         let cols = q[0].weight.shape().dims2()?.1;
@@ -117,6 +177,7 @@ impl Module for Layer {
         match self {
             Layer::Dense(l) => l.forward(x),
             Layer::Quantized(q) => q.forward(x),
+            Layer::Half(h) => h.widened()?.forward(x),
             Layer::Parts(parts) => Tensor::cat(&parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?, D::Minus1),
         }
     }
@@ -145,8 +206,7 @@ impl Embed {
     pub fn as_layer(&self) -> Result<Layer> {
         match self {
             Embed::Dense(e) => Ok(Layer::Dense(Linear::new(e.embeddings().clone(), None))),
-            Embed::Quantized(q) if q.dtype() == GgmlDType::F32 => Ok(Layer::Dense(Linear::new(q.dequantize(&Device::Cpu)?, None))),
-            Embed::Quantized(q) => Ok(Layer::Quantized(Quantized::new(q.clone(), None)?)),
+            Embed::Quantized(q) => Layer::from_arc(q.clone(), None),
         }
     }
 

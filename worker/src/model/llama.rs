@@ -6,8 +6,9 @@ use candle_nn::RmsNorm;
 
 use super::chunk_attention::attend_chunk;
 use super::config::ModelConfig;
+use super::host_slice::with_slice;
 use super::layer::{Embed, Layer, stacked};
-use super::projection::{project, with_slice};
+use super::projection::project;
 use super::rope::Rope;
 use super::token_attention::{TokenQuery, attend_tokens};
 use super::weights::Weights;
@@ -125,6 +126,13 @@ impl Llama {
             b.down.type_name(),
             self.lm_head.type_name()
         )
+    }
+
+    /// Whether every projection holds its weight in f16 or bf16.
+    #[cfg(test)]
+    pub fn layers_half(&self) -> bool {
+        let half = |l: &Layer| matches!(l, Layer::Half(_));
+        self.blocks.iter().all(|b| [&b.attn.qkv, &b.attn.o, &b.gate_up, &b.down].into_iter().all(half)) && half(&self.lm_head)
     }
 
     pub fn config(&self) -> &ModelConfig {

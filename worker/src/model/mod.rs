@@ -10,6 +10,7 @@ mod config_reader;
 pub mod gguf;
 #[cfg(test)]
 mod gguf_tests;
+mod host_slice;
 pub mod layer;
 pub mod llama;
 pub mod logprobs;

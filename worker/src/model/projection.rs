@@ -5,7 +5,8 @@
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
-use super::layer::Layer;
+use super::host_slice::{slice_of, with_slice};
+use super::layer::{Half, Layer};
 use crate::cpu::matvec;
 
 /// Up to this many rows a matrix product is computed as `(W x^T)^T`. `gemm`'s AVX-512 kernels
@@ -20,6 +21,7 @@ pub fn project(layer: &Layer, x: &Tensor) -> Result<Tensor> {
     match layer {
         Layer::Dense(l) => project_dense(l, x),
         Layer::Quantized(q) => q.forward(x),
+        Layer::Half(h) => project_half(h, x),
         Layer::Parts(parts) => Tensor::cat(&parts.iter().map(|p| project(p, x)).collect::<Result<Vec<_>>>()?, 1),
     }
 }
@@ -39,22 +41,34 @@ fn project_dense(layer: &Linear, x: &Tensor) -> Result<Tensor> {
     }
     let n = w.dim(0)?;
     let (x, w) = (x.contiguous()?, w.contiguous()?);
-    let y = with_slice(&x, |xs| {
-        with_slice(&w, |ws| match layer.bias() {
-            Some(b) => with_slice(b, |bs| Ok(matvec::skinny(xs, ws, Some(bs), k))),
-            None => Ok(matvec::skinny(xs, ws, None, k)),
-        })
+    let y = with_slice(&x, |xs| with_slice(&w, |ws| skinny(xs, ws, layer.bias(), k)))?;
+    Tensor::from_vec(y, (rows, n), &Device::Cpu)
+}
+
+/// A decode step's few rows stream the stored half-precision rows (`matvec` widens them in
+/// cache); more rows are a matrix product, for which widening the weight once costs little.
+fn project_half(layer: &Half, x: &Tensor) -> Result<Tensor> {
+    let (rows, k) = x.dims2()?;
+    let w = layer.weight();
+    if rows > matvec::MAX_ROWS || !matches!(x.device(), Device::Cpu) || x.dtype() != DType::F32 {
+        return project_dense(&layer.widened()?, x);
+    }
+    let n = w.dim(0)?;
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    let bias = layer.bias();
+    let y = with_slice(&x, |xs| match w.dtype() {
+        DType::F16 => slice_of::<half::f16, _>(&w, |ws| skinny(xs, ws, bias, k)),
+        DType::BF16 => slice_of::<half::bf16, _>(&w, |ws| skinny(xs, ws, bias, k)),
+        other => candle_core::bail!("a half-precision layer holds {other:?}"),
     })?;
     Tensor::from_vec(y, (rows, n), &Device::Cpu)
 }
 
-/// Runs `f` over a contiguous CPU f32 tensor's elements in place (no copy of weights or bias on
-/// a decode step).
-pub(crate) fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    match (&*storage, layout.contiguous_offsets()) {
-        (candle_core::Storage::Cpu(cpu), Some((start, end))) => f(&cpu.as_slice::<f32>()?[start..end]),
-        _ => candle_core::bail!("expected a contiguous f32 tensor in host memory"),
+/// `matvec::skinny` with the bias, if any, read in place.
+fn skinny<W: matvec::WeightRows + ?Sized>(xs: &[f32], ws: &W, bias: Option<&Tensor>, k: usize) -> Result<Vec<f32>> {
+    match bias {
+        Some(b) => with_slice(b, |bs| Ok(matvec::skinny(xs, ws, Some(bs), k))),
+        None => Ok(matvec::skinny(xs, ws, None, k)),
     }
 }
 
@@ -78,6 +92,26 @@ mod tests {
                 assert_eq!(got.dims(), want.dims(), "{rows} rows");
                 let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
                 assert!(diff < 1e-4, "{rows} rows: off by {diff}");
+            }
+        }
+    }
+
+    /// A half-precision layer gives, at every row count, the bits of its weight widened to f32.
+    #[test]
+    fn a_half_layer_gives_the_bits_of_its_widened_weight() {
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let (k, n) = (70, 90);
+        let cpu = &Device::Cpu;
+        let w = Tensor::from_vec(pseudo(n * k, 4), (n, k), cpu).unwrap();
+        let b = Tensor::from_vec(pseudo(n, 5), n, cpu).unwrap();
+        for dtype in [GgmlDType::F16, GgmlDType::BF16] {
+            let half = Layer::from_qtensor(QTensor::quantize(&w, dtype).unwrap(), Some(b.clone())).unwrap();
+            let Layer::Half(h) = &half else { panic!("{dtype:?} was not kept half: {}", half.type_name()) };
+            let dense = Layer::Dense(h.widened().unwrap());
+            for rows in [1, matvec::MAX_ROWS, matvec::MAX_ROWS + 1, TRANSPOSED_ROWS + 1] {
+                let x = Tensor::from_vec(pseudo(rows * k, 6), (rows, k), cpu).unwrap();
+                let bits = |l: &Layer| project(l, &x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&half), bits(&dense), "{dtype:?}, {rows} rows");
             }
         }
     }
