@@ -10,12 +10,11 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use half::slice::HalfFloatSliceExt;
-use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::lanes::{LANES, dot, reduce};
 use super::level::multiversion;
+use super::widen::HalfFloat;
 
 /// Up to this many rows of `x` go through here; more are a matrix product for `gemm` (measured
 /// on the bench model: at 16 rows this is still 1.2x faster with weights streamed from memory).
@@ -42,39 +41,26 @@ impl WeightRows for [f32] {
 /// Rows widened at a time: 16 rows of 4,096 inputs are 256 KiB, in L2.
 const WIDEN_ROWS: usize = 16;
 
-/// Each thread's buffer of widened rows (reused: a decode step calls this hundreds of times).
-fn widened<T: Copy>(w: &[T], rows: Range<usize>, k: usize, x: &[f32], out: &mut [f32], widen: impl Fn(&[T], &mut [f32])) {
-    thread_local! {
-        static BUFFER: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+impl<T: HalfFloat> WeightRows for [T] {
+    fn elements(&self) -> usize {
+        self.len()
     }
-    let m = x.len() / k;
-    BUFFER.with_borrow_mut(|buf| {
-        for start in rows.clone().step_by(WIDEN_ROWS) {
-            let end = (start + WIDEN_ROWS).min(rows.end);
-            buf.resize((end - start) * k, 0.0);
-            widen(&w[start * k..end * k], buf);
-            rows_of(x, buf, k, &mut out[(start - rows.start) * m..(end - rows.start) * m]);
+
+    /// Through each thread's buffer of widened rows (reused: a decode step calls this hundreds
+    /// of times).
+    fn dot_rows(&self, x: &[f32], rows: Range<usize>, k: usize, out: &mut [f32]) {
+        thread_local! {
+            static BUFFER: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
         }
-    });
-}
-
-impl WeightRows for [f16] {
-    fn elements(&self) -> usize {
-        self.len()
-    }
-
-    fn dot_rows(&self, x: &[f32], rows: Range<usize>, k: usize, out: &mut [f32]) {
-        widened(self, rows, k, x, out, |src, dst| src.convert_to_f32_slice(dst));
-    }
-}
-
-impl WeightRows for [bf16] {
-    fn elements(&self) -> usize {
-        self.len()
-    }
-
-    fn dot_rows(&self, x: &[f32], rows: Range<usize>, k: usize, out: &mut [f32]) {
-        widened(self, rows, k, x, out, |src, dst| src.convert_to_f32_slice(dst));
+        let m = x.len() / k;
+        BUFFER.with_borrow_mut(|buf| {
+            for start in rows.clone().step_by(WIDEN_ROWS) {
+                let end = (start + WIDEN_ROWS).min(rows.end);
+                buf.resize((end - start) * k, 0.0);
+                T::widen(&self[start * k..end * k], buf);
+                rows_of(x, buf, k, &mut out[(start - rows.start) * m..(end - rows.start) * m]);
+            }
+        });
     }
 }
 
@@ -158,6 +144,7 @@ mod tests {
     use super::*;
     use crate::cpu::Level;
     use crate::test_data::pseudo;
+    use half::{bf16, f16};
 
     #[test]
     fn equals_the_product_in_f64_with_and_without_bias() {

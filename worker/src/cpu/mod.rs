@@ -8,6 +8,7 @@ pub mod matvec;
 pub mod silu;
 pub mod softmax;
 pub mod threads;
+pub mod widen;
 
 pub use level::{Level, level};
 

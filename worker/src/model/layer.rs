@@ -15,6 +15,7 @@ use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear};
 
 use super::host_slice::slice_of;
+use crate::cpu::widen::widen_all;
 
 #[derive(Debug, Clone)]
 pub enum Layer {
@@ -63,18 +64,15 @@ impl Half {
     /// every thread (candle's `to_dtype` converts one element at a time, which halved the
     /// prefill rate of an f16 model).
     pub fn widened(&self) -> Result<Linear> {
-        use half::slice::HalfFloatSliceExt;
-        use rayon::prelude::*;
-        const CHUNK: usize = 1 << 16;
         let w = self.weight.contiguous()?;
         let mut wide = vec![0.0f32; w.elem_count()];
         match w.dtype() {
             DType::F16 => slice_of::<half::f16, _>(&w, |s| {
-                wide.par_chunks_mut(CHUNK).zip(s.par_chunks(CHUNK)).for_each(|(d, s)| s.convert_to_f32_slice(d));
+                widen_all(s, &mut wide);
                 Ok(())
             })?,
             DType::BF16 => slice_of::<half::bf16, _>(&w, |s| {
-                wide.par_chunks_mut(CHUNK).zip(s.par_chunks(CHUNK)).for_each(|(d, s)| s.convert_to_f32_slice(d));
+                widen_all(s, &mut wide);
                 Ok(())
             })?,
             other => candle_core::bail!("a half-precision layer holds {other:?}"),
