@@ -1,7 +1,7 @@
 //! Loading a real checkpoint from a directory: `config.json`, `model.safetensors` or shards
 //! listed in `model.safetensors.index.json`, and `tokenizer.json`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -47,6 +47,13 @@ impl Checkpoint {
         // SAFETY: the files are opened read-only; like every safetensors loader we rely on them
         // not being modified while the worker runs.
         unsafe { VarBuilder::from_mmaped_safetensors(&self.weights, dtype, device) }.map_err(ModelError::from)
+    }
+
+    /// Each tensor's type as the files store it, by name (read from the headers only).
+    pub fn stored_types(&self) -> Result<HashMap<String, DType>, ModelError> {
+        // SAFETY: as in `var_builder`.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&self.weights) }?;
+        st.tensors().into_iter().map(|(name, view)| Ok((name, DType::try_from(view.dtype())?))).collect()
     }
 
     /// Hash of the config and every weight byte: two workers agree only on identical models.

@@ -94,3 +94,25 @@ fn an_unsupported_architecture_is_refused_before_loading_weights() {
     let err = Model::from_dir(&d, &Device::Cpu).unwrap_err().to_string();
     assert!(err.contains("MambaForCausalLM") && err.contains("supported"), "{err}");
 }
+
+/// A checkpoint stored in f16 or bf16 is kept so (projections, output layer and embedding table:
+/// half the memory of f32), and computes bit for bit what its weights widened to f32 give.
+#[test]
+fn a_half_checkpoint_stays_half_and_computes_its_widened_weights() {
+    use candle_core::DType;
+    for dtype in [DType::F16, DType::BF16] {
+        let narrowed: HashMap<String, Tensor> = tiny::tensors(&Device::Cpu).unwrap().into_iter().map(|(n, t)| (n, t.to_dtype(dtype).unwrap())).collect();
+        let widened: HashMap<String, Tensor> = narrowed.iter().map(|(n, t)| (n.clone(), t.to_dtype(DType::F32).unwrap())).collect();
+        let (h, w) = (dir(&format!("{dtype:?}")), dir(&format!("{dtype:?}-widened")));
+        write_checkpoint(&h, &narrowed);
+        write_checkpoint(&w, &widened);
+        let (half, wide) = (Model::from_dir(&h, &Device::Cpu).unwrap(), Model::from_dir(&w, &Device::Cpu).unwrap());
+        assert!(half.llama.layers_half(), "{dtype:?}: {}", half.llama.weight_types());
+        assert!(matches!(half.llama.embed, super::layer::Embed::Half(_)), "{dtype:?}: the embedding table was widened");
+        assert!(!wide.llama.layers_half(), "an f32 checkpoint is computed in f32: {}", wide.llama.weight_types());
+        let bits = |m: &Model| logits(m, &[1, 2, 3, 200, 7]).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&half), bits(&wide), "{dtype:?}");
+        let _ = std::fs::remove_dir_all(&h);
+        let _ = std::fs::remove_dir_all(&w);
+    }
+}

@@ -1,11 +1,12 @@
 //! A linear layer's weight as the checkpoint stores it, and the embedding table. Dense f32
 //! weights are multiplied by `projection::project`'s kernels; quantized ones (a GGUF's Q8_0,
 //! Q4_K, Q6_K ...) by candle's quantized products, which quantize the rows to 8 bits first, as
-//! llama.cpp does, and never widen the weight to f32. A GGUF's f16 and bf16 weights stay half
-//! (`Half`): a decode step streams them through `cpu::matvec`, widened 16 rows at a time in
-//! cache, and a prefill chunk widens the weight for its one product. Not candle's half-precision
-//! product: it reads the whole weight once per input row, with no tiling (a 32-token prompt of a
-//! 1B-parameter f16 model took 15 s on two cores that way).
+//! llama.cpp does, and never widen the weight to f32. f16 and bf16 weights (a GGUF's or a
+//! safetensors checkpoint's) stay half (`Half`): a decode step streams them through
+//! `cpu::matvec`, widened 16 rows at a time in cache, and a prefill chunk widens the weight for
+//! its one product. Not candle's half-precision product: it reads the whole weight once per
+//! input row, with no tiling (a 32-token prompt of a 1B-parameter f16 model took 15 s on two
+//! cores that way).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -96,8 +97,15 @@ impl Layer {
             GgmlDType::BF16 => DType::BF16,
             _ => return Ok(Layer::Quantized(Quantized::new(weight, bias)?)),
         };
-        let stored = Tensor::from_raw_buffer(&weight.data()?, half, weight.shape().dims(), &Device::Cpu)?;
-        Ok(Layer::Half(Half { weight: stored, bias }))
+        Layer::half(Tensor::from_raw_buffer(&weight.data()?, half, weight.shape().dims(), &Device::Cpu)?, bias)
+    }
+
+    /// An f16 or bf16 weight kept as it is, with an f32 bias.
+    pub fn half(weight: Tensor, bias: Option<Tensor>) -> Result<Layer> {
+        if !matches!(weight.dtype(), DType::F16 | DType::BF16) || !weight.device().is_cpu() {
+            candle_core::bail!("a half-precision layer takes an f16 or bf16 weight on the CPU, not {:?}", weight.dtype());
+        }
+        Ok(Layer::Half(Half { weight, bias }))
     }
 
     /// The weight's type as llama.cpp spells it (`f32`, `q8_0`, `q4_K`; parts joined by `+`).
@@ -191,11 +199,12 @@ impl Module for Quantized {
     }
 }
 
-/// The token embedding table: dense, or a GGUF's quantized rows looked up without widening the
-/// table (an 8B model's 128k x 4096 table would be 2 GiB in f32).
+/// The token embedding table: dense, or a checkpoint's half or a GGUF's quantized rows looked up
+/// without widening the table (an 8B model's 128k x 4096 table would be 2 GiB in f32).
 #[derive(Debug, Clone)]
 pub enum Embed {
     Dense(Embedding),
+    Half(Tensor),
     Quantized(Arc<QTensor>),
 }
 
@@ -204,6 +213,7 @@ impl Embed {
     pub fn as_layer(&self) -> Result<Layer> {
         match self {
             Embed::Dense(e) => Ok(Layer::Dense(Linear::new(e.embeddings().clone(), None))),
+            Embed::Half(t) => Layer::half(t.clone(), None),
             Embed::Quantized(q) => Layer::from_arc(q.clone(), None),
         }
     }
@@ -212,7 +222,7 @@ impl Embed {
     pub fn embeddings(&self) -> Option<&Tensor> {
         match self {
             Embed::Dense(e) => Some(e.embeddings()),
-            Embed::Quantized(_) => None,
+            Embed::Half(_) | Embed::Quantized(_) => None,
         }
     }
 }
@@ -221,6 +231,7 @@ impl Module for Embed {
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         match self {
             Embed::Dense(e) => e.forward(ids),
+            Embed::Half(t) => t.embedding(ids)?.to_dtype(DType::F32),
             Embed::Quantized(q) => q.embedding(ids),
         }
     }

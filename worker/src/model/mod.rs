@@ -106,7 +106,7 @@ impl Model {
 
     pub fn tiny(device: &Device) -> Result<Self, ModelError> {
         let cfg = tiny::config();
-        let llama = Llama::load(&cfg, &Weights::Safetensors(tiny::var_builder(device)?))?;
+        let llama = Llama::load(&cfg, &Weights::Safetensors { vb: tiny::var_builder(device)?, stored: Default::default() })?;
         let text = serde_json::to_string(&cfg).map_err(|e| ModelError::Config(e.to_string()))?;
         let fingerprint = format!("{:016x}", xxh3_64(format!("tiny-r{}:{text}", tiny::TINY_REVISION).as_bytes()));
         Ok(Model { name: "tiny".into(), eos: cfg.eos_ids(), llama, tokenizer: std::sync::Arc::new(Tokenizer::Bytes), fingerprint })
@@ -115,7 +115,8 @@ impl Model {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self, ModelError> {
         let ckpt = checkpoint::Checkpoint::open(dir)?;
         let tokenizer = std::sync::Arc::new(Tokenizer::from_file(&ckpt.tokenizer)?);
-        let llama = Llama::load(&ckpt.config, &Weights::Safetensors(ckpt.var_builder(DType::F32, device)?))?;
+        let weights = Weights::Safetensors { vb: ckpt.var_builder(DType::F32, device)?, stored: ckpt.stored_types()? };
+        let llama = Llama::load(&ckpt.config, &weights)?;
         let name = ModelSource::Dir(dir.to_path_buf()).name();
         Ok(Model { name, eos: ckpt.config.eos_ids(), fingerprint: ckpt.fingerprint()?, llama, tokenizer })
     }

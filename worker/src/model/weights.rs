@@ -1,17 +1,24 @@
 //! Where `Llama::load` gets each weight, by the checkpoint's name for it: a safetensors
-//! checkpoint (widened to f32 as it is read) or a GGUF file (as stored, under llama.cpp's names).
+//! checkpoint (f16 and bf16 projections and embeddings as stored, everything else widened to
+//! f32 as it is read) or a GGUF file (as stored, under llama.cpp's names).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
-use candle_core::{Device, Result};
-use candle_nn::{Embedding, RmsNorm, VarBuilder};
+use candle_core::{DType, Device, Result};
+use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
 
 use super::gguf::Gguf;
 use super::layer::{Embed, Layer};
 
 pub enum Weights<'a> {
-    Safetensors(VarBuilder<'a>),
+    /// `vb` reads every tensor widened to f32; `stored` says which the files hold half
+    /// (empty for the built-in model).
+    Safetensors {
+        vb: VarBuilder<'a>,
+        stored: HashMap<String, DType>,
+    },
     Gguf(&'a Gguf),
 }
 
@@ -44,7 +51,7 @@ fn gguf_err(e: super::ModelError) -> candle_core::Error {
 impl Weights<'_> {
     pub fn device(&self) -> Device {
         match self {
-            Weights::Safetensors(vb) => vb.device().clone(),
+            Weights::Safetensors { vb, .. } => vb.device().clone(),
             Weights::Gguf(_) => Device::Cpu,
         }
     }
@@ -52,9 +59,14 @@ impl Weights<'_> {
     /// `name`'s `[outputs, inputs]` weight and, with `bias`, its bias.
     pub fn linear(&self, name: &str, inputs: usize, outputs: usize, bias: bool) -> Result<Layer> {
         match self {
-            Weights::Safetensors(vb) => {
+            Weights::Safetensors { vb, stored } => {
+                let half = half_stored(vb, stored, &format!("{name}.weight"));
                 let vb = vb.pp(name);
-                Ok(Layer::Dense(if bias { candle_nn::linear(inputs, outputs, vb)? } else { candle_nn::linear_no_bias(inputs, outputs, vb)? }))
+                let b = if bias { Some(vb.get(outputs, "bias")?) } else { None };
+                match half {
+                    Some(dtype) => Layer::half(vb.get_with_hints_dtype((outputs, inputs), "weight", Default::default(), dtype)?, b),
+                    None => Ok(Layer::Dense(Linear::new(vb.get((outputs, inputs), "weight")?, b))),
+                }
             }
             Weights::Gguf(g) => {
                 let base = gguf_name(name);
@@ -70,7 +82,7 @@ impl Weights<'_> {
 
     pub fn norm(&self, name: &str, size: usize, eps: f64) -> Result<RmsNorm> {
         match self {
-            Weights::Safetensors(vb) => candle_nn::rms_norm(size, eps, vb.pp(name)),
+            Weights::Safetensors { vb, .. } => candle_nn::rms_norm(size, eps, vb.pp(name)),
             Weights::Gguf(g) => {
                 let w = g.tensor(&format!("{}.weight", gguf_name(name))).map_err(gguf_err)?.dequantize(&Device::Cpu)?;
                 Ok(RmsNorm::new(w, eps))
@@ -80,7 +92,10 @@ impl Weights<'_> {
 
     pub fn embedding(&self, name: &str, vocab: usize, hidden: usize) -> Result<Embed> {
         match self {
-            Weights::Safetensors(vb) => Ok(Embed::Dense(candle_nn::embedding(vocab, hidden, vb.pp(name))?)),
+            Weights::Safetensors { vb, stored } => match half_stored(vb, stored, &format!("{name}.weight")) {
+                Some(dtype) => Ok(Embed::Half(vb.pp(name).get_with_hints_dtype((vocab, hidden), "weight", Default::default(), dtype)?)),
+                None => Ok(Embed::Dense(candle_nn::embedding(vocab, hidden, vb.pp(name))?)),
+            },
             Weights::Gguf(g) => {
                 let base = gguf_name(name);
                 let t = g.tensor(&format!("{base}.weight")).map_err(gguf_err)?;
@@ -94,4 +109,10 @@ impl Weights<'_> {
             }
         }
     }
+}
+
+/// The half type `name` is stored in, where it is kept so: on the CPU, whose kernels read half
+/// rows (a model computed elsewhere is widened as before).
+fn half_stored(vb: &VarBuilder, stored: &HashMap<String, DType>, name: &str) -> Option<DType> {
+    stored.get(name).copied().filter(|d| matches!(d, DType::F16 | DType::BF16) && vb.device().is_cpu())
 }
