@@ -13,9 +13,9 @@ pub const ENV: &str = "KVGATE_CPU_KERNELS";
 pub enum Level {
     /// Whatever the target's baseline (SSE2 on x86-64) vectorizes to.
     Portable,
-    /// 256-bit vectors: AVX2 with FMA.
+    /// 256-bit vectors: AVX2 with FMA and F16C.
     Avx2,
-    /// 512-bit vectors: AVX-512F.
+    /// 512-bit vectors: AVX-512F (with the above).
     Avx512,
 }
 
@@ -42,10 +42,12 @@ impl Level {
 pub fn widest() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+        // F16C (half-precision conversion) came with every AVX2 CPU; the half kernels use it.
+        let common = std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c");
+        if std::arch::is_x86_feature_detected!("avx512f") && common {
             return Level::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2") && common {
             return Level::Avx2;
         }
     }

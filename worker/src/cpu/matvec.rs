@@ -3,9 +3,9 @@
 //! `W` into tiles on every call, which costs as much as the product when `x` has one row; here
 //! each row of `W` is streamed once from memory and dotted with every row of `x` while it sits in
 //! L1. The rows of `W` are split across the compute threads. Half-precision weights (f16, bf16)
-//! are widened 16 rows at a time into a buffer that stays in cache and go through the same
-//! kernel: memory moves their stored bytes only, and every sum is the one the widened f32 weight
-//! would give, bit for bit.
+//! are converted in registers as they are loaded (`half_rows`; without AVX2, widened 16 rows at
+//! a time into a buffer that stays in cache and sent through the f32 kernel): memory moves their
+//! stored bytes only, and every sum is the one the widened f32 weight would give, bit for bit.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -46,9 +46,12 @@ impl<T: HalfFloat> WeightRows for [T] {
         self.len()
     }
 
-    /// Through each thread's buffer of widened rows (reused: a decode step calls this hundreds
-    /// of times).
+    /// Converted in registers where the level has a kernel for it (`half_rows`); else through
+    /// each thread's buffer of widened rows (reused: a decode step calls this hundreds of times).
     fn dot_rows(&self, x: &[f32], rows: Range<usize>, k: usize, out: &mut [f32]) {
+        if super::half_rows::rows_of(x, &self[rows.start * k..rows.end * k], k, out) {
+            return;
+        }
         thread_local! {
             static BUFFER: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
         }

@@ -2,6 +2,7 @@
 //! at run time (release images run on any x86-64 with AVX2; nothing is built for the build
 //! machine's CPU). See `level` for the choice and `KVGATE_CPU_KERNELS` for forcing it down.
 
+pub mod half_rows;
 pub mod lanes;
 pub mod level;
 pub mod matvec;

@@ -7,16 +7,31 @@ use rayon::prelude::*;
 
 /// A stored half-precision element type.
 pub trait HalfFloat: Copy + Send + Sync + 'static {
+    /// IEEE half (F16C converts it); else bfloat16 (the high half of an f32).
+    const IS_F16: bool;
     fn widen(src: &[Self], dst: &mut [f32]);
+    fn to_f32(self) -> f32;
 }
 
 impl HalfFloat for f16 {
+    const IS_F16: bool = true;
+
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+
     fn widen(src: &[f16], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }
 }
 
 impl HalfFloat for bf16 {
+    const IS_F16: bool = false;
+
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+
     fn widen(src: &[bf16], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }
