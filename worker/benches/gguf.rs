@@ -2,10 +2,10 @@
 //! a Markdown table): a random Llama of 8 layers shaped like TinyLlama's (hidden 2048, FFN 5632,
 //! 32 heads, 4 KV heads, 32k vocabulary), written in Q4_K_M's mix, in Q8_0 and in f16. Each server runs
 //! alone on the machine in turn (kvgate colocated, f16 KV; llama.cpp's server from the pinned
-//! `xllamacpp` wheel with 8 slots sharing its f16 cache), both on 2 threads, over HTTP with
-//! token-id prompts: a 512-token prefill (a request for one token), decode of one stream and of
-//! eight at once (64 tokens each, end-of-sequence ignored), and each process's RSS after the
-//! runs. Medians of 3 rounds.
+//! `xllamacpp` wheel with 32 slots sharing its f16 cache), both on 2 threads, over HTTP with
+//! token-id prompts: prefill of 512, 2,048 and 8,192 tokens (a request for one token), decode of
+//! one stream and of 8 and 32 at once (64 tokens each, end-of-sequence ignored), and each
+//! process's RSS after the runs. Medians of 3 rounds (the 8,192-token prefill: one).
 
 #[path = "../tests/support/gguf_files.rs"]
 mod gguf_files;
@@ -20,10 +20,13 @@ use serde_json::{Value, json};
 use support::Worker;
 
 const SHAPE: Shape = Shape { hidden: 2048, ffn: 5632, heads: 32, kv_heads: 4, layers: 8, vocab: 32000 };
-const PREFILL: usize = 512;
+const PREFILLS: [usize; 3] = [512, 2048, 8192];
 const DECODE: usize = 64;
-const STREAMS: usize = 8;
+const STREAMS: [usize; 3] = [1, 8, 32];
 const ROUNDS: usize = 3;
+/// Both servers hold this many tokens of KV (f16), enough for the longest prompt or for every
+/// stream at once.
+const POOL: usize = 16384;
 
 /// One server as the bench talks to it: a completion of `prompt` asking for `tokens`.
 struct Server {
@@ -63,25 +66,46 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Prefill tokens/s, one stream's and eight streams' decode tokens/s, RSS in MiB.
-async fn measure(s: &Server) -> [f64; 4] {
+/// Prefill tokens/s at each of `PREFILLS`, decode tokens/s at each of `STREAMS`, RSS in MiB.
+struct Measured {
+    prefill: Vec<f64>,
+    decode: Vec<f64>,
+    rss_mib: f64,
+}
+
+async fn measure(s: &Server) -> Measured {
     s.complete(&prompt(32, 99), 4).await; // warm-up
-    let (mut prefill, mut one, mut eight) = (vec![], vec![], vec![]);
-    for round in 0..ROUNDS {
-        let p = prompt(PREFILL, round);
-        prefill.push(PREFILL as f64 / s.complete(&p, 1).await.as_secs_f64());
-        let short = prompt(16, round + 10);
-        let (first, all) = (s.complete(&short, 1).await, s.complete(&short, DECODE + 1).await);
-        one.push(DECODE as f64 / (all - first).as_secs_f64());
-        let started = Instant::now();
-        join_all((0..STREAMS).map(|k| {
-            let p = prompt(16, round * STREAMS + k + 100);
-            async move { s.complete(&p, DECODE).await }
-        }))
-        .await;
-        eight.push((STREAMS * DECODE) as f64 / started.elapsed().as_secs_f64());
+    let mut prefill = Vec::new();
+    for (i, n) in PREFILLS.into_iter().enumerate() {
+        let rounds = if n > 4096 { 1 } else { ROUNDS };
+        let mut rates = Vec::new();
+        for round in 0..rounds {
+            rates.push(n as f64 / s.complete(&prompt(n, round + 20 * i), 1).await.as_secs_f64());
+        }
+        prefill.push(median(rates));
     }
-    [median(prefill), median(one), median(eight), s.rss_mib()]
+    let mut decode = Vec::new();
+    for streams in STREAMS {
+        let mut rates = Vec::new();
+        for round in 0..ROUNDS {
+            if streams == 1 {
+                // The prompt's own step is measured apart and left out.
+                let short = prompt(16, round + 10);
+                let (first, all) = (s.complete(&short, 1).await, s.complete(&short, DECODE + 1).await);
+                rates.push(DECODE as f64 / (all - first).as_secs_f64());
+                continue;
+            }
+            let started = Instant::now();
+            join_all((0..streams).map(|k| {
+                let p = prompt(16, round * streams + k + 100);
+                async move { s.complete(&p, DECODE).await }
+            }))
+            .await;
+            rates.push((streams * DECODE) as f64 / started.elapsed().as_secs_f64());
+        }
+        decode.push(median(rates));
+    }
+    Measured { prefill, decode, rss_mib: s.rss_mib() }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -97,21 +121,24 @@ async fn main() {
         }
         let size = std::fs::metadata(&file).unwrap().len() as f64 / (1 << 20) as f64;
         let model = file.to_str().unwrap();
-        let worker =
-            Worker::colocated(&["--model", model, "--context-window=4096", "--kv-pool-tokens=16384", "--kv-dtype=f16", "--max-requests-per-client=16"]);
+        let (window, pool) = (format!("--context-window={POOL}"), format!("--kv-pool-tokens={POOL}"));
+        let worker = Worker::colocated(&["--model", model, &window, &pool, "--kv-dtype=f16", "--max-requests-per-client=64"]);
         let kvgate = measure(&Server { base: worker.base.clone(), llamacpp: false, pid: worker.child.id(), http: http.clone() }).await;
         drop(worker);
-        let server = llama_server(&file, &["-c", "16384", "-np", "8", "--kv-unified", "-t", "2"]).await;
+        let (ctx, slots) = (POOL.to_string(), STREAMS[STREAMS.len() - 1].to_string());
+        let server = llama_server(&file, &["-c", &ctx, "-np", &slots, "--kv-unified", "-t", "2"]).await;
         let llamacpp = measure(&Server { base: server.base.clone(), llamacpp: true, pid: server.child.id(), http: http.clone() }).await;
         drop(server);
-        let ratio = |i: usize| kvgate[i] / llamacpp[i];
-        rows.push((
-            format!("{name} ({size:.0} MiB) prefill, {PREFILL}-token prompt"),
-            format!("{:.0} / {:.0} tokens/s ({:.2}x)", kvgate[0], llamacpp[0], ratio(0)),
-        ));
-        rows.push((format!("{name} decode, 1 stream"), format!("{:.1} / {:.1} tokens/s ({:.2}x)", kvgate[1], llamacpp[1], ratio(1))));
-        rows.push((format!("{name} decode, {STREAMS} streams"), format!("{:.1} / {:.1} tokens/s ({:.2}x)", kvgate[2], llamacpp[2], ratio(2))));
-        rows.push((format!("{name} RSS after the runs (16384-token f16 KV each)"), format!("{:.0} / {:.0} MiB ({:.2}x)", kvgate[3], llamacpp[3], ratio(3))));
+        let row = |what: String, unit: &str, digits: usize, a: f64, b: f64| (what, format!("{a:.digits$} / {b:.digits$} {unit} ({:.2}x)", a / b));
+        for (i, n) in PREFILLS.into_iter().enumerate() {
+            let what = if i == 0 { format!("{name} ({size:.0} MiB) prefill, {n}-token prompt") } else { format!("{name} prefill, {n}-token prompt") };
+            rows.push(row(what, "tokens/s", 0, kvgate.prefill[i], llamacpp.prefill[i]));
+        }
+        for (i, n) in STREAMS.into_iter().enumerate() {
+            let what = format!("{name} decode, {n} stream{}", if n == 1 { "" } else { "s" });
+            rows.push(row(what, "tokens/s", 1, kvgate.decode[i], llamacpp.decode[i]));
+        }
+        rows.push(row(format!("{name} RSS after the runs ({POOL}-token f16 KV each)"), "MiB", 0, kvgate.rss_mib, llamacpp.rss_mib));
     }
     println!("\n| same GGUF file: kvgate / llama.cpp | result |\n| --- | --- |");
     for (k, v) in rows {

@@ -74,10 +74,26 @@ fn write_tiny(path: &Path, kind: impl Fn(&str) -> GgmlDType, extra: &[(&str, Val
     gguf_file::write(&mut f, &meta, &tensors).unwrap();
 }
 
-fn scratch(name: &str) -> PathBuf {
+/// A file path in a directory of its own, removed with it when the test is done.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("kvgate-gguf-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join("model.gguf")
+    Scratch(dir.join("model.gguf"))
 }
 
 const PROMPT: &str = "GGUF holds the same model; the rows of Q and K are only in another order.";

@@ -45,12 +45,19 @@ fn project_dense(layer: &Linear, x: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(y, (rows, n), &Device::Cpu)
 }
 
-/// A decode step's few rows stream the stored half-precision rows (`matvec` widens them in
-/// cache); more rows are a matrix product, for which widening the weight once costs little.
+/// Up to this many rows a half-precision product streams the stored rows through `matvec`
+/// (converted in registers); more are a matrix product over the weight widened once. Widening
+/// writes and rereads 4 bytes a weight, so a decode step of 32 streams that widened every weight
+/// ran at half the rate of 8 streams (gguf bench, f16); streaming reads 2 bytes a weight per
+/// pass of the weight's rows.
+pub const HALF_STREAMED_ROWS: usize = 64;
+
+/// A decode step's rows stream the stored half-precision rows; a prefill chunk's many rows are
+/// a matrix product, for which widening the weight once costs little.
 fn project_half(layer: &Half, x: &Tensor) -> Result<Tensor> {
     let (rows, k) = x.dims2()?;
     let w = layer.weight();
-    if rows > matvec::MAX_ROWS || !matches!(x.device(), Device::Cpu) || x.dtype() != DType::F32 {
+    if rows > HALF_STREAMED_ROWS || !matches!(x.device(), Device::Cpu) || x.dtype() != DType::F32 {
         return project_dense(&layer.widened()?, x);
     }
     let n = w.dim(0)?;
@@ -96,7 +103,8 @@ mod tests {
         }
     }
 
-    /// A half-precision layer gives, at every row count, the bits of its weight widened to f32.
+    /// A half-precision layer gives, at every row count, the bits of its weight widened to f32:
+    /// streamed by `matvec` up to `HALF_STREAMED_ROWS` rows, the dense product beyond.
     #[test]
     fn a_half_layer_gives_the_bits_of_its_widened_weight() {
         use candle_core::quantized::{GgmlDType, QTensor};
@@ -107,11 +115,20 @@ mod tests {
         for dtype in [GgmlDType::F16, GgmlDType::BF16] {
             let half = Layer::from_qtensor(QTensor::quantize(&w, dtype).unwrap(), Some(b.clone())).unwrap();
             let Layer::Half(h) = &half else { panic!("{dtype:?} was not kept half: {}", half.type_name()) };
-            let dense = Layer::Dense(h.widened().unwrap());
-            for rows in [1, matvec::MAX_ROWS, matvec::MAX_ROWS + 1, TRANSPOSED_ROWS + 1] {
-                let x = Tensor::from_vec(pseudo(rows * k, 6), (rows, k), cpu).unwrap();
-                let bits = |l: &Layer| project(l, &x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&half), bits(&dense), "{dtype:?}, {rows} rows");
+            let wide = h.widened().unwrap();
+            let dense = Layer::Dense(wide.clone());
+            let (wide_w, b) = (wide.weight().flatten_all().unwrap().to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
+            let bits = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for rows in [1, matvec::MAX_ROWS, matvec::MAX_ROWS + 1, HALF_STREAMED_ROWS, HALF_STREAMED_ROWS + 1, TRANSPOSED_ROWS + 1] {
+                let xs = pseudo(rows * k, 6);
+                let x = Tensor::from_vec(xs.clone(), (rows, k), cpu).unwrap();
+                let got = bits(project(&half, &x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap());
+                let want = if rows <= HALF_STREAMED_ROWS {
+                    matvec::skinny(&xs, &wide_w[..], Some(&b), k)
+                } else {
+                    project(&dense, &x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                };
+                assert_eq!(got, bits(want), "{dtype:?}, {rows} rows");
             }
         }
     }
