@@ -15,7 +15,7 @@ pub fn rows_of<H: HalfFloat>(x: &[f32], w: &[H], k: usize, out: &mut [f32]) -> b
 
 pub(crate) fn rows_of_at<H: HalfFloat>(level: Level, x: &[f32], w: &[H], k: usize, out: &mut [f32]) -> bool {
     assert!(level <= super::level::widest(), "{level:?} is wider than this CPU");
-    assert!(x.len() % k == 0 && w.len() % k == 0 && out.len() == x.len() / k * (w.len() / k), "shapes: x {} w {} k {k}", x.len(), w.len());
+    assert!(x.len().is_multiple_of(k) && w.len().is_multiple_of(k) && out.len() == x.len() / k * (w.len() / k), "shapes: x {} w {} k {k}", x.len(), w.len());
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: the CPU has the level's features (asserted above; `widest` checks F16C too).
