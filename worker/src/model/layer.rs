@@ -3,10 +3,10 @@
 //! Q4_K, Q6_K ...) by candle's quantized products, which quantize the rows to 8 bits first, as
 //! llama.cpp does, and never widen the weight to f32. f16 and bf16 weights (a GGUF's or a
 //! safetensors checkpoint's) stay half (`Half`): a decode step streams them through
-//! `cpu::matvec`, widened 16 rows at a time in cache, and a prefill chunk widens the weight for
-//! its one product. Not candle's half-precision product: it reads the whole weight once per
-//! input row, with no tiling (a 32-token prompt of a 1B-parameter f16 model took 15 s on two
-//! cores that way).
+//! `cpu::matvec`, converted in registers as they are loaded, and a prefill chunk widens the
+//! weight for its one product. Not candle's half-precision product: it reads the whole weight
+//! once per input row, with no tiling (a 32-token prompt of a 1B-parameter f16 model took 15 s
+//! on two cores that way).
 
 use std::borrow::Cow;
 use std::sync::Arc;
