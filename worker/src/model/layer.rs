@@ -193,7 +193,9 @@ impl Module for Layer {
 impl Quantized {
     /// One row against Q4_K blocks as stored, by candle's product over the blocks. Its default
     /// product reads tiles it repacked the blocks into, with f32 scales: 1.4 times the blocks'
-    /// bytes, and one row is bound by the bytes it reads.
+    /// bytes, and one row is bound by the bytes it reads. The price: a row's last bits depend on
+    /// whether it was alone in its step, as candle's own Q6_K product already does (its tiles
+    /// for Q4_K and Q8_0 give the same bits at any row count).
     fn one_row_from_blocks(&self, x: &Tensor) -> Result<Option<Tensor>> {
         if self.dtype() != GgmlDType::Q4K || x.dims2()?.0 != 1 || !x.device().is_cpu() || x.dtype() != DType::F32 {
             return Ok(None);
@@ -289,3 +291,4 @@ mod tests {
         }
     }
 }
+
