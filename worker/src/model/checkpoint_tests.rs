@@ -12,11 +12,27 @@ const TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,"ad
   "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
   "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"paged":2,"world":3},"unk_token":"[UNK]"}}"#;
 
-fn dir(name: &str) -> PathBuf {
+/// A checkpoint directory of the test's own, removed when the test is done.
+struct Dir(PathBuf);
+
+impl std::ops::Deref for Dir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(name: &str) -> Dir {
     let d = std::env::temp_dir().join(format!("kvgate-ckpt-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Dir(d)
 }
 
 fn write_checkpoint(d: &Path, tensors: &HashMap<String, Tensor>) {
@@ -112,7 +128,5 @@ fn a_half_checkpoint_stays_half_and_computes_its_widened_weights() {
         assert!(!wide.llama.layers_half(), "an f32 checkpoint is computed in f32: {}", wide.llama.weight_types());
         let bits = |m: &Model| logits(m, &[1, 2, 3, 200, 7]).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&half), bits(&wide), "{dtype:?}");
-        let _ = std::fs::remove_dir_all(&h);
-        let _ = std::fs::remove_dir_all(&w);
     }
 }
