@@ -20,13 +20,17 @@ pub(crate) fn rows_of_at<H: HalfFloat>(level: Level, x: &[f32], w: &[H], k: usiz
     {
         // SAFETY: the CPU has the level's features (asserted above; `widest` checks F16C too).
         match level {
-            Level::Avx512 => return unsafe { x86::rows_avx512(x, w, k, out) },
-            Level::Avx2 => return unsafe { x86::rows_avx2(x, w, k, out) },
-            Level::Portable => {}
+            Level::Avx512 => unsafe { x86::rows_avx512(x, w, k, out) },
+            Level::Avx2 => unsafe { x86::rows_avx2(x, w, k, out) },
+            Level::Portable => return false,
         }
+        true
     }
-    let _ = (x, w, out);
-    false
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (x, w, out);
+        false
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -121,16 +125,14 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn rows_avx512<H: HalfFloat>(x: &[f32], w: &[H], k: usize, out: &mut [f32]) -> bool {
-        unsafe { rows::<Zmm, H, 4>(x, w, k, out) };
-        true
+    pub unsafe fn rows_avx512<H: HalfFloat>(x: &[f32], w: &[H], k: usize, out: &mut [f32]) {
+        unsafe { rows::<Zmm, H, 4>(x, w, k, out) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn rows_avx2<H: HalfFloat>(x: &[f32], w: &[H], k: usize, out: &mut [f32]) -> bool {
+    pub unsafe fn rows_avx2<H: HalfFloat>(x: &[f32], w: &[H], k: usize, out: &mut [f32]) {
         // Sixteen registers: four weight rows against two of x fill eight pairs with sums.
-        unsafe { rows::<Ymm2, H, 2>(x, w, k, out) };
-        true
+        unsafe { rows::<Ymm2, H, 2>(x, w, k, out) }
     }
 
     /// Tiles of four weight rows (then one at a time) against up to `XR` rows of `x`: each

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use xxhash_rust::xxh3::Xxh3;
@@ -42,18 +43,14 @@ impl Checkpoint {
         Ok(Checkpoint { config, config_text, weights, tokenizer })
     }
 
-    /// Memory-maps the weights, converted to `dtype` on load.
-    pub fn var_builder(&self, dtype: DType, device: &Device) -> Result<VarBuilder<'static>, ModelError> {
+    /// Memory-maps the weights once: a builder that reads each tensor widened to f32, and each
+    /// tensor's type as the files store it, by name (from the headers).
+    pub fn weights(&self, device: &Device) -> Result<(VarBuilder<'static>, HashMap<String, DType>), ModelError> {
         // SAFETY: the files are opened read-only; like every safetensors loader we rely on them
         // not being modified while the worker runs.
-        unsafe { VarBuilder::from_mmaped_safetensors(&self.weights, dtype, device) }.map_err(ModelError::from)
-    }
-
-    /// Each tensor's type as the files store it, by name (read from the headers only).
-    pub fn stored_types(&self) -> Result<HashMap<String, DType>, ModelError> {
-        // SAFETY: as in `var_builder`.
-        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&self.weights) }?;
-        st.tensors().into_iter().map(|(name, view)| Ok((name, DType::try_from(view.dtype())?))).collect()
+        let st = unsafe { MmapedSafetensors::multi(&self.weights) }?;
+        let stored = st.tensors().into_iter().map(|(name, view)| Ok((name, DType::try_from(view.dtype())?))).collect::<Result<_, ModelError>>()?;
+        Ok((VarBuilder::from_backend(Box::new(st), DType::F32, device.clone()), stored))
     }
 
     /// Hash of the config and every weight byte: two workers agree only on identical models.

@@ -2,37 +2,19 @@
 //! sharded) with a `tokenizer.json`, and every way a directory can be wrong.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
 use super::{Model, ModelError, tiny};
+use crate::test_data::TempDir;
 
 const TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
   "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
   "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"paged":2,"world":3},"unk_token":"[UNK]"}}"#;
 
-/// A checkpoint directory of the test's own, removed when the test is done.
-struct Dir(PathBuf);
-
-impl std::ops::Deref for Dir {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dir(name: &str) -> Dir {
-    let d = std::env::temp_dir().join(format!("kvgate-ckpt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    Dir(d)
+fn dir(name: &str) -> TempDir {
+    TempDir::new(&format!("ckpt-{name}"))
 }
 
 fn write_checkpoint(d: &Path, tensors: &HashMap<String, Tensor>) {

@@ -12,6 +12,7 @@ use candle_core::{Device, Tensor};
 use super::llama::to_vec;
 use super::weights::gguf_name;
 use super::{Model, ModelError, tiny};
+use crate::test_data::TempDir;
 
 /// llama.cpp's row order for a head's Q or K (`convert_hf_to_gguf.py`'s `permute`).
 fn permute(w: &Tensor, heads: usize) -> Tensor {
@@ -74,26 +75,11 @@ fn write_tiny(path: &Path, kind: impl Fn(&str) -> GgmlDType, extra: &[(&str, Val
     gguf_file::write(&mut f, &meta, &tensors).unwrap();
 }
 
-/// A file path in a directory of its own, removed with it when the test is done.
-struct Scratch(PathBuf);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
-    }
-}
-
-fn scratch(name: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("kvgate-gguf-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir.join("model.gguf"))
+/// `model.gguf` in a directory of its own, removed when the returned guard drops.
+fn scratch(name: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(&format!("gguf-{name}"));
+    let file = dir.join("model.gguf");
+    (dir, file)
 }
 
 const PROMPT: &str = "GGUF holds the same model; the rows of Q and K are only in another order.";
@@ -114,7 +100,7 @@ fn the_tiny_model_written_as_llamacpp_writes_it_loads_back_the_same() {
     let tiny = Model::tiny(&Device::Cpu).unwrap();
     let want = logits(&tiny);
 
-    let f32_file = scratch("f32");
+    let (_dir, f32_file) = scratch("f32");
     write_tiny(&f32_file, |_| GgmlDType::F32, &[], &[]);
     let m = Model::from_gguf(&f32_file, &Device::Cpu).unwrap();
     // Without a `▁` piece a space is spelled in its three bytes, as llama.cpp spells it; a text
@@ -131,7 +117,7 @@ fn the_tiny_model_written_as_llamacpp_writes_it_loads_back_the_same() {
     // Q8_0 where a row is whole blocks of 32 (the down projection's 176 inputs are not: f32, as
     // llama.cpp's quantizer leaves such a tensor), so the stacked layers mix nothing but the
     // output layers do.
-    let q8_file = scratch("q8");
+    let (_dir, q8_file) = scratch("q8");
     write_tiny(&q8_file, |name| if name.contains("ffn_down") { GgmlDType::F32 } else { GgmlDType::Q8_0 }, &[], &[]);
     let m = Model::from_gguf(&q8_file, &Device::Cpu).unwrap();
     assert_eq!(m.llama.weight_types(), "qkv q8_0, o q8_0, gate/up q8_0, down f32, output q8_0");
@@ -169,7 +155,7 @@ fn half_precision_weights_stay_half_and_compute_close_to_f32() {
     // Per type: the bound on the largest logit difference, relative to the largest logit (f16
     // keeps 11 bits of each weight, bf16 8).
     for (dtype, name, bound) in [(GgmlDType::F16, "f16", 0.01f32), (GgmlDType::BF16, "bf16", 0.05)] {
-        let file = scratch(name);
+        let (_dir, file) = scratch(name);
         write_tiny(&file, |_| dtype, &[], &[]);
         let m = Model::from_gguf(&file, &Device::Cpu).unwrap();
         assert_eq!(m.llama.weight_types(), format!("qkv {name}, o {name}, gate/up {name}, down {name}, output {name}"));
@@ -182,7 +168,7 @@ fn half_precision_weights_stay_half_and_compute_close_to_f32() {
 }
 
 fn refused(extra: &[(&str, Value)], extra_tensors: &[&str]) -> String {
-    let f = scratch(&format!("refused-{}", extra.len() + extra_tensors.len() * 10));
+    let (_dir, f) = scratch(&format!("refused-{}", extra.len() + extra_tensors.len() * 10));
     write_tiny(&f, |_| GgmlDType::F32, extra, extra_tensors);
     match Model::from_gguf(&f, &Device::Cpu) {
         Ok(_) => panic!("loaded with {:?} {extra_tensors:?}", extra.iter().map(|(k, _)| k).collect::<Vec<_>>()),

@@ -26,7 +26,7 @@ pub mod weights;
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -115,8 +115,8 @@ impl Model {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self, ModelError> {
         let ckpt = checkpoint::Checkpoint::open(dir)?;
         let tokenizer = std::sync::Arc::new(Tokenizer::from_file(&ckpt.tokenizer)?);
-        let weights = Weights::Safetensors { vb: ckpt.var_builder(DType::F32, device)?, stored: ckpt.stored_types()? };
-        let llama = Llama::load(&ckpt.config, &weights)?;
+        let (vb, stored) = ckpt.weights(device)?;
+        let llama = Llama::load(&ckpt.config, &Weights::Safetensors { vb, stored })?;
         let name = ModelSource::Dir(dir.to_path_buf()).name();
         Ok(Model { name, eos: ckpt.config.eos_ids(), fingerprint: ckpt.fingerprint()?, llama, tokenizer })
     }
