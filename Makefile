@@ -23,12 +23,12 @@ test-deps:
 	bash scripts/test-deps.sh
 
 ## vLLM behind the gate, against vLLM's real CPU build: its image is several GB (pinned wheels,
-## images/vllm/requirements.txt), so these tests are not in `make test`. README "vLLM" has the
-## last result.
+## images/vllm/requirements.txt), so these tests are not in `make test`. One test at a time: each
+## vLLM process takes about 3 GB and, idle, busy-polls close to half a core. README "vLLM" has the last result.
 test-vllm: test-vllm-deps controlplane tools
 	$(CARGO) build --workspace --locked
 	bash scripts/images.sh --profile debug --no-archives --offline --out target/images-debug vllm
-	$(CARGO) test -p kvgate-operator --features vllm-tests --test vllm --locked
+	$(CARGO) test -p kvgate-operator --features vllm-tests --test vllm --locked -- --test-threads=1
 
 ## The vLLM image's pinned wheels (about 3 GB) and packages, downloaded once.
 test-vllm-deps: test-deps

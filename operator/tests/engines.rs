@@ -390,7 +390,7 @@ fn every_example_passes_the_api_servers_validation() {
         checked.push(entry.file_name().to_string_lossy().into_owned());
     }
     checked.sort();
-    for want in ["gguf.yaml", "llamacpp.yaml", "sglang-gpu.yaml", "sglang-pd-incident.yaml", "tenants.yaml", "tiny.yaml", "vllm.yaml"] {
+    for want in ["gguf.yaml", "llamacpp.yaml", "sglang-gpu.yaml", "sglang-pd-incident.yaml", "tenants.yaml", "tiny.yaml", "vllm-pd.yaml", "vllm.yaml"] {
         assert!(checked.iter().any(|c| c == want), "{want} not among {checked:?}");
     }
 }

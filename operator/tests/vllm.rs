@@ -5,6 +5,8 @@
 //! `--max-model-len -1` makes vLLM fit the window to its KV cache without a word: with a 1 MiB
 //! cache it serves 896 tokens, and a deployment declaring 2,048 is refused with vLLM's numbers.
 //! With a cache that holds the window it is Available and answers through the Service.
+//! Disaggregated (`examples/vllm-pd.yaml`: NIXL between a prefill and a decode vLLM, vLLM's
+//! router in front), each role is read and refused on its own.
 
 mod support;
 
@@ -74,4 +76,146 @@ fn a_cache_that_holds_the_window_is_available_and_answers_through_the_service() 
     let (status, answer) = request("POST", &format!("http://{server}/v1/completions"), Some(&body)).unwrap();
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("\"token_ids\""), "{answer}");
+}
+
+/// `examples/vllm-pd.yaml` on these CPUs: each role's container swapped for the test image with
+/// the tiny model, `prefill` and `decode` the flags of each role's KV pool, one pod per role.
+fn vllm_pd(cp: &ControlPlane, window: u64, prefill: &[&str], decode: &[&str]) -> String {
+    let mut d: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(repo("examples/vllm-pd.yaml")).unwrap()).unwrap();
+    d["spec"]["contextWindow"] = window.into();
+    d["spec"]["model"] = serde_json::json!({ "path": "tiny", "volume": { "hostPath": models(cp).display().to_string() } });
+    d["spec"]["rollout"] = serde_json::json!({ "bakeSeconds": 0, "canary": { "prompts": 2, "maxPromptTokens": 512 } });
+    for (role, pool) in [("prefill", prefill), ("decode", decode), ("router", &[][..])] {
+        let r = &mut d["spec"][role];
+        r["replicas"] = 1.into();
+        let c = &mut r["container"];
+        c["image"] = kvgate_testenv::images::vllm().into();
+        c.as_object_mut().unwrap().remove("resources");
+        if role == "router" {
+            c["command"] = serde_json::json!(["/usr/bin/python3.11", "-m", "vllm_router.launch_router"]);
+            continue;
+        }
+        // The example's connector, its buffers in host memory (there is no GPU here).
+        let args = c["args"].as_array().unwrap();
+        let at = args.iter().position(|a| a == "--kv-transfer-config").unwrap();
+        let mut connector: serde_json::Value = serde_json::from_str(args[at + 1].as_str().unwrap()).unwrap();
+        connector["kv_buffer_device"] = "cpu".into();
+        let mut args: Vec<String> =
+            ["--model", "/models/tiny", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager", "--host", "0.0.0.0", "--port", "8000"]
+                .map(String::from)
+                .to_vec();
+        args.extend(["--kv-transfer-config".into(), connector.to_string()]);
+        args.extend(pool.iter().map(|a| a.to_string()));
+        c["args"] = args.into();
+        let env = c["env"].as_array_mut().unwrap();
+        env.push(serde_json::json!({ "name": "HOME", "value": "/tmp" }));
+        env.push(serde_json::json!({ "name": "UCX_TLS", "value": "tcp,self" }));
+    }
+    serde_json::to_string(&d).unwrap()
+}
+
+/// The incident's topology on a real engine: vLLM's prefill and decode servers joined by its
+/// NixlConnector (NIXL over UCX, TCP between the pods), vLLM's router in front, every role gated
+/// on its own. A decode pool below the window is refused naming decode, then a prefill pool
+/// below it naming prefill; with both large enough the revision is Available, answers through
+/// the Service what a whole vLLM answers alone, and decode computed none of those prompts: their
+/// KV came from prefill.
+#[test]
+fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl() {
+    let (cp, _) = env();
+    let ns = models_namespace(cp, "vllm-pd");
+    let small = ["--max-model-len", "-1", "--kv-cache-memory-bytes", "1048576"];
+    let holds = ["--max-model-len", "2048", "--kv-cache-memory-bytes", "67108864"];
+    let refused = |role: &str| {
+        eventually(cp, &ns, &format!("refused naming {role}"), LONG, || {
+            infd(cp, &ns, "vllm-pd")["status"]["refusedRevision"]["message"].as_str().is_some_and(|m| m.starts_with(&format!("vllm {role} pod")))
+        });
+        let d = infd(cp, &ns, "vllm-pd");
+        let message = d["status"]["refusedRevision"]["message"].as_str().unwrap().to_string();
+        assert!(message.starts_with(&format!("vllm {role} pod vllm-pd-{role}-")) && message.ends_with(": max_model_len 896 < contextWindow 2048"), "{message}");
+        assert!(condition_true(&d, "RolloutRefused"), "{d}");
+        assert!(service_endpoints(cp, &ns, "vllm-pd").is_empty(), "a refused revision never takes traffic");
+    };
+    apply_yaml(cp, &ns, &vllm_pd(cp, 2048, &holds, &small));
+    refused("decode");
+    apply_yaml(cp, &ns, &vllm_pd(cp, 2048, &small, &holds));
+    refused("prefill");
+    apply_yaml(cp, &ns, &vllm_pd(cp, 2048, &holds, &holds));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "vllm-pd")["status"]["phase"] == "Available");
+    let d = infd(cp, &ns, "vllm-pd");
+    assert_eq!(d["status"]["ready"], "1/1/1", "{d}");
+    assert_eq!(d["status"]["canary"]["passed"], true, "{d}");
+    for role in ["prefill", "decode"] {
+        assert_eq!(d["status"][role]["minMeasuredTokens"].as_u64(), Some(2048), "{role}: {d}");
+    }
+    let rev = d["status"]["currentRevision"].as_str().unwrap().to_string();
+    let pod_ip = |role: &str| {
+        let pods = get_json(
+            cp,
+            &["-n", &ns, "get", "pods", "-l", &format!("app.kubernetes.io/instance=vllm-pd,app.kubernetes.io/component={role},kvgate.dev/revision={rev}")],
+        );
+        format!("{}:8000", pods["items"][0]["status"]["podIP"].as_str().unwrap_or_else(|| panic!("no {role} pod: {pods}")))
+    };
+    let (prefill, decode) = (pod_ip("prefill"), pod_ip("decode"));
+    let router = service_endpoints(cp, &ns, "vllm-pd");
+    assert_eq!(router.len(), 1, "the Service fronts the router alone: {router:?}");
+    // The sum of a metric's samples that carry `label`.
+    let metric = |pod: &str, name: &str, label: &str| -> f64 {
+        let (status, body) = request("GET", &format!("http://{pod}/metrics"), None).unwrap();
+        assert_eq!(status, 200, "{body}");
+        let samples = body.lines().filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label));
+        samples.filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    };
+    let transferred = || metric(&decode, "vllm:prompt_tokens_by_source_total", r#"source="external_kv_transfer""#);
+    let before = transferred();
+    let mut prompt_tokens = 0;
+    for len in [129u32, 300, 700] {
+        let prompt: Vec<u32> = (0..len).map(|i| (i * 37 + len) % 500 + 3).collect();
+        let body = serde_json::json!({ "model": "/models/tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0, "return_token_ids": true }).to_string();
+        let tokens = |at: &str| {
+            let (status, answer) = request("POST", &format!("http://{at}/v1/completions"), Some(&body)).unwrap();
+            assert_eq!(status, 200, "{at}: {answer}");
+            let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+            answer["choices"][0]["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect::<Vec<_>>()
+        };
+        let (split, whole) = (tokens(&router[0]), tokens(&prefill));
+        assert_eq!((split.len(), &split), (6, &whole), "a prompt of {len} tokens: through the router vs one vLLM alone");
+        prompt_tokens += len;
+    }
+    // Every prompt token of those requests reached decode as KV pulled from prefill.
+    let moved = transferred() - before;
+    assert!(moved >= f64::from(prompt_tokens), "decode received KV for {moved} prompt tokens, the requests had {prompt_tokens}");
+    assert_eq!(metric(&decode, "vllm:nixl_num_failed_transfers_total", ""), 0.0, "no NIXL transfer failed");
+}
+
+/// vLLM behind a front end that asks it to truncate every prompt to what it holds (vLLM's own
+/// `truncate_prompt_tokens: -1`, `tests/engines/placeholder_front.py --mode truncate`): vLLM's
+/// numbers hold the window, but a prompt of the window + 1 is answered 200 over its last tokens.
+/// The boundary probe refuses the revision before any traffic.
+#[test]
+fn a_vllm_whose_front_end_truncates_long_prompts_is_refused_by_the_boundary_probe() {
+    let (cp, _) = env();
+    let ns = models_namespace(cp, "vllm-truncate");
+    std::fs::copy(repo("tests/engines/placeholder_front.py"), models(cp).join("placeholder_front.py")).unwrap();
+    let front = vllm(cp, "truncate", 2048, &["--max-model-len", "2048", "--kv-cache-memory-bytes", "67108864"])
+        .replace(
+            "      args: [",
+            "      command: [\"/usr/bin/python3.11\", \"/models/placeholder_front.py\", \"--port\", \"8000\", \"--upstream-port\", \"8001\", \"--mode\", \"truncate\", \"--truncate\", \"-1\", \"--\", \"-m\", \"vllm.entrypoints.openai.api_server\"]\n      args: [",
+        )
+        .replace("\"--port\", \"8000\", \"--max-model-len\"", "\"--port\", \"8001\", \"--max-model-len\"");
+    assert!(front.contains("\"8001\", \"--max-model-len\""), "{front}");
+    apply_yaml(cp, &ns, &front);
+    eventually(cp, &ns, "truncate refused", LONG, || condition_true(&infd(cp, &ns, "truncate"), "RolloutRefused"));
+    let d = infd(cp, &ns, "truncate");
+    assert_eq!(
+        (d["status"]["refusedRevision"]["reason"].as_str(), d["status"]["minMeasuredTokens"].as_u64()),
+        (Some("BoundaryProbeAnswered"), Some(2048)),
+        "{d}"
+    );
+    let message = d["status"]["refusedRevision"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("vllm pod truncate-server-") && message.contains(": a prompt of 2049 tokens (contextWindow 2048 + 1) was answered with 1 tokens ["),
+        "{message}"
+    );
+    assert!(service_endpoints(cp, &ns, "truncate").is_empty(), "never took traffic");
 }

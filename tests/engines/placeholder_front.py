@@ -1,15 +1,19 @@
 """A front end that breaks what the probes check, for the probe tests: the incident's failures
-on any engine. It starts the engine command after `--` (llama.cpp's llama-server on
---upstream-port) and relays every request to it, except:
+on any engine. It starts the engine command after `--` (llama.cpp's llama-server, or vLLM's
+server, on --upstream-port) and relays every request to it, except:
 
   --mode placeholder  when the engine refuses a completion with a 4xx, it asks again with the
                       prompt's first token only (the incident's prefill "processed a one-token
                       placeholder") and answers that with 200;
   --mode stale        a prompt asked again after other prompts gets the answer of the last other
                       prompt on the same path (the incident's decode, generating over pages
-                      another request wrote).
+                      another request wrote);
+  --mode truncate     every completion asks vLLM to keep only the prompt's last --truncate tokens
+                      (vLLM's `truncate_prompt_tokens`), as a gateway set never to fail a long
+                      prompt would: a prompt longer than the window is answered 200.
 
   placeholder_front.py --port 8080 --upstream-port 8081 [--mode M] -- llama-server ARGS...
+  placeholder_front.py --port 8000 --upstream-port 8001 --mode truncate --truncate N -- -m vllm.entrypoints.openai.api_server ARGS...
 """
 import argparse
 import json
@@ -22,7 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 a = argparse.ArgumentParser(prog="placeholder_front")
 a.add_argument("--port", type=int, default=8080)
 a.add_argument("--upstream-port", type=int, required=True)
-a.add_argument("--mode", choices=["placeholder", "stale"], default="placeholder")
+a.add_argument("--mode", choices=["placeholder", "stale", "truncate"], default="placeholder")
+a.add_argument("--truncate", type=int, default=0)
 a.add_argument("engine", nargs=argparse.REMAINDER)
 args = a.parse_args()
 engine = [x for x in args.engine if x != "--"]
@@ -57,6 +62,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if args.mode == "truncate":
+            body = json.dumps(dict(json.loads(body), truncate_prompt_tokens=args.truncate)).encode()
         status, answer = relay("POST", self.path, body)
         if args.mode == "stale" and status == 200:
             prompt = (self.path, json.dumps(json.loads(body).get("prompt")))

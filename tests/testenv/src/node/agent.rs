@@ -1,7 +1,7 @@
 //! Registers a Node, keeps its Lease and Ready condition fresh, runs the containers of the pods
 //! kube-scheduler binds to it as OCI containers with runc (see `pod`; each pod in its own network
-//! namespace, see `network`, and cgroup, see `cgroups`), reports their status, and serves their logs on the kubelet's port
-//! (`kubelet_api`).
+//! namespace, see `network`, and cgroup, see `cgroups`), reports their status, serves their logs on the kubelet's port
+//! (`kubelet_api`) and answers their DNS questions about Services (`dns`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
@@ -112,6 +112,14 @@ impl NodeAgent {
         let tls = KubeletTls { cert: &self.cfg.kubelet_cert, key: &self.cfg.kubelet_key, client_ca: &self.cfg.ca_file };
         self.kubelet_port = kubelet_api::serve(([0, 0, 0, 0], 0).into(), tls, self.logs.clone()).await?.port();
         self.register().await?;
+        // The pods' cluster DNS, on every address of the node's namespace (the pods' gateway
+        // among them); without it names of Services do not resolve in pods, and nothing else.
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            if let Err(e) = super::dns::serve(client, ([0, 0, 0, 0], 53).into()).await {
+                tracing::warn!(error = %e, "the pods' DNS stopped; names of Services do not resolve in pods");
+            }
+        });
         // Its own task: a pod sync that waits (a terminating pod's grace period) never delays
         // a heartbeat, or the node would go NotReady while it stops a pod.
         let (client, cfg, port) = (self.client.clone(), self.cfg.clone(), self.kubelet_port);

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod bundle;
 pub mod cgroups;
+pub mod dns;
 pub mod env;
 pub mod images;
 pub mod kubelet_api;

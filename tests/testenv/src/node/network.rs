@@ -27,6 +27,7 @@ pub fn default_bin_dir() -> PathBuf {
 pub struct PodNetwork {
     bin: PathBuf,
     node_ip: Ipv4Addr,
+    gateway: Ipv4Addr,
     bridge: Value,
     loopback: Value,
 }
@@ -37,6 +38,8 @@ pub struct Sandbox {
     pub ip: Ipv4Addr,
     /// The node's address (the pod's `status.hostIP`).
     pub host_ip: Ipv4Addr,
+    /// The bridge's address: the pod's gateway, and its DNS server (`dns`).
+    pub gateway: Ipv4Addr,
     /// The host end of the pod's veth, in the node's namespace.
     pub host_link: String,
     /// `/proc/<sandbox pid>/ns/net`, the `CNI_NETNS` of the pod.
@@ -63,14 +66,15 @@ impl PodNetwork {
                       "routes": [{ "dst": "0.0.0.0/0" }] },
         });
         let loopback = json!({ "cniVersion": "1.0.0", "name": "kvgate-lo", "type": "loopback" });
-        Ok(PodNetwork { bin, node_ip, bridge, loopback })
+        Ok(PodNetwork { bin, node_ip, gateway, bridge, loopback })
     }
 
     /// A new namespace for pod `id`, wired to the bridge.
     pub fn add(&self, id: &str) -> anyhow::Result<Sandbox> {
         let holder = crate::netns::holder("the pod")?;
         let netns = PathBuf::from(format!("/proc/{}/ns/net", holder.id()));
-        let mut sandbox = Sandbox { ip: Ipv4Addr::UNSPECIFIED, host_ip: self.node_ip, host_link: String::new(), netns, id: id.to_string(), holder };
+        let mut sandbox =
+            Sandbox { ip: Ipv4Addr::UNSPECIFIED, host_ip: self.node_ip, gateway: self.gateway, host_link: String::new(), netns, id: id.to_string(), holder };
         let wired = self.call("ADD", &self.loopback, &sandbox, "lo").and_then(|_| self.call("ADD", &self.bridge, &sandbox, "eth0"));
         match wired.and_then(|result| parse_result(&result)) {
             Ok((ip, host_link)) => {

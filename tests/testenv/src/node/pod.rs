@@ -21,7 +21,7 @@ use super::images::{Image, ImageTable};
 use super::network::{self, Sandbox};
 use super::oci_image::ImageStore;
 use super::runc::Runc;
-use super::{bundle, env, logs, probes, volumes};
+use super::{bundle, dns, env, logs, probes, volumes};
 
 #[derive(Debug, Clone)]
 enum State {
@@ -223,7 +223,7 @@ impl PodRt {
 
     /// `runc run` of an OCI bundle written for container `i`: the image's root filesystem
     /// (shared and read-only, or a private copy when the root is writable), its process resolved
-    /// from the pod spec, the pod's volumes, `/etc/hosts` and kubeconfig bound in, the pod's
+    /// from the pod spec, the pod's volumes, `/etc/hosts`, `/etc/resolv.conf` and kubeconfig bound in, the pod's
     /// network namespace, and a cgroup below the pod's (runc starts inside the pod's cgroup).
     fn oci_container(
         &self,
@@ -244,6 +244,10 @@ impl PodRt {
         std::fs::write(&hosts, format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{}\t{name}\n", self.ip))
             .map_err(|e| ("CreateContainerError", e.to_string()))?;
         mounts.push(bundle::Mount { source: hosts, destination: "/etc/hosts".into(), read_only: true });
+        let resolv = self.dir.join("resolv.conf");
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        std::fs::write(&resolv, dns::resolv_conf(namespace, self.sandbox.gateway)).map_err(|e| ("CreateContainerError", e.to_string()))?;
+        mounts.push(bundle::Mount { source: resolv, destination: "/etc/resolv.conf".into(), read_only: true });
         if let Some(k) = &self.kubeconfig {
             mounts.push(bundle::Mount { source: k.clone(), destination: POD_KUBECONFIG.into(), read_only: true });
             vars.insert("KUBECONFIG".into(), POD_KUBECONFIG.into());
@@ -493,9 +497,11 @@ impl PodRt {
         }
     }
 
-    /// Stops the containers, releases the pod's address and namespace, removes its cgroup.
+    /// Stops the containers, releases the pod's address and namespace, removes its cgroup and
+    /// its containers' bundles (a writable root is a copy of the image: GBs for an engine's).
     pub fn tear_down(mut self, grace: Duration, network: &network::PodNetwork) {
         self.stop(grace);
+        let _ = std::fs::remove_dir_all(self.dir.join("bundles"));
         network.del(self.sandbox);
         if let Ok(Some(cg)) = &self.cgroup {
             cg.remove();
