@@ -54,6 +54,9 @@ pub struct PodReport {
     pub report: Option<Measured>,
     /// What the serving probes caught the pod answering: it fails whatever its pool holds.
     pub caught: Option<(Failure, String)>,
+    /// Its containers pass their own readiness probes (`ContainersReady`). A router is judged
+    /// on it: one still waiting for its workers must not be asked by the canary.
+    pub containers_ready: bool,
 }
 
 /// Why a pod fails the gate: the `reason` of its condition and of the refusal.
@@ -118,12 +121,12 @@ pub fn judge(context_window: u64, pods: &[PodReport]) -> (Vec<PodVerdict>, Revis
             }
         })
         .collect();
-    // A router holds no KV: it passes once every pod it routes to has.
+    // A router holds no KV: it passes once every pod it routes to has and it answers itself.
     let routed: Vec<&PodVerdict> = pods.iter().zip(&verdicts).filter(|(p, _)| p.role.holds_kv()).map(|(_, v)| v).collect();
     if !routed.is_empty() && routed.iter().all(|v| matches!(v, PodVerdict::Verified { .. })) {
         let message = format!("routes to {} verified pods of its revision", routed.len());
         for (p, v) in pods.iter().zip(verdicts.iter_mut()) {
-            if !p.role.holds_kv() {
+            if !p.role.holds_kv() && p.containers_ready {
                 *v = PodVerdict::Verified { message: message.clone() };
             }
         }
@@ -163,7 +166,7 @@ mod tests {
     }
 
     fn pod(role: Role, name: &str, report: Option<Measured>) -> PodReport {
-        PodReport { role, pod: name.into(), report, caught: None }
+        PodReport { role, pod: name.into(), report, caught: None, containers_ready: true }
     }
 
     #[test]
@@ -246,6 +249,12 @@ mod tests {
         assert_eq!(per_pod[2], PodVerdict::Verified { message: "routes to 2 verified pods of its revision".into() });
         // With one pod still unread the router waits too.
         let (per_pod, verdict) = judge(1024, &[pod(Role::Prefill, "p-0", engine(4096)), pod(Role::Decode, "d-0", None), pod(Role::Router, "r-0", None)]);
+        assert_eq!((verdict, &per_pod[2]), (RevisionVerdict::Pending, &PodVerdict::Pending));
+        // A router still waiting for its workers (vllm-router listens only once they answer)
+        // keeps the revision pending: the canary would find nothing listening.
+        let mut waiting = pods(1_048_576);
+        waiting[2].containers_ready = false;
+        let (per_pod, verdict) = judge(1_048_576, &waiting);
         assert_eq!((verdict, &per_pod[2]), (RevisionVerdict::Pending, &PodVerdict::Pending));
     }
 

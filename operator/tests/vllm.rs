@@ -39,9 +39,12 @@ fn env() -> (&'static ControlPlane, &'static Operator) {
 }
 
 /// A vLLM deployment declaring `window`, started with `args` after the model flags.
+/// Every vLLM server's flags here: the tiny model without a tokenizer, bf16, no CUDA graphs.
+const BASE_FLAGS: [&str; 10] =
+    ["--model", "/models/tiny", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager", "--host", "0.0.0.0", "--port", "8000"];
+
 fn vllm(cp: &ControlPlane, name: &str, window: u64, args: &[&str]) -> String {
-    let base = ["--model", "/models/tiny", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager", "--host", "0.0.0.0", "--port", "8000"];
-    let args: Vec<String> = base.iter().chain(args).map(|a| format!("\"{a}\"")).collect();
+    let args: Vec<String> = BASE_FLAGS.iter().chain(args).map(|a| format!("\"{a}\"")).collect();
     format!(
         "apiVersion: kvgate.dev/v1alpha1\nkind: InferenceDeployment\nmetadata: {{ name: {name} }}\nspec:\n  engine: vllm\n  contextWindow: {window}\n  model: {{ path: tiny, volume: {{ hostPath: {dir} }} }}\n  server:\n    replicas: 1\n    container:\n      name: vllm\n      image: {image}\n      args: [{args}]\n      env: [{{ name: HOME, value: /tmp }}]\n  rollout: {{ bakeSeconds: 0, canary: {{ prompts: 2, maxPromptTokens: 256 }} }}\n",
         dir = models(cp).display(),
@@ -100,10 +103,7 @@ fn vllm_pd(cp: &ControlPlane, window: u64, prefill: &[&str], decode: &[&str]) ->
         let at = args.iter().position(|a| a == "--kv-transfer-config").unwrap();
         let mut connector: serde_json::Value = serde_json::from_str(args[at + 1].as_str().unwrap()).unwrap();
         connector["kv_buffer_device"] = "cpu".into();
-        let mut args: Vec<String> =
-            ["--model", "/models/tiny", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager", "--host", "0.0.0.0", "--port", "8000"]
-                .map(String::from)
-                .to_vec();
+        let mut args: Vec<String> = BASE_FLAGS.map(String::from).to_vec();
         args.extend(["--kv-transfer-config".into(), connector.to_string()]);
         args.extend(pool.iter().map(|a| a.to_string()));
         c["args"] = args.into();

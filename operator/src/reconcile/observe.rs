@@ -44,6 +44,8 @@ pub struct WorkerPod {
     /// why there is none.
     pub report: Result<Measured, NoReport>,
     pub condition: Option<PodCondition>,
+    /// Its containers pass their own readiness probes (the pod's `ContainersReady`).
+    pub containers_ready: bool,
 }
 
 /// The world as one reconcile found it.
@@ -135,7 +137,9 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> (World, 
             let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
             let report = match &ip {
                 // A router holds no KV: nothing to read; the gate judges it by its revision.
-                _ if !role.holds_kv() => Err(NoReport::waiting("a router holds no KV: it passes the gate once its revision's prefill and decode pods have")),
+                _ if !role.holds_kv() => Err(NoReport::waiting(
+                    "a router holds no KV: it passes the gate once its revision's prefill and decode pods have and its own containers are ready",
+                )),
                 _ if phase != "Running" => Err(NoReport::waiting(format!("the pod is {phase}, not Running"))),
                 None => Err(NoReport::waiting("the pod has no IP yet")),
                 Some(ip) => {
@@ -159,8 +163,18 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> (World, 
                     })
                 }
             };
-            let condition = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == gate::CONDITION)).cloned();
-            Some(WorkerPod { revision: p.labels().get(labels::REVISION).cloned().unwrap_or_default(), name: p.name_any(), role, ip, report, condition })
+            let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+            let condition = conditions.iter().find(|c| c.type_ == gate::CONDITION).cloned();
+            let containers_ready = conditions.iter().any(|c| c.type_ == "ContainersReady" && c.status == "True");
+            Some(WorkerPod {
+                revision: p.labels().get(labels::REVISION).cloned().unwrap_or_default(),
+                name: p.name_any(),
+                role,
+                ip,
+                report,
+                condition,
+                containers_ready,
+            })
         })
         .collect();
 

@@ -50,6 +50,11 @@ impl Node {
         self.agent.check_alive()
     }
 
+    /// The agent's process id (its mount namespace holds the writable roots' overlays).
+    pub fn agent_pid(&self) -> u32 {
+        self.agent.pid()
+    }
+
     /// The agent's log.
     pub fn log(&self) -> &std::path::Path {
         &self.agent.log

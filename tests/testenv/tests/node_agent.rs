@@ -444,3 +444,57 @@ fn the_images_run_under_runc_as_nonroot_on_a_read_only_root_with_no_capabilities
     let version = container_log(cp, &ns, "op", "operator");
     assert_eq!(version.trim(), format!("kvgate-operator {}", env!("CARGO_PKG_VERSION")));
 }
+
+/// `(mount point, filesystem type, super options)` of each mount in a mountinfo text.
+fn mount_table(mountinfo: &str) -> Vec<(String, String, String)> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (own, fs) = l.split_once(" - ")?;
+            let point = own.split(' ').nth(4)?.to_string();
+            let mut fs = fs.split(' ');
+            Some((point, fs.next()?.to_string(), fs.nth(1)?.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_writable_root_is_an_overlay_of_the_image_in_the_agents_own_mounts_and_goes_with_its_pod() {
+    let cp = cluster();
+    let ns = cp.namespace("rootfs");
+    let pod = format!("apiVersion: v1\nkind: Pod\nmetadata: {{ name: w }}\nspec:{WORKER}");
+    apply(cp, &ns, &pod);
+    let serving = |cp: &ControlPlane| {
+        let ip = json(cp, &["-n", &ns, "get", "pod", "w"])["status"]["podIP"].as_str().unwrap_or_default().to_string();
+        !ip.is_empty() && http_ok(&ip)
+    };
+    eventually(cp, "the worker serving from a writable root", Duration::from_secs(60), || serving(cp));
+    let uid = json(cp, &["-n", &ns, "get", "pod", "w"])["metadata"]["uid"].as_str().unwrap().to_string();
+    let bundle = cp.node_dir("node-1").join(&uid).join("bundles/worker");
+    let root = bundle.join("rootfs").display().to_string();
+
+    // The container's "/" is an overlay whose upper layer is its bundle's, not a copy.
+    let pid = container_pid(cp, &ns, "w", "worker");
+    let inside = mount_table(&std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap());
+    let (_, fs, options) = inside.iter().rfind(|(point, ..)| point == "/").expect("a root mount");
+    assert_eq!(fs, "overlay", "{inside:?}");
+    assert!(options.contains(&format!("upperdir={}", bundle.join("upper").display())), "{options}");
+    // Mounted in the agent's namespace only: the host's has no trace of it.
+    let agent = AGENT.get().unwrap().agent_pid();
+    let agents = || mount_table(&std::fs::read_to_string(format!("/proc/{agent}/mountinfo")).unwrap());
+    assert!(agents().iter().any(|(point, fs, _)| *point == root && fs == "overlay"), "{:?}", agents());
+    let host = mount_table(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
+    assert!(host.iter().all(|(point, ..)| !point.contains("/bundles/")), "{host:?}");
+
+    // The pod goes: its overlay is unmounted and its bundle removed.
+    cp.kubectl_ok(&["-n", &ns, "delete", "pod", "w", "--wait=true"]);
+    eventually(cp, "the overlay unmounted and the bundle removed", Duration::from_secs(30), || {
+        agents().iter().all(|(point, ..)| *point != root) && !bundle.exists()
+    });
+    // Created again: a new pod, a new overlay, serving.
+    apply(cp, &ns, &pod);
+    eventually(cp, "the re-created worker serving", Duration::from_secs(60), || serving(cp));
+    let uid = json(cp, &["-n", &ns, "get", "pod", "w"])["metadata"]["uid"].as_str().unwrap().to_string();
+    let root = cp.node_dir("node-1").join(&uid).join("bundles/worker/rootfs").display().to_string();
+    assert!(agents().iter().any(|(point, fs, _)| *point == root && fs == "overlay"), "{:?}", agents());
+}

@@ -139,7 +139,9 @@ fn target(i: &Inputs<'_>, rev: &str, report: &Measured, keep: impl Fn(&WorkerPod
             let pods = if api.holds_kv() {
                 of(api)
             } else if i.world.pods_of(rev).filter(|p| p.role.holds_kv()).all(&keep) {
-                let routers = i.world.pods_of(rev).filter(|p| p.role == api && (!one || p.condition.as_ref().is_some_and(|c| c.status == "True")));
+                // Only a router that answers its own readiness probe is listening.
+                let routers =
+                    i.world.pods_of(rev).filter(|p| p.role == api && p.containers_ready && (!one || p.condition.as_ref().is_some_and(|c| c.status == "True")));
                 let routers = routers.filter_map(endpoint);
                 if one { routers.take(1).collect() } else { routers.collect() }
             } else {

@@ -114,7 +114,13 @@ pub(super) fn verify(world: &World, revision: &str, context_window: u64) -> (Ver
     let pods: Vec<&WorkerPod> = world.pods_of(revision).collect();
     let reports: Vec<PodReport> = pods
         .iter()
-        .map(|p| PodReport { role: p.role, pod: p.name.clone(), report: p.report.clone().ok(), caught: world.probe_failures.get(&p.name).cloned() })
+        .map(|p| PodReport {
+            role: p.role,
+            pod: p.name.clone(),
+            report: p.report.clone().ok(),
+            caught: world.probe_failures.get(&p.name).cloned(),
+            containers_ready: p.containers_ready,
+        })
         .collect();
     let (verdicts, verdict) = gate::judge(context_window, &reports);
     let mut v = Verification { verdict, verified: BTreeMap::new(), min_measured: BTreeMap::new(), pods: BTreeMap::new(), slowest_prefill: None };

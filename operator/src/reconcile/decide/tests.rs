@@ -50,7 +50,7 @@ pub(super) fn revision(world: &mut World, d: &InferenceDeployment, rev: &str, pr
         for i in 0..n {
             let name = format!("{}-{i}", workers::deployment_name(d, role, rev));
             let ip = Some(format!("10.0.{}.{i}", d.spec.port(role) - 8080));
-            world.pods.push(WorkerPod { name, role, revision: rev.into(), ip, report: rep.clone(), condition: None });
+            world.pods.push(WorkerPod { name, role, revision: rev.into(), ip, report: rep.clone(), condition: None, containers_ready: true });
         }
         let image = Some(format!("worker:{rev}"));
         world.deployments.push(OwnedDeployment { name: workers::deployment_name(d, role, rev), revision: rev.into(), ready: if ready { n } else { 0 }, image });

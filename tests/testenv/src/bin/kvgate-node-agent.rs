@@ -11,8 +11,14 @@ fn arg(args: &[String], flag: &str) -> Option<String> {
     args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned()).or_else(|| args.iter().find_map(|a| a.strip_prefix(&prefix).map(str::to_string)))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Before any thread: the writable roots' overlays are mounted in a namespace of the agent's
+    // own, never in the host's, and go with it (node::rootfs).
+    let private = kvgate_testenv::node::rootfs::private_mounts();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(private))
+}
+
+async fn run(private: Result<(), String>) -> anyhow::Result<()> {
     let _traces = kvgate_telemetry::init(kvgate_telemetry::LogFormat::Text, "info", "kvgate-node-agent");
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
@@ -27,7 +33,10 @@ async fn main() -> anyhow::Result<()> {
              --image maps an image name (matched with or without its tag) to an OCI image layout and tag (`make images`, scripts/images.sh), run as\n\
              OCI containers by runc (unpacked under DIR/images, state under DIR/runc), or to a host binary run as a process in the pod's namespaces.\n\
              --kubelet-cert/--kubelet-key serve the kubelet API (containerLogs, for `kubectl logs`) on a port advertised in the Node's status;\n\
-             only the API server's client certificate (CN kube-apiserver-kubelet-client, signed by --ca-file) is accepted there."
+             only the API server's client certificate (CN kube-apiserver-kubelet-client, signed by --ca-file) is accepted there.\n\
+             A container whose root is writable gets an overlay of its image (its writes in its bundle), mounted in a mount namespace\n\
+             of the agent's own; without one (not root) the root is a copy of the image. Pods' /etc/resolv.conf names the node's\n\
+             bridge address, where the agent answers SERVICE.NAMESPACE.svc[.cluster.local] (A records) on port 53."
         );
         return Ok(());
     }
@@ -58,6 +67,9 @@ async fn main() -> anyhow::Result<()> {
         ephemeral_storage: arg(&args, "--ephemeral-storage").unwrap_or(default.ephemeral_storage),
         heartbeat: std::time::Duration::from_secs(arg(&args, "--heartbeat-seconds").map(|s| s.parse()).transpose()?.unwrap_or(10)),
     };
+    if let Err(e) = private {
+        tracing::warn!(error = e, "no mount namespace of its own: a writable container root is a copy of its image");
+    }
     println!("kvgate-node-agent: node {} ready", cfg.node_name);
     let agent = NodeAgent::new(client, cfg)?;
     // On SIGTERM or Ctrl-C the agent is dropped, which tears every pod down (processes,

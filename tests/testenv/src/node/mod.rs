@@ -13,6 +13,7 @@ pub mod network;
 pub mod oci_image;
 pub mod pod;
 pub mod probes;
+pub mod rootfs;
 pub mod runc;
 pub mod volumes;
 

@@ -21,7 +21,7 @@ use super::images::{Image, ImageTable};
 use super::network::{self, Sandbox};
 use super::oci_image::ImageStore;
 use super::runc::Runc;
-use super::{bundle, dns, env, logs, probes, volumes};
+use super::{bundle, dns, env, logs, probes, rootfs, volumes};
 
 #[derive(Debug, Clone)]
 enum State {
@@ -258,15 +258,8 @@ impl PodRt {
         let rootfs = if process.read_only_root {
             image.rootfs.clone()
         } else {
-            // A writable root is the container's own: a fresh copy of the image each run.
-            let copy = dir.join("rootfs");
-            let _ = std::fs::remove_dir_all(&copy);
-            std::fs::create_dir_all(&dir).map_err(io)?;
-            let out = Command::new("cp").arg("-a").arg(&image.rootfs).arg(&copy).output().map_err(io)?;
-            if !out.status.success() {
-                return Err(("CreateContainerError", format!("copying the image's root filesystem: {}", String::from_utf8_lossy(&out.stderr).trim())));
-            }
-            copy
+            // A writable root is the container's own: the image again each run (node::rootfs).
+            rootfs::writable(&dir, &image.rootfs).map_err(|e| ("CreateContainerError", format!("bundle {}: {e}", dir.display())))?
         };
         let id = cgroups::container_name(&self.uid, &c.spec.name);
         let limits = cgroups::container_limits(&c.spec).map_err(config_error)?;
@@ -498,9 +491,12 @@ impl PodRt {
     }
 
     /// Stops the containers, releases the pod's address and namespace, removes its cgroup and
-    /// its containers' bundles (a writable root is a copy of the image: GBs for an engine's).
+    /// its containers' bundles (a writable root's overlay, and what the container wrote there).
     pub fn tear_down(mut self, grace: Duration, network: &network::PodNetwork) {
         self.stop(grace);
+        for c in &self.containers {
+            rootfs::release(&self.dir.join("bundles").join(&c.spec.name));
+        }
         let _ = std::fs::remove_dir_all(self.dir.join("bundles"));
         network.del(self.sandbox);
         if let Ok(Some(cg)) = &self.cgroup {
