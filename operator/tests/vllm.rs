@@ -38,11 +38,11 @@ fn env() -> (&'static ControlPlane, &'static Operator) {
     (cp, OP.get_or_init(|| Operator::start_with(cp, "operator-vllm", "lease-vllm", None, &[&format!("--allowed-host-paths={dir}")])))
 }
 
-/// A vLLM deployment declaring `window`, started with `args` after the model flags.
 /// Every vLLM server's flags here: the tiny model without a tokenizer, bf16, no CUDA graphs.
 const BASE_FLAGS: [&str; 10] =
     ["--model", "/models/tiny", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager", "--host", "0.0.0.0", "--port", "8000"];
 
+/// A vLLM deployment declaring `window`, started with `args` after the model flags.
 fn vllm(cp: &ControlPlane, name: &str, window: u64, args: &[&str]) -> String {
     let args: Vec<String> = BASE_FLAGS.iter().chain(args).map(|a| format!("\"{a}\"")).collect();
     format!(
@@ -98,18 +98,27 @@ fn vllm_pd(cp: &ControlPlane, window: u64, prefill: &[&str], decode: &[&str]) ->
             c["command"] = serde_json::json!(["/usr/bin/python3.11", "-m", "vllm_router.launch_router"]);
             continue;
         }
-        // The example's connector, its buffers in host memory (there is no GPU here).
+        // The example's connector, its buffers in host memory (there is no GPU here). Two
+        // vLLMs share two cores: one UCX thread each (not 4, all polling), and a KV lease of
+        // 120 s (not 30): with vLLM's default processes, reads took up to 81 s here, and past
+        // its lease prefill frees blocks that decode may still read
+        // (vllm:nixl_num_notifications_after_expiry).
         let args = c["args"].as_array().unwrap();
         let at = args.iter().position(|a| a == "--kv-transfer-config").unwrap();
         let mut connector: serde_json::Value = serde_json::from_str(args[at + 1].as_str().unwrap()).unwrap();
         connector["kv_buffer_device"] = "cpu".into();
+        connector["kv_connector_extra_config"] = serde_json::json!({ "num_threads": 1, "kv_lease_duration": 120 });
+        // One process per server (engine and worker in the API server's): each process of a
+        // vLLM polls, and two of them per role starve the others on two cores.
         let mut args: Vec<String> = BASE_FLAGS.map(String::from).to_vec();
+        args.extend(["--distributed-executor-backend".into(), "uni".into()]);
         args.extend(["--kv-transfer-config".into(), connector.to_string()]);
         args.extend(pool.iter().map(|a| a.to_string()));
         c["args"] = args.into();
         let env = c["env"].as_array_mut().unwrap();
         env.push(serde_json::json!({ "name": "HOME", "value": "/tmp" }));
         env.push(serde_json::json!({ "name": "UCX_TLS", "value": "tcp,self" }));
+        env.push(serde_json::json!({ "name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0" }));
     }
     serde_json::to_string(&d).unwrap()
 }
@@ -163,8 +172,10 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     let metric = |pod: &str, name: &str, label: &str| -> f64 {
         let (status, body) = request("GET", &format!("http://{pod}/metrics"), None).unwrap();
         assert_eq!(status, 200, "{body}");
-        let samples = body.lines().filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label));
-        samples.filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+        let samples: Vec<f64> =
+            body.lines().filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label)).filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect();
+        assert!(!samples.is_empty(), "{pod} exports no {name} with {label:?}");
+        samples.iter().sum()
     };
     let transferred = || metric(&decode, "vllm:prompt_tokens_by_source_total", r#"source="external_kv_transfer""#);
     let before = transferred();
@@ -175,8 +186,9 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
         let tokens = |at: &str| {
             let (status, answer) = request("POST", &format!("http://{at}/v1/completions"), Some(&body)).unwrap();
             assert_eq!(status, 200, "{at}: {answer}");
-            let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
-            answer["choices"][0]["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect::<Vec<_>>()
+            let parsed: serde_json::Value = serde_json::from_str(&answer).unwrap();
+            let ids = parsed["choices"][0]["token_ids"].as_array().unwrap_or_else(|| panic!("{at}: no choices[0].token_ids in {answer}"));
+            ids.iter().map(|t| t.as_u64().unwrap()).collect::<Vec<_>>()
         };
         let (split, whole) = (tokens(&router[0]), tokens(&prefill));
         assert_eq!((split.len(), &split), (6, &whole), "a prompt of {len} tokens: through the router vs one vLLM alone");
@@ -186,6 +198,7 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     let moved = transferred() - before;
     assert!(moved >= f64::from(prompt_tokens), "decode received KV for {moved} prompt tokens, the requests had {prompt_tokens}");
     assert_eq!(metric(&decode, "vllm:nixl_num_failed_transfers_total", ""), 0.0, "no NIXL transfer failed");
+    assert_eq!(metric(&prefill, "vllm:nixl_num_notifications_after_expiry_total", ""), 0.0, "decode never read blocks prefill had freed");
 }
 
 /// vLLM behind a front end that asks it to truncate every prompt to what it holds (vLLM's own
