@@ -161,10 +161,12 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
 
     let tests = std::fs::read_to_string(repo("dashboards/tests/alerts_test.yaml")).unwrap();
     let runbooks = std::fs::read_to_string(repo("docs/runbooks.md")).unwrap();
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
     let want = [
         "KvgateHandoffIntegrityViolation",
         "KvgateRejectedRequestForwarded",
         "KvgateProbeMismatch",
+        "KvgateEngineKVReadAfterExpiry",
         "KvgateKVPoolBelowContextWindow",
         "KvgateRolloutRefused",
         "KvgateServingPodUnverified",
@@ -189,6 +191,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
         assert!(r["annotations"]["runbook_url"].as_str().unwrap().ends_with(&format!("docs/runbooks.md#{anchor}")), "{name}: runbook_url");
         assert!(runbooks.contains(&format!("\n## {name}\n")), "docs/runbooks.md has no section for {name}");
         assert!(tests.contains(&format!("alertname: {name}\n")), "dashboards/tests/alerts_test.yaml does not test {name}");
+        assert!(readme.contains(&format!("\n| `{name}` | {} |", r["labels"]["severity"].as_str().unwrap())), "the README's alert table has no row for {name}");
     }
 }
 

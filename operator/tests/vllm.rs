@@ -198,6 +198,8 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     let moved = transferred() - before;
     assert!(moved >= f64::from(prompt_tokens), "decode received KV for {moved} prompt tokens, the requests had {prompt_tokens}");
     assert_eq!(metric(&decode, "vllm:nixl_num_failed_transfers_total", ""), 0.0, "no NIXL transfer failed");
+    // The series KvgateEngineKVReadAfterExpiry (dashboards/alerts.yaml) watches: exported by a
+    // real vLLM prefill (`metric` fails if not), and still 0.
     assert_eq!(metric(&prefill, "vllm:nixl_num_notifications_after_expiry_total", ""), 0.0, "decode never read blocks prefill had freed");
 }
 
