@@ -231,12 +231,7 @@ fn a_pod_that_cannot_start_is_named_in_status_and_a_deleted_handoff_secret_comes
     });
     // The router was unready while it had no prefill peer; its probe (every 2 s) and the
     // EndpointSlice follow the new prefill pod a moment later.
-    let mut router = None;
-    eventually(cp, &ns, "the router Ready again", LONG, || {
-        router = router_endpoints(cp, &ns, "llm").pop();
-        router.is_some()
-    });
-    let router = router.unwrap();
+    let router = ready_router(cp, &ns, "llm", LONG);
     eventually(cp, &ns, "a completion through the recovered deployment", Duration::from_secs(30), || complete(&router, "Hello", 4).is_some_and(|r| r.0 == 200));
 }
 

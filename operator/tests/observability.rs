@@ -342,11 +342,7 @@ scrape_configs:
     eventually(cp, &ns, "good and shrinks Available, small Refused", Duration::from_secs(120), || {
         ["good", "shrinks"].iter().all(|n| infd(cp, &ns, n)["status"]["phase"] == "Available") && infd(cp, &ns, "small")["status"]["phase"] == "Refused"
     });
-    let mut routers = Vec::new();
-    eventually(cp, &ns, "good's router endpoint", Duration::from_secs(60), || {
-        routers = router_endpoints(cp, &ns, "good");
-        !routers.is_empty()
-    });
+    let router = ready_router(cp, &ns, "good", Duration::from_secs(60));
     let targets: Vec<Value> = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate"])["items"]
         .as_array()
         .unwrap()
@@ -367,7 +363,7 @@ scrape_configs:
     });
     // Traffic: good requests through the cluster, and the incident's too-long prompt.
     for i in 0..6 {
-        assert_eq!(complete(&routers[0], &format!("hello {i}"), 4).map(|r| r.0), Some(200));
+        assert_eq!(complete(&router, &format!("hello {i}"), 4).map(|r| r.0), Some(200));
     }
     let (status, body) = complete(&incident_router, &"y".repeat(299), 4).expect("the incident router answers");
     assert_eq!(status, 413, "prefill rejects the prompt: {body}");

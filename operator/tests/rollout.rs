@@ -140,12 +140,7 @@ fn a_good_deployment_serves_a_bad_update_is_refused_without_a_blip_and_a_fix_rol
     assert!(!condition_true(&d, "RolloutRefused") && !condition_true(&d, "Progressing"), "{d}");
     assert_eq!(d["status"]["decode"]["minMeasuredTokens"], 1024);
     let good = d["status"]["currentRevision"].as_str().unwrap().to_string();
-    let mut routers = Vec::new();
-    eventually(cp, &ns, "a ready router endpoint", LONG, || {
-        routers = router_endpoints(cp, &ns, "llm");
-        !routers.is_empty()
-    });
-    let router = routers[0].clone();
+    let router = ready_router(cp, &ns, "llm", LONG);
     let (status, body) = complete(&router, "Hello", 8).expect("router answers");
     assert_eq!(status, 200, "{body}");
     let good_pods = pod_uids(cp, &ns, &good);

@@ -198,6 +198,16 @@ pub fn router_endpoints(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> 
         .collect()
 }
 
+/// A ready router's address, once the API Service lists one (its readiness follows its peers').
+pub fn ready_router(cp: &ControlPlane, ns: &str, name: &str, timeout: Duration) -> String {
+    let mut router = None;
+    eventually(cp, ns, &format!("a ready router endpoint of {name}"), timeout, || {
+        router = router_endpoints(cp, ns, name).pop();
+        router.is_some()
+    });
+    router.unwrap()
+}
+
 /// `ip:port` of a Service's ready endpoints on its first port (the engine's own port).
 pub fn service_endpoints(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> {
     let slices = get_json(cp, &["-n", ns, "get", "endpointslices", "-l", &format!("kubernetes.io/service-name={name}")]);

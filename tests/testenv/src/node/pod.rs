@@ -222,9 +222,10 @@ impl PodRt {
     }
 
     /// `runc run` of an OCI bundle written for container `i`: the image's root filesystem
-    /// (shared and read-only, or a private copy when the root is writable), its process resolved
-    /// from the pod spec, the pod's volumes, `/etc/hosts`, `/etc/resolv.conf` and kubeconfig bound in, the pod's
-    /// network namespace, and a cgroup below the pod's (runc starts inside the pod's cgroup).
+    /// (shared and read-only, or the container's own overlay of it when the root is writable),
+    /// its process resolved from the pod spec, the pod's volumes, `/etc/hosts`,
+    /// `/etc/resolv.conf` and kubeconfig bound in, the pod's network namespace, and a cgroup
+    /// below the pod's (runc starts inside the pod's cgroup).
     fn oci_container(
         &self,
         i: usize,
