@@ -46,6 +46,7 @@ fn boundary_specs() -> Vec<InferenceDeployment> {
         json!({ "dtype": "f32" }),
         json!({ "dtype": "f16" }),
         json!({ "dtype": "bf16" }),
+        json!({ "dtype": "q8_0" }),
         json!({ "device": "cuda" }),
         json!({ "device": "cuda:7" }),
     ] {

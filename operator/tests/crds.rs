@@ -41,5 +41,5 @@ fn the_crd_reads_well_in_kubectl_explain() {
     let conditions = &schema["properties"]["status"]["properties"]["conditions"];
     assert_eq!((conditions["x-kubernetes-list-type"].as_str(), conditions["x-kubernetes-list-map-keys"][0].as_str()), (Some("map"), Some("type")));
     let dtype = &schema["properties"]["spec"]["properties"]["prefill"]["properties"]["kvPool"]["properties"]["dtype"];
-    assert_eq!(dtype["enum"], serde_json::json!(["f32", "f16", "bf16"]));
+    assert_eq!(dtype["enum"], serde_json::json!(["f32", "f16", "bf16", "q8_0"]));
 }

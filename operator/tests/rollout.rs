@@ -553,7 +553,7 @@ fn kubectl_explain_describes_the_kind_and_its_fields() {
     let kind = cp.kubectl_ok(&["explain", "inferencedeployments"]);
     assert!(kind.contains("A disaggregated LLM deployment") && !kind.contains("Auto-generated"), "{kind}");
     let dtype = cp.kubectl_ok(&["explain", "inferencedeployments.spec.prefill.kvPool.dtype"]);
-    assert!(dtype.contains("f32") && dtype.contains("bf16"), "{dtype}");
+    assert!(dtype.contains("f32") && dtype.contains("bf16") && dtype.contains("q8_0"), "{dtype}");
     let ready = cp.kubectl_ok(&["explain", "inferencedeployments.status.prefill.readyReplicas"]);
     assert!(ready.contains("readiness probe"), "{ready}");
     // The rollout's own fields: the canary, the bake, and what status records of them.

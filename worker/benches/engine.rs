@@ -23,6 +23,10 @@ fn best_of(budget: Duration, mut f: impl FnMut()) -> Duration {
     best
 }
 
+fn bytes(x: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(x)
+}
+
 fn row(name: &str, value: String, note: &str) {
     println!("| {name} | {value} | {note} |");
 }
@@ -99,16 +103,16 @@ fn main() {
     let mut out = vec![0.0f32; q.len()];
     let mut scratch = Scratch::default();
     let contiguous = best_of(Duration::from_secs(2), || {
-        let blocks = values.chunks(page * row_elems).map(|b| (b, b, page));
-        attend(shape, 0..shape.num_kv_heads, &q, blocks, &mut out, &mut scratch);
+        let blocks = values.chunks(page * row_elems).map(|b| (bytes(b), bytes(b), page));
+        attend(shape, 0..shape.num_kv_heads, &q, KvDtype::F32, blocks, &mut out, &mut scratch);
         black_box(&out);
     });
     let paged = best_of(Duration::from_secs(2), || {
         let blocks = order.iter().map(|&p| {
             let off = p * 2 * page * row_elems;
-            (&arena_k[off..off + page * row_elems], &arena_v[off..off + page * row_elems], page)
+            (bytes(&arena_k[off..off + page * row_elems]), bytes(&arena_v[off..off + page * row_elems]), page)
         });
-        attend(shape, 0..shape.num_kv_heads, &q, blocks, &mut out, &mut scratch);
+        attend(shape, 0..shape.num_kv_heads, &q, KvDtype::F32, blocks, &mut out, &mut scratch);
         black_box(&out);
     });
     row(
@@ -122,6 +126,36 @@ fn main() {
         "same blocks, scattered and read through a page table",
     );
     row("paged / contiguous speed", format!("{:.2}x", contiguous.as_secs_f64() / paged.as_secs_f64()), "aim: at least 0.8x");
+
+    // The pool's own attention (pages read under their locks, decoded a page at a time) over the
+    // same 4096 tokens stored in each KV type: what an 8-bit pool costs a decode step, beside the
+    // tokens it holds in the same bytes.
+    let mut by_dtype = Vec::new();
+    for dtype in KvDtype::ALL {
+        let layout = KvLayout { num_layers: 1, num_kv_heads: shape.num_kv_heads, head_dim: shape.head_dim, page_size: page, dtype };
+        let pool = KvPool::host(layout, pages).unwrap();
+        let lease = pool.lease(ctx).unwrap();
+        for pos in 0..ctx {
+            let v = &values[pos * row_elems..][..row_elems];
+            pool.write_token(&lease, pos, 0, v, v).unwrap();
+        }
+        let t = best_of(Duration::from_secs(2), || {
+            pool.attend(&lease, 0, 0..ctx, shape, 0..shape.num_kv_heads, &q, &mut out, &mut scratch).unwrap();
+            black_box(&out);
+        });
+        by_dtype.push((dtype, t, layout.row_bytes()));
+    }
+    let f16 = by_dtype.iter().find(|(d, ..)| *d == KvDtype::F16).unwrap().1;
+    for (dtype, t, row_bytes) in &by_dtype {
+        row(
+            &format!("pool attention, {dtype} KV, 4096 tokens"),
+            format!("{:.1} us ({:.2}x f16's speed)", t.as_secs_f64() * 1e6, f16.as_secs_f64() / t.as_secs_f64()),
+            &format!(
+                "same shape; {row_bytes} bytes a token's K per layer, {:.2}x the tokens of f16 in the same memory",
+                2.0 * row_elems as f64 / *row_bytes as f64
+            ),
+        );
+    }
 
     // Pool allocation, committed memory, per GiB.
     let big = KvLayout { num_layers: 32, num_kv_heads: 8, head_dim: 128, page_size: 16, dtype: KvDtype::BF16 };

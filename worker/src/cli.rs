@@ -353,7 +353,9 @@ pub struct PoolArgs {
     /// Tokens per KV page (a power of two).
     #[arg(long = flag::PAGE_SIZE, default_value_t = 16, value_parser = parse_page_size)]
     pub page_size: usize,
-    /// Element type of stored K/V.
+    /// Element type of stored K/V: f32, f16, bf16, or q8_0 (blocks of 32 values with an f16
+    /// scale, 8.5 bits a value, as llama.cpp's `-ctk q8_0`; the model's kv heads x head dim must
+    /// be a multiple of 32).
     #[arg(long = flag::KV_DTYPE, default_value = "f32")]
     pub kv_dtype: KvDtype,
     /// Where the pool lives: `cpu`, or `cuda` / `cuda:N` (needs the `cuda` build feature).

@@ -53,6 +53,7 @@ pub fn load(args: &EngineArgs) -> anyhow::Result<Loaded> {
     let model = Model::load(&args.model, &Device::Cpu).with_context(|| format!("loading model {:?}", args.model))?;
     tracing::info!(model = %model.name, fingerprint = %model.fingerprint, weights = %model.llama.weight_types(), "model loaded");
     let layout = model.kv_layout(args.pool.page_size, args.pool.kv_dtype);
+    layout.check().map_err(|e| anyhow::anyhow!("--{}: {e}", kvgate_proto::contract::flag::KV_DTYPE))?;
     let size = args.pool.size(args.context_window);
     let pool = match args.pool.device.parse::<PoolDevice>()? {
         PoolDevice::Cpu => {

@@ -3,6 +3,12 @@
 //! `kvgate-worker local` colocated and split into router/prefill/decode, with the default and a
 //! tiny step budget (prompts prefilled 4 tokens at a time), and must continue every prompt with
 //! exactly the tokens `transformers` generated.
+//!
+//! The GGUF files in `tests/fixtures/gguf-reference/` (Q8_0 and Q4_K_M's mix) are compared with
+//! what transformers computes on the weights it dequantizes from the same files: kvgate keeps
+//! the blocks and quantizes each product's input rows to 8 bits (as llama.cpp does), so
+//! log-probabilities agree within `GGUF_LOGPROB_BOUND`, not bit for bit, and greedy tokens agree
+//! until transformers itself is near a tie.
 
 mod support;
 
@@ -162,4 +168,114 @@ async fn split_roles_sample_the_first_token_as_colocated_does() {
         firsts.insert(a[0]);
     }
     assert!(firsts.len() > 1, "8 seeds at temperature 1 gave one first token {firsts:?}: not sampled");
+}
+
+fn gguf_fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf-reference");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4, "expected Llama and Qwen2 in Q8_0 and Q4_K_M under {} (make.py there writes them)", root.display());
+    files
+}
+
+/// Teacher-forced log-probabilities agree with transformers' on the dequantized weights within
+/// this (nats; the 8-bit rounding of each product's input, printed as measured).
+const GGUF_LOGPROB_BOUND: f64 = 0.1;
+
+/// Where transformers' own top two are closer than this (nats), the rounding decides between
+/// them (as against llama.cpp in tests/gguf.rs).
+const GGUF_NEAR_TIE: f64 = 0.1;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gguf_file_gives_transformers_log_probabilities_on_its_dequantized_weights() {
+    let mut failures = Vec::new();
+    let (mut full, mut cases) = (0, 0);
+    let mut worst_of_all = 0.0f64;
+    for file in gguf_fixtures() {
+        let mut worst = 0.0f64;
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let expected: Value = serde_json::from_str(&std::fs::read_to_string(file.with_extension("json")).unwrap()).unwrap();
+        let bytes = std::fs::read(&file).unwrap();
+        assert_eq!(
+            sha256_hex(&bytes),
+            expected["sha256"].as_str().unwrap(),
+            "{name} is not the file transformers read: rerun tests/fixtures/gguf-reference/make.py"
+        );
+        let model = file.to_str().unwrap();
+        for (mode, flags) in [MODES[0], MODES[2]] {
+            let mut args = vec!["--model", model, "--context-window=256", "--kv-pool-tokens=1024"];
+            args.extend_from_slice(flags);
+            let worker = Worker::local(&args);
+            for case in expected["cases"].as_array().unwrap() {
+                let prompt: Vec<u32> = serde_json::from_value(case["prompt"].clone()).unwrap();
+                let generated: Vec<u32> = serde_json::from_value(case["generated"].clone()).unwrap();
+                let label = format!("{name} ({mode}), {}-token prompt", prompt.len());
+                // Teacher-forced: transformers' whole sequence as the prompt, echoed with each
+                // token's log-probability given the tokens before it.
+                let seq: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
+                let body = json!({ "prompt": seq, "max_tokens": 1, "temperature": 0, "logprobs": 0, "echo": true });
+                let (status, resp) = worker.post("/v1/completions", &body).await;
+                assert_eq!(status, 200, "{label}: {resp}");
+                let got = &resp["choices"][0]["logprobs"]["token_logprobs"];
+                for (i, want) in case["logprobs"].as_array().unwrap().iter().enumerate().skip(1) {
+                    let (g, w) = (got[i].as_f64().unwrap(), want.as_f64().unwrap());
+                    worst = worst.max((g - w).abs());
+                    if (g - w).abs() > GGUF_LOGPROB_BOUND {
+                        failures.push(format!("{label} position {i}: {g} vs transformers {w}"));
+                    }
+                }
+                // Greedy: the same tokens until transformers is near a tie.
+                let body = json!({ "prompt": prompt, "max_tokens": generated.len(), "temperature": 0, "ignore_eos": true, "logprobs": 0 });
+                let (status, resp) = worker.post("/v1/completions", &body).await;
+                assert_eq!(status, 200, "{label}: {resp}");
+                let pieces = resp["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+                let got: Vec<u32> = pieces.iter().map(|p| gguf_piece(p.as_str().unwrap())).collect();
+                let same = got.iter().zip(&generated).take_while(|(a, b)| a == b).count();
+                cases += 1;
+                if same == generated.len() {
+                    full += 1;
+                    continue;
+                }
+                let top: Vec<(u32, f64)> = serde_json::from_value(case["top"][same].clone()).unwrap();
+                let behind = top.iter().find(|(id, _)| *id == got[same]).map(|(_, lp)| top[0].1 - lp);
+                println!(
+                    "{label}: {same}/{} tokens as transformers; then kvgate {}, transformers {} ({behind:.4?} nats behind)",
+                    generated.len(),
+                    got[same],
+                    generated[same]
+                );
+                if !behind.is_some_and(|b| b < GGUF_NEAR_TIE) {
+                    failures.push(format!(
+                        "{label}: kvgate's token {same} ({}) is not within {GGUF_NEAR_TIE} nats of transformers' ({})",
+                        got[same], generated[same]
+                    ));
+                }
+            }
+        }
+        println!("{name}: log-probabilities within {worst:.4} nats of transformers'");
+        worst_of_all = worst_of_all.max(worst);
+    }
+    println!("GGUF vs transformers on the dequantized weights: {full}/{cases} continuations in full; log-probabilities within {worst_of_all:.4} nats");
+    assert!(failures.is_empty(), "{} differences from transformers:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The id of a piece of the GGUF fixtures' vocabulary: `t<id>`, Qwen2's two newlines (its last
+/// two ids), and the specials (no text) as 0.
+fn gguf_piece(text: &str) -> u32 {
+    match text {
+        "\n" => 298,
+        "\n\n" => 299,
+        "" | "<unk>" => 0,
+        t => t.strip_prefix('t').and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("not a fixture piece: {t:?}")),
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -27,6 +27,27 @@ fn a_pool_that_holds_the_window_passes_and_reports_json() {
 }
 
 #[test]
+fn an_8_bit_pool_holds_nearly_twice_the_tokens_of_f16_in_the_same_bytes() {
+    let report = |dtype: &str| {
+        let (ok, stdout, stderr) = probe(&["--context-window", "4096", "--kv-pool-bytes", "4194304", "--kv-dtype", dtype, "--json"]);
+        assert!(ok, "{dtype}: {stderr}");
+        serde_json::from_str::<kvgate_proto::CapacityReport>(&stdout).unwrap()
+    };
+    let (f16, q8) = (report("f16"), report("q8_0"));
+    // tiny: 2 layers x K/V x one 32-value block (2 kv heads x 16 dims) of 34 bytes.
+    assert_eq!(q8.bytes_per_token, 2 * 2 * 34);
+    assert_eq!((f16.capacity_tokens, q8.capacity_tokens), (16384, 30832), "4 MiB in whole 16-token pages");
+    assert_eq!(q8.dtype, "q8_0");
+    assert_ne!(q8.layout_fingerprint, f16.layout_fingerprint, "8-bit pages must never pair with f16 pages");
+}
+
+#[test]
+fn an_unknown_kv_dtype_is_refused_naming_the_ones_served() {
+    let (ok, _, stderr) = probe(&["--context-window", "16", "--kv-dtype", "q4_0"]);
+    assert!(!ok && stderr.contains("q4_0") && stderr.contains("f32, f16, bf16 or q8_0"), "{stderr}");
+}
+
+#[test]
 fn a_memory_fraction_is_measured_from_available_memory() {
     let (ok, stdout, stderr) = probe(&["--context-window", "16", "--kv-memory-fraction", "0.001", "--json"]);
     assert!(ok, "{stderr}");

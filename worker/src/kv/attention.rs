@@ -6,7 +6,8 @@
 
 use std::ops::Range;
 
-use super::element::KvElem;
+use super::KvDtype;
+use super::element;
 use crate::cpu::lanes::dot;
 use crate::cpu::level::multiversion;
 use crate::cpu::softmax;
@@ -29,7 +30,7 @@ impl AttnShape {
 #[derive(Debug, Default)]
 pub struct Scratch {
     running: Running,
-    /// A block's K and V as f32 when the pool stores another type.
+    /// A block's K and V decoded to f32 when the pool stores another type.
     k: Vec<f32>,
     v: Vec<f32>,
 }
@@ -48,12 +49,14 @@ pub(crate) struct Running {
 /// `q` and `out` are `[heads][head_dim]` for those query heads only (the group of each K/V head
 /// in turn), so that disjoint K/V heads of one token can be attended on different threads; each
 /// head's result is the same whichever range it is computed in. Query heads share K/V heads in
-/// groups (grouped-query attention). Each block runs through `block`, compiled per CPU level.
-pub fn attend<'a, E: KvElem + 'a>(
+/// groups (grouped-query attention). Blocks are bytes stored as `dtype`, decoded to f32 a block
+/// at a time; each runs through `block`, compiled per CPU level.
+pub fn attend<'a>(
     shape: AttnShape,
     kv_heads: Range<usize>,
     q: &[f32],
-    blocks: impl Iterator<Item = (&'a [E], &'a [E], usize)>,
+    dtype: KvDtype,
+    blocks: impl Iterator<Item = (&'a [u8], &'a [u8], usize)>,
     out: &mut [f32],
     scratch: &mut Scratch,
 ) {
@@ -65,7 +68,7 @@ pub fn attend<'a, E: KvElem + 'a>(
     running.sum.resize(h_n, 0.0);
     out[..h_n * d].fill(0.0);
     for (k, v, n) in blocks {
-        let (k, v) = (E::as_f32(k, k_buf), E::as_f32(v, v_buf));
+        let (k, v) = (element::decode(dtype, k, k_buf), element::decode(dtype, v, v_buf));
         debug_assert_eq!(k.len(), n * shape.num_kv_heads * shape.head_dim);
         block(shape, kv_heads.start, q, k, v, out, running);
     }
@@ -123,6 +126,10 @@ mod tests {
     use super::*;
     use crate::test_data::pseudo;
 
+    fn bytes(x: &[f32]) -> &[u8] {
+        bytemuck::cast_slice(x)
+    }
+
     /// Textbook attention over a contiguous cache, computed in f64.
     fn reference(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], n: usize) -> Vec<f32> {
         let (h_n, kv_n, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
@@ -151,10 +158,10 @@ mod tests {
         for block in [1, 5, 16, 37] {
             let blocks = (0..n).step_by(block).map(|s| {
                 let e = (s + block).min(n);
-                (&k[s * row..e * row], &v[s * row..e * row], e - s)
+                (bytes(&k[s * row..e * row]), bytes(&v[s * row..e * row]), e - s)
             });
             let mut out = vec![0.0; 32];
-            attend(shape, 0..shape.num_kv_heads, &q, blocks, &mut out, &mut Scratch::default());
+            attend(shape, 0..shape.num_kv_heads, &q, KvDtype::F32, blocks, &mut out, &mut Scratch::default());
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "block {block}: {a} vs {b}");
             }
@@ -167,14 +174,14 @@ mod tests {
         let n = 45;
         let row = shape.num_kv_heads * shape.head_dim;
         let (q, k, v) = (pseudo(128, 11), pseudo(n * row, 12), pseudo(n * row, 13));
-        let blocks = || (0..n).step_by(16).map(|s| (&k[s * row..(s + 16).min(n) * row], &v[s * row..(s + 16).min(n) * row], (s + 16).min(n) - s));
+        let blocks = || (0..n).step_by(16).map(|s| (bytes(&k[s * row..(s + 16).min(n) * row]), bytes(&v[s * row..(s + 16).min(n) * row]), (s + 16).min(n) - s));
         let mut whole = vec![0.0; 128];
-        attend(shape, 0..4, &q, blocks(), &mut whole, &mut Scratch::default());
+        attend(shape, 0..4, &q, KvDtype::F32, blocks(), &mut whole, &mut Scratch::default());
         // Query heads 2h and 2h + 1 read K/V head h: 32 floats of q and out per K/V head.
         for heads in [0..1, 1..3, 3..4] {
             let span = heads.start * 32..heads.end * 32;
             let mut part = vec![0.0; span.len()];
-            attend(shape, heads.clone(), &q[span.clone()], blocks(), &mut part, &mut Scratch::default());
+            attend(shape, heads.clone(), &q[span.clone()], KvDtype::F32, blocks(), &mut part, &mut Scratch::default());
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&part), bits(&whole[span]), "K/V heads {heads:?}");
         }

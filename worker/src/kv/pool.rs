@@ -13,14 +13,13 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use prometheus::{Gauge, IntGauge};
 
-use half::{bf16, f16};
 use thiserror::Error;
 
 use super::allocator::{AccessError, AllocError, OwnerId, PageAllocator, PageRef};
 use super::attention::{self, AttnShape, Scratch};
-use super::element::{self, KvElem};
+use super::element;
 use super::store::{PageRead, PageStore, StoreError};
-use super::{Half, KvDtype, KvLayout};
+use super::{Half, KvLayout};
 
 #[derive(Debug, Error)]
 pub enum KvError {
@@ -193,9 +192,9 @@ impl KvPool {
         let page = lease.page_at(pos)?;
         let slot = pos % self.layout.page_size;
         let n = self.layout.token_elems();
-        let len = n * self.layout.dtype.size();
+        let len = self.layout.row_bytes();
         for (half, values) in [(Half::K, k), (Half::V, v)] {
-            let offset = self.layout.slot_offset(layer, half, slot) * self.layout.dtype.size();
+            let offset = self.layout.slot_offset(layer, half, slot);
             self.store.write_with(page.id, offset, len, |out| element::encode(self.layout.dtype, &values[..n], out))?;
         }
         Ok(())
@@ -221,41 +220,21 @@ impl KvPool {
             return Err(KvError::PastLease { pos: ctx.end, capacity: lease.capacity() });
         }
         debug_assert!(!ctx.is_empty(), "attention over no positions");
-        match self.layout.dtype {
-            KvDtype::F32 => self.attend_typed::<f32>(lease, layer, ctx, shape, kv_heads, q, out, scratch),
-            KvDtype::F16 => self.attend_typed::<f16>(lease, layer, ctx, shape, kv_heads, q, out, scratch),
-            KvDtype::BF16 => self.attend_typed::<bf16>(lease, layer, ctx, shape, kv_heads, q, out, scratch),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn attend_typed<E: KvElem>(
-        &self,
-        lease: &Lease,
-        layer: usize,
-        ctx: Range<usize>,
-        shape: AttnShape,
-        kv_heads: Range<usize>,
-        q: &[f32],
-        out: &mut [f32],
-        scratch: &mut Scratch,
-    ) -> Result<(), KvError> {
         let l = self.layout;
-        let row = l.token_elems();
+        let row = l.row_bytes();
         let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
         // The pages in `ctx`, each held for reading until the kernel is done (device pages are
         // copied to host first).
         let pages = ctx.start / l.page_size..l.pages_for(ctx.end);
         let held: Vec<PageRead> = pages.clone().map(|i| self.store.read(lease.pages[i].id)).collect::<Result<_, _>>()?;
         let blocks = held.iter().zip(pages).map(|(page, i)| {
-            let page: &[E] = bytemuck::cast_slice(page);
             // The slots of page `i` inside `ctx`: a sliding window starts mid-page.
             let first = ctx.start.saturating_sub(i * l.page_size).min(l.page_size);
             let end = (ctx.end - i * l.page_size).min(l.page_size);
             let (a, b) = (first * row, end * row);
             (&page[k_off + a..k_off + b], &page[v_off + a..v_off + b], end - first)
         });
-        attention::attend(shape, kv_heads, q, blocks, out, scratch);
+        attention::attend(shape, kv_heads, q, l.dtype, blocks, out, scratch);
         Ok(())
     }
 
@@ -265,25 +244,17 @@ impl KvPool {
         if ctx.end > lease.capacity() {
             return Err(KvError::PastLease { pos: ctx.end, capacity: lease.capacity() });
         }
-        match self.layout.dtype {
-            KvDtype::F32 => self.gather_typed::<f32>(lease, layer, ctx),
-            KvDtype::F16 => self.gather_typed::<f16>(lease, layer, ctx),
-            KvDtype::BF16 => self.gather_typed::<bf16>(lease, layer, ctx),
-        }
-    }
-
-    fn gather_typed<E: KvElem>(&self, lease: &Lease, layer: usize, ctx: Range<usize>) -> Result<(Vec<f32>, Vec<f32>), KvError> {
         let l = self.layout;
-        let row = l.token_elems();
+        let row = l.row_bytes();
         let (k_off, v_off) = (l.block_offset(layer, Half::K), l.block_offset(layer, Half::V));
-        let (mut k, mut v) = (Vec::with_capacity(ctx.len() * row), Vec::with_capacity(ctx.len() * row));
+        let elems = ctx.len() * l.token_elems();
+        let (mut k, mut v, mut buf) = (Vec::with_capacity(elems), Vec::with_capacity(elems), Vec::new());
         for i in ctx.start / l.page_size..l.pages_for(ctx.end) {
             let first = ctx.start.saturating_sub(i * l.page_size).min(l.page_size) * row;
             let end = (ctx.end - i * l.page_size).min(l.page_size) * row;
-            let read = self.store.read(lease.pages[i].id)?;
-            let page: &[E] = bytemuck::cast_slice(&read);
-            k.extend(page[k_off + first..k_off + end].iter().map(|x| x.to_f32()));
-            v.extend(page[v_off + first..v_off + end].iter().map(|x| x.to_f32()));
+            let page = self.store.read(lease.pages[i].id)?;
+            k.extend_from_slice(element::decode(l.dtype, &page[k_off + first..k_off + end], &mut buf));
+            v.extend_from_slice(element::decode(l.dtype, &page[v_off + first..v_off + end], &mut buf));
         }
         Ok((k, v))
     }
@@ -384,6 +355,7 @@ impl Drop for Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::KvDtype;
 
     fn pool(pages: usize) -> Arc<KvPool> {
         let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 4, page_size: 2, dtype: KvDtype::F32 };

@@ -228,8 +228,8 @@ impl Tile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::Scratch;
     use crate::kv::attention::attend;
+    use crate::kv::{KvDtype, Scratch};
     use crate::test_data::pseudo;
 
     /// Each query row equals the paged kernel over the keys that query may see, across block
@@ -252,7 +252,8 @@ mod tests {
                     shape,
                     0..shape.num_kv_heads,
                     &q[i * qw..(i + 1) * qw],
-                    std::iter::once((&k[from * kw..to * kw], &v[from * kw..to * kw], to - from)),
+                    KvDtype::F32,
+                    std::iter::once((bytemuck::cast_slice(&k[from * kw..to * kw]), bytemuck::cast_slice(&v[from * kw..to * kw]), to - from)),
                     &mut want,
                     &mut Scratch::default(),
                 );

@@ -36,7 +36,7 @@ fn paged_prefill_equals_the_contiguous_reference() {
 
 #[test]
 fn prefill_then_decode_equals_recomputing_the_sequence() {
-    for (dtype, tol) in [(KvDtype::F32, 1e-4), (KvDtype::BF16, 5e-2)] {
+    for (dtype, tol) in [(KvDtype::F32, 1e-4), (KvDtype::BF16, 5e-2), (KvDtype::Q8_0, 5e-2)] {
         let (model, pool) = setup(4, 64, dtype);
         let tokens = model.tokenizer.encode(PROMPT).unwrap();
         let split = 21; // not a page boundary
