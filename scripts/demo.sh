@@ -2,7 +2,7 @@
 # make demo: a local control plane and two nodes, the CRDs and the Helm chart, the tiny example
 # (Available, answering a completion), the incident example (refused with both numbers) and
 # llama.cpp's real server split into slots smaller than its declared window (refused with
-# llama.cpp's own numbers).
+# llama.cpp's own numbers), and kvgate's own workers serving that same GGUF file with 8-bit KV.
 # Stays up for kubectl until Ctrl-C. Needs root: the cluster lives in network namespaces of its own
 # (pods wired by the CNI bridge plugin, limits through cgroups); the host reaches it only through
 # relays on 127.0.0.1 and is never given an address, route or link.
@@ -33,7 +33,7 @@ cargo build -q -p kvgate-worker -p kvgate-operator -p kvgate-testenv
 kubeconfig=target/dev-cluster/kubeconfig
 rm -f "$kubeconfig"
 step "the dev cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and two nodes (node agents, each in a network namespace of its own) running pods under runc"
-target/debug/kvgate-dev-cluster --forward demo/tiny &
+target/debug/kvgate-dev-cluster --forward demo/tiny --forward engines/tiny-gguf &
 cluster=$!
 stop() {
   kill "$cluster" 2>/dev/null || true
@@ -82,6 +82,21 @@ sed "s|/var/lib/kvgate/models|$models|" examples/llamacpp.yaml | kubectl -n engi
 kubectl -n engines wait --for=jsonpath='{.status.phase}'=Refused infd/llamacpp --timeout=180s
 kubectl get infd -A
 kubectl -n engines get infd llamacpp -o jsonpath='{.status.conditions[?(@.type=="RolloutRefused")].message}'; echo
+step "kvgate's own workers from the same GGUF file, K and V stored in 8 bits (kvPool.dtype: q8_0)"
+kubectl -n engines apply -f - <<YAML
+apiVersion: kvgate.dev/v1alpha1
+kind: InferenceDeployment
+metadata: { name: tiny-gguf }
+spec:
+  model: { path: tiny.gguf, volume: { hostPath: $models } }
+  contextWindow: 2048
+  prefill: { replicas: 1, kvPool: { tokens: 8192, pageSize: 16, dtype: q8_0 } }
+  decode: { replicas: 1, kvPool: { tokens: 8192, pageSize: 16, dtype: q8_0 } }
+YAML
+kubectl -n engines wait --for=jsonpath='{.status.phase}'=Available infd/tiny-gguf --timeout=180s
+kubectl -n engines get infd tiny-gguf
+gguf_port=$(cat target/dev-cluster/forward/engines.tiny-gguf)
+curl -s --retry 20 --retry-all-errors --retry-delay 1 "http://127.0.0.1:$gguf_port/v1/completions" -d '{"prompt":"Hello","max_tokens":8,"temperature":0}'; echo
 took
 echo "   (the demo took $((SECONDS - began)) s in all)"
 cat <<MSG
