@@ -18,15 +18,17 @@ use std::process::Command;
 use serde_json::{Value, json};
 use support::Worker;
 
+/// The entries of `tests/fixtures/<dir>` that `keep` keeps, in order.
+fn fixture_entries(dir: &str, keep: impl Fn(&Path) -> bool) -> (PathBuf, Vec<PathBuf>) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(dir);
+    let mut found: Vec<PathBuf> =
+        std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())).flatten().map(|e| e.path()).filter(|p| keep(p)).collect();
+    found.sort();
+    (root, found)
+}
+
 fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/reference");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("expected.json").is_file())
-        .collect();
-    dirs.sort();
+    let (root, dirs) = fixture_entries("reference", |p| p.join("expected.json").is_file());
     assert!(dirs.len() >= 16, "expected the reference fixtures under {} (tests/fixtures/reference/make.py writes them)", root.display());
     dirs
 }
@@ -171,14 +173,7 @@ async fn split_roles_sample_the_first_token_as_colocated_does() {
 }
 
 fn gguf_fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf-reference");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
-        .collect();
-    files.sort();
+    let (root, files) = fixture_entries("gguf-reference", |p| p.extension().is_some_and(|e| e == "gguf"));
     assert_eq!(files.len(), 4, "expected Llama and Qwen2 in Q8_0 and Q4_K_M under {} (make.py there writes them)", root.display());
     files
 }
