@@ -10,6 +10,8 @@
 //! log-probabilities agree within `GGUF_LOGPROB_BOUND`, not bit for bit, and greedy tokens agree
 //! until transformers itself is near a tie.
 
+#[path = "support/gguf_files.rs"]
+mod gguf_files;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -182,6 +184,9 @@ fn gguf_fixtures() -> Vec<PathBuf> {
 /// this (nats; the 8-bit rounding of each product's input, printed as measured).
 const GGUF_LOGPROB_BOUND: f64 = 0.1;
 
+/// The fixtures' vocabulary (`worker/examples/gguf_fixtures.rs`).
+const GGUF_VOCAB: usize = 300;
+
 /// Where transformers' own top two are closer than this (nats), the rounding decides between
 /// them (as against llama.cpp in tests/gguf.rs).
 const GGUF_NEAR_TIE: f64 = 0.1;
@@ -216,9 +221,12 @@ async fn a_gguf_file_gives_transformers_log_probabilities_on_its_dequantized_wei
                 let body = json!({ "prompt": seq, "max_tokens": 1, "temperature": 0, "logprobs": 0, "echo": true });
                 let (status, resp) = worker.post("/v1/completions", &body).await;
                 assert_eq!(status, 200, "{label}: {resp}");
-                let got = &resp["choices"][0]["logprobs"]["token_logprobs"];
-                for (i, want) in case["logprobs"].as_array().unwrap().iter().enumerate().skip(1) {
-                    let (g, w) = (got[i].as_f64().unwrap(), want.as_f64().unwrap());
+                let got = resp["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap();
+                let want = case["logprobs"].as_array().unwrap();
+                assert_eq!((want.len(), got.len()), (seq.len(), seq.len() + 1), "{label}: one log-probability per token (and kvgate's one generated)");
+                assert!(got[0].is_null() && want[0].is_null(), "{label}: the first token has no log-probability");
+                for (i, (g, w)) in got.iter().zip(want).enumerate().skip(1) {
+                    let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
                     worst = worst.max((g - w).abs());
                     if (g - w).abs() > GGUF_LOGPROB_BOUND {
                         failures.push(format!("{label} position {i}: {g} vs transformers {w}"));
@@ -229,24 +237,24 @@ async fn a_gguf_file_gives_transformers_log_probabilities_on_its_dequantized_wei
                 let (status, resp) = worker.post("/v1/completions", &body).await;
                 assert_eq!(status, 200, "{label}: {resp}");
                 let pieces = resp["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
-                let got: Vec<u32> = pieces.iter().map(|p| gguf_piece(p.as_str().unwrap())).collect();
-                let same = got.iter().zip(&generated).take_while(|(a, b)| a == b).count();
+                let got: Vec<Option<u32>> = pieces.iter().map(|p| gguf_files::piece(p.as_str().unwrap(), GGUF_VOCAB)).collect();
+                let same = got.iter().zip(&generated).take_while(|(a, b)| **a == gguf_files::key(**b)).count();
                 cases += 1;
                 if same == generated.len() {
                     full += 1;
                     continue;
                 }
                 let top: Vec<(u32, f64)> = serde_json::from_value(case["top"][same].clone()).unwrap();
-                let behind = top.iter().find(|(id, _)| *id == got[same]).map(|(_, lp)| top[0].1 - lp);
+                let behind = top.iter().find(|(id, _)| gguf_files::key(*id) == got[same]).map(|(_, lp)| top[0].1 - lp);
                 println!(
-                    "{label}: {same}/{} tokens as transformers; then kvgate {}, transformers {} ({behind:.4?} nats behind)",
+                    "{label}: {same}/{} tokens as transformers; then kvgate {:?}, transformers {} ({behind:.4?} nats behind)",
                     generated.len(),
                     got[same],
                     generated[same]
                 );
                 if !behind.is_some_and(|b| b < GGUF_NEAR_TIE) {
                     failures.push(format!(
-                        "{label}: kvgate's token {same} ({}) is not within {GGUF_NEAR_TIE} nats of transformers' ({})",
+                        "{label}: kvgate's token {same} ({:?}) is not within {GGUF_NEAR_TIE} nats of transformers' ({})",
                         got[same], generated[same]
                     ));
                 }
@@ -257,17 +265,6 @@ async fn a_gguf_file_gives_transformers_log_probabilities_on_its_dequantized_wei
     }
     println!("GGUF vs transformers on the dequantized weights: {full}/{cases} continuations in full; log-probabilities within {worst_of_all:.4} nats");
     assert!(failures.is_empty(), "{} differences from transformers:\n{}", failures.len(), failures.join("\n"));
-}
-
-/// The id of a piece of the GGUF fixtures' vocabulary: `t<id>`, Qwen2's two newlines (its last
-/// two ids), and the specials (no text) as 0.
-fn gguf_piece(text: &str) -> u32 {
-    match text {
-        "\n" => 298,
-        "\n\n" => 299,
-        "" | "<unk>" => 0,
-        t => t.strip_prefix('t').and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("not a fixture piece: {t:?}")),
-    }
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

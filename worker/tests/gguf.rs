@@ -14,7 +14,7 @@
 mod gguf_files;
 mod support;
 
-use gguf_files::{Family, LlamaCpp, Mix, Shape, llama_server, root, write};
+use gguf_files::{Family, LlamaCpp, Mix, Shape, key, llama_server, piece, root, write};
 use serde_json::{Value as Json, json};
 use support::Worker;
 
@@ -53,22 +53,6 @@ async fn llamacpp_greedy(server: &LlamaCpp, prompt: &[u32]) -> (Vec<u32>, Vec<Ve
     (tokens, tops)
 }
 
-/// A generated token as both servers can be read back: `t<id>` pieces and the newline by id,
-/// the three specials (text kvgate leaves out, or `<unk>`) as one.
-fn key(id: u32) -> Option<u32> {
-    (id > 2).then_some(id)
-}
-
-/// The token a piece's text is (see `key`).
-fn piece(text: &str) -> Option<u32> {
-    match text {
-        "\n" => Some((VOCAB - 2) as u32),
-        "\n\n" => Some((VOCAB - 1) as u32),
-        "" | "<unk>" => None,
-        t => Some(t.strip_prefix('t').and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("not a fixture piece: {t:?}"))),
-    }
-}
-
 /// kvgate's greedy continuation, read back from the pieces' text, and its four most likely
 /// first tokens with their log-probabilities.
 async fn kvgate_greedy(worker: &Worker, prompt: &[u32]) -> (Vec<Option<u32>>, Vec<(Option<u32>, f64)>) {
@@ -76,8 +60,8 @@ async fn kvgate_greedy(worker: &Worker, prompt: &[u32]) -> (Vec<Option<u32>>, Ve
     let (status, resp) = worker.post("/v1/completions", &body).await;
     assert_eq!(status, 200, "{resp}");
     let lp = &resp["choices"][0]["logprobs"];
-    let tokens = lp["tokens"].as_array().unwrap().iter().map(|t| piece(t.as_str().unwrap())).collect();
-    let first = lp["top_logprobs"][0].as_object().unwrap().iter().map(|(t, p)| (piece(t), p.as_f64().unwrap())).collect();
+    let tokens = lp["tokens"].as_array().unwrap().iter().map(|t| piece(t.as_str().unwrap(), VOCAB)).collect();
+    let first = lp["top_logprobs"][0].as_object().unwrap().iter().map(|(t, p)| (piece(t, VOCAB), p.as_f64().unwrap())).collect();
     (tokens, first)
 }
 

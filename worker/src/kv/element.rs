@@ -1,6 +1,7 @@
 //! Conversions between the f32 the model computes in and the dtype the pool stores.
 
 use bytemuck::Pod;
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use super::KvDtype;
@@ -8,40 +9,14 @@ use super::layout::{Q8_BLOCK, Q8_BLOCK_BYTES};
 use crate::cpu::level::multiversion;
 use crate::cpu::widen::HalfFloat;
 
-trait KvElem: Pod {
-    fn from_f32(x: f32) -> Self;
-}
-
-impl KvElem for f32 {
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-}
-
-impl KvElem for f16 {
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-}
-
-impl KvElem for bf16 {
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-}
-
-/// Encodes `values` as `dtype` into `out` (exactly `dtype.bytes_for(values.len())` bytes).
+/// Encodes `values` as `dtype` into `out` (exactly `dtype.bytes_for(values.len())` bytes; half
+/// types by the CPU's conversion instructions where it has them, as `decode` widens them).
 pub fn encode(dtype: KvDtype, values: &[f32], out: &mut [u8]) {
-    fn go<E: KvElem>(values: &[f32], out: &mut [u8]) {
-        let out: &mut [E] = bytemuck::cast_slice_mut(out);
-        for (o, v) in out.iter_mut().zip(values) {
-            *o = E::from_f32(*v);
-        }
-    }
+    debug_assert_eq!(out.len(), dtype.bytes_for(values.len()), "{dtype}: {} values", values.len());
     match dtype {
-        KvDtype::F32 => go::<f32>(values, out),
-        KvDtype::F16 => go::<f16>(values, out),
-        KvDtype::BF16 => go::<bf16>(values, out),
+        KvDtype::F32 => bytemuck::cast_slice_mut::<u8, f32>(out).copy_from_slice(values),
+        KvDtype::F16 => bytemuck::cast_slice_mut::<u8, f16>(out).convert_from_f32_slice(values),
+        KvDtype::BF16 => bytemuck::cast_slice_mut::<u8, bf16>(out).convert_from_f32_slice(values),
         KvDtype::Q8_0 => {
             for (x, block) in values.chunks_exact(Q8_BLOCK).zip(out.chunks_exact_mut(Q8_BLOCK_BYTES)) {
                 quantize_q8_0(x.try_into().unwrap(), block);

@@ -63,7 +63,12 @@ impl std::fmt::Debug for KvPool {
 }
 
 impl KvPool {
+    /// Panics on a layout its dtype cannot store (`KvLayout::check`; start-up refuses those
+    /// first, naming the flag): a `q8_0` row of partial blocks would lose its tail silently.
     pub fn new(layout: KvLayout, store: PageStore, num_pages: usize, device: String, scrub_on_free: bool) -> Arc<Self> {
+        if let Err(e) = layout.check() {
+            panic!("{e}");
+        }
         Arc::new(KvPool {
             layout,
             device,
@@ -423,6 +428,13 @@ mod tests {
         });
         drop(held);
         assert!(pool.page_bytes(&arriving, 0).unwrap().iter().all(|b| *b == 3));
+    }
+
+    #[test]
+    #[should_panic(expected = "blocks of 32 values")]
+    fn a_pool_refuses_a_layout_its_dtype_cannot_store() {
+        let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 16, page_size: 2, dtype: KvDtype::Q8_0 };
+        let _ = KvPool::host(layout, 1);
     }
 
     #[test]

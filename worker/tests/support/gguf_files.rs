@@ -67,6 +67,23 @@ impl Rng {
     }
 }
 
+/// A token id as its piece can be read back (`piece`): itself, or `None` for the three
+/// specials, whose text does not tell them apart.
+pub fn key(id: u32) -> Option<u32> {
+    (id > 2).then_some(id)
+}
+
+/// The token id a piece of `write`'s vocabulary of `vocab` decodes from: `t<id>`, Qwen2's two
+/// newlines (its last two ids); `None` for the three specials (no text, or `<unk>`).
+pub fn piece(text: &str, vocab: usize) -> Option<u32> {
+    match text {
+        "\n" => Some((vocab - 2) as u32),
+        "\n\n" => Some((vocab - 1) as u32),
+        "" | "<unk>" => None,
+        t => Some(t.strip_prefix('t').and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("not a fixture piece: {t:?}"))),
+    }
+}
+
 /// Writes a random model of `shape` to `path`.
 pub fn write(path: &Path, shape: Shape, family: Family, mix: Mix) {
     let Shape { hidden, ffn, heads, kv_heads, layers, vocab } = shape;
