@@ -16,6 +16,7 @@ pub mod netfault;
 pub mod netns;
 pub mod node;
 pub mod nodes;
+pub mod once_dir;
 pub mod process;
 pub mod readme;
 pub mod relay;

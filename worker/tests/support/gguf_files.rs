@@ -196,19 +196,21 @@ pub async fn llama_server(model: &Path, args: &[&str]) -> LlamaCpp {
         .ok()
         .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("xllamacpp-"))))
         .unwrap_or_else(|| panic!("no xllamacpp wheel in {}: fetch it with `make test-deps` (or `bash scripts/images.sh --fetch`)", wheels.display()));
-    let site = root().join("target/tmp/xllamacpp-site");
-    if !site.join("xllamacpp").is_dir() {
-        let partial = root().join(format!("target/tmp/xllamacpp-site.{}", std::process::id()));
-        let ok = Command::new("python3")
-            .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"])
-            .arg(&wheel)
-            .arg(&partial)
-            .status()
-            .expect("python3 (make test-deps installs it)");
-        assert!(ok.success(), "unpacking {}", wheel.display());
-        // Another test may have unpacked it meanwhile: either copy is whole.
-        let _ = std::fs::rename(&partial, &site);
-    }
+    // Several tests of one binary start llama.cpp at once: the wheel is unpacked once.
+    let site = kvgate_testenv::once_dir::make_once(
+        &root().join("target/tmp/xllamacpp-site"),
+        |d| d.join("xllamacpp").is_dir(),
+        |partial| {
+            let ok = Command::new("python3")
+                .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"])
+                .arg(&wheel)
+                .arg(partial)
+                .status()
+                .map_err(|e| format!("python3 (make test-deps installs it): {e}"))?;
+            if ok.success() { Ok(()) } else { Err(format!("unpacking {}: python3 {ok}", wheel.display())) }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let log = model.with_extension("llama-server.log");
     let child = Command::new("python3")

@@ -80,21 +80,26 @@ impl ImageStore {
     pub fn unpack(&self, layout: &Path, tag: &str) -> Result<Unpacked, String> {
         let (digest, config) = inspect(layout, tag)?;
         let dir = self.dir.join(digest.replace(':', "-"));
-        if !dir.join("rootfs").is_dir() {
-            let tmp = self.dir.join(format!(".unpack-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&tmp);
-            std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
-            let out = Command::new("umoci")
-                .args(["unpack", "--image"])
-                .arg(format!("{}:{tag}", layout.display()))
-                .arg(&tmp)
-                .output()
-                .map_err(|e| format!("umoci: {e} (install it: apt-get install umoci, or make test-deps)"))?;
-            if !out.status.success() {
-                return Err(format!("umoci unpack {}:{tag}: {}", layout.display(), String::from_utf8_lossy(&out.stderr).trim()));
-            }
-            std::fs::rename(&tmp, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        // Pods of one image may start together, on this agent or another sharing the store.
+        crate::once_dir::make_once(
+            &dir,
+            |d| d.join("rootfs").is_dir(),
+            |tmp| {
+                // umoci makes the bundle directory itself.
+                std::fs::remove_dir(tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+                let out = Command::new("umoci")
+                    .args(["unpack", "--image"])
+                    .arg(format!("{}:{tag}", layout.display()))
+                    .arg(tmp)
+                    .output()
+                    .map_err(|e| format!("umoci: {e} (install it: apt-get install umoci, or make test-deps)"))?;
+                if !out.status.success() {
+                    return Err(format!("umoci unpack {}:{tag}: {}", layout.display(), String::from_utf8_lossy(&out.stderr).trim()));
+                }
+                Ok(())
+            },
+        )?;
         Ok(Unpacked { digest, config, rootfs: dir.join("rootfs") })
     }
 }
