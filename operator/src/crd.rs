@@ -550,13 +550,17 @@ pub struct RolloutSpec {
     #[serde(default)]
     pub canary: CanarySpec,
     /// After a promotion, how long the previous revision's Deployments stay (at their size)
-    /// while the operator watches the deployment's handoff mismatch counters; more than
-    /// maxHandoffMismatches new mismatches in that time roll back to it. 0: no bake.
+    /// while the operator watches the deployment's integrity counters (kvgate's handoff
+    /// mismatches; with a disaggregated vLLM, its NIXL failures and reads after expiry too);
+    /// more than maxHandoffMismatches new counts in that time roll back to it. 0: no bake. An
+    /// engine that moves no KV between pods has no counters and does not bake.
     #[serde(default = "bake_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub bake_seconds: u64,
-    /// New handoff mismatches (kvgate_handoff_mismatch_total, every pod of the deployment) a
-    /// bake tolerates before it rolls back.
+    /// New counts of the integrity counters (kvgate_handoff_mismatch_total, and a
+    /// disaggregated vLLM's vllm:nixl_num_failed_transfers_total and
+    /// vllm:nixl_num_notifications_after_expiry_total; every KV pod of the deployment) a bake
+    /// tolerates before it rolls back. The canary tolerates none.
     #[serde(default)]
     pub max_handoff_mismatches: u64,
     /// The request that broke production, asked of every candidate pair or pod by the canary.
@@ -782,8 +786,9 @@ fn optional<T: JsonSchema>(g: &mut schemars::SchemaGenerator) -> schemars::Schem
 pub struct RefusedRevision {
     /// The refused revision (a hash of everything that shapes its pods).
     pub revision: String,
-    /// KVPoolBelowContextWindow, FingerprintMismatch, CanaryFailed, HandoffIntegrityViolation (rolled
-    /// back after a bake) or HostPathNotAllowed.
+    /// KVPoolBelowContextWindow, FingerprintMismatch, CanaryFailed, BoundaryProbeAnswered,
+    /// HandoffIntegrityViolation (integrity counters moved during the canary, or during a bake
+    /// that was rolled back) or HostPathNotAllowed.
     pub reason: RefusalReason,
     /// With the pod and both numbers, e.g. `prefill pod x measured 681280 tokens < contextWindow 1048576`.
     pub message: String,

@@ -54,7 +54,8 @@ pub enum RefusalReason {
     CanaryFailed,
     // A pair or pod answered a prompt beyond spec.contextWindow instead of refusing it with a 4xx.
     BoundaryProbeAnswered,
-    // Rolled back: handoff mismatches during the bake.
+    // Integrity counters moved: handoff mismatches (kvgate's, or an engine's own) during the canary, or past
+    // spec.rollout.maxHandoffMismatches during the bake (rolled back).
     HandoffIntegrityViolation,
     // spec.model.volume.hostPath is outside --allowed-host-paths; no pod was created.
     HostPathNotAllowed,

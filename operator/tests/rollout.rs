@@ -291,7 +291,7 @@ fn a_candidate_computing_wrong_but_checksummed_kv_is_refused_by_the_canary_befor
     let d = infd(cp, &ns, "canary");
     let serving = d["status"]["currentRevision"].as_str().unwrap().to_string();
     assert_eq!((d["status"]["canary"]["revision"].as_str(), d["status"]["canary"]["passed"].as_bool()), (Some(serving.as_str()), Some(true)), "{d}");
-    assert!(d["status"]["canary"]["message"].as_str().unwrap().contains("no handoff mismatch"), "{d}");
+    assert!(d["status"]["canary"]["message"].as_str().unwrap().contains("no integrity counter moved"), "{d}");
     // And its boundary probes: decode refuses a prompt of the window + 1 before reserving a page,
     // and one of the window - 1 asking for 8 more tokens.
     let boundary = "boundary: a prompt of contextWindow + 1 tokens was refused (HTTP 400) by every one, one of 255 tokens was refused or stopped at the window";

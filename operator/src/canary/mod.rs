@@ -7,8 +7,8 @@
 //!
 //! The revision passes only if every pair (or pod) answers, all give the same tokens for each
 //! prompt, those equal what the serving revision gives when it serves the same model (and, for
-//! kvgate, the same KV layout), and no candidate kvgate pod's `kvgate_handoff_mismatch_total`
-//! moved.
+//! kvgate, the same KV layout), and no integrity counter of a candidate KV pod moved (kvgate's
+//! `kvgate_handoff_mismatch_total`; a disaggregated engine's own, `engines::integrity`).
 
 mod pair;
 pub mod prompts;
@@ -16,9 +16,9 @@ pub mod prompts;
 pub use pair::Endpoint;
 
 use kvgate_proto::auth::DeploymentKey;
-use kvgate_proto::contract::{DECODE_PORT, PREFILL_PORT};
 
 use crate::crd::{CanaryStatus, Engine};
+use crate::engines::integrity::{self, Counter, Counts};
 use crate::engines::{Greedy, NoAnswer};
 use crate::rollout_state::RefusalReason;
 use crate::{engines, scrape};
@@ -40,6 +40,18 @@ pub struct CanaryRun {
     pub boundary: Option<Boundary>,
     /// The stale-KV probe: this many filler prompts before the compared prompts are asked again.
     pub stale_kv: Option<u32>,
+    /// The candidate's KV pods whose `counters` must not move while the canary runs.
+    pub counted: Vec<Counted>,
+    pub counters: &'static [Counter],
+}
+
+/// A KV pod whose integrity counters the canary reads before and after (`/metrics` on `port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counted {
+    pub pod: String,
+    pub role: crate::role::Role,
+    pub ip: String,
+    pub port: u16,
 }
 
 /// The request that broke production, asked of every pair or pod before any traffic.
@@ -85,20 +97,20 @@ impl Target {
         }
     }
 
-    /// The kvgate pods whose mismatch counters must not move.
-    fn counted(&self) -> Vec<(&Endpoint, u16)> {
-        match self {
-            Target::Pairs { prefill, decode } => prefill.iter().map(|e| (e, PREFILL_PORT)).chain(decode.iter().map(|e| (e, DECODE_PORT))).collect(),
-            Target::Servers { .. } => Vec::new(),
-        }
-    }
-
     /// What a probe that catches one of its units counts: the engine, and the role the
     /// question went to (`pair` for kvgate's prefill x decode pairs).
     fn mismatch(&self, probe: Probe) -> ProbeMismatch {
         match self {
             Target::Pairs { .. } => ProbeMismatch { probe, engine: engines::own().engine(), role: "pair" },
             Target::Servers { engine, role, .. } => ProbeMismatch { probe, engine: *engine, role: role.as_str() },
+        }
+    }
+
+    /// The engine its units run.
+    fn engine(&self) -> Engine {
+        match self {
+            Target::Pairs { .. } => engines::own().engine(),
+            Target::Servers { engine, .. } => *engine,
         }
     }
 
@@ -225,8 +237,7 @@ fn token_at(tokens: &[u32], i: usize) -> String {
 }
 
 async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> Result<String, Failure> {
-    let counted = run.target.counted();
-    let before = mismatches(http, &counted).await?;
+    let before = counters(http, run).await?;
     let mut prompts = prompts::prompts(run.prompts, run.page_size, run.max_prompt_tokens, run.vocab);
     if let Some(b) = run.boundary.filter(|b| b.full) {
         // The whole window, less the answer: served, and the same everywhere.
@@ -271,21 +282,29 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
         Some(b) => boundary(http, key, run, b).await?,
         None => String::new(),
     };
-    let after = mismatches(http, &counted).await?;
-    for ((pod, was), (_, now)) in before.iter().zip(&after) {
-        if now > was {
-            return Err(Failure::from(format!(
-                "pod {pod} counted {} handoff mismatches during the canary (kvgate_handoff_mismatch_total {was} -> {now})",
-                now - was
-            )));
-        }
+    let after = counters(http, run).await?;
+    let grown: Vec<String> = run
+        .counted
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter_map(|(c, (was, now))| {
+            let grown = integrity::grown(was, now);
+            (!grown.is_empty()).then(|| format!("{} pod {} ({}): {}", run.target.engine().as_str(), c.pod, c.role.as_str(), grown.join(", ")))
+        })
+        .collect();
+    if !grown.is_empty() {
+        return Err(Failure {
+            reason: RefusalReason::HandoffIntegrityViolation,
+            message: format!("integrity counters moved during the canary: {}", grown.join("; ")),
+            caught: None,
+        });
     }
     let lengths: Vec<String> = prompts.iter().map(|p| p.len().to_string()).collect();
     let compared = match &run.reference {
         Some(r) => format!(", equal to serving revision {}'s where they fit its window of {}", r.revision, r.context_window),
         None => String::new(),
     };
-    let mismatch = if counted.is_empty() { "" } else { "; no handoff mismatch" };
+    let mismatch = if run.counted.is_empty() { "" } else { "; no integrity counter moved" };
     Ok(format!(
         "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{mismatch}{stale}{probed}",
         prompts.len(),
@@ -457,12 +476,12 @@ pub async fn serving_round(
     round
 }
 
-/// Each counted pod's `kvgate_handoff_mismatch_total`, summed over reasons.
-async fn mismatches(http: &reqwest::Client, pods: &[(&Endpoint, u16)]) -> Result<Vec<(String, f64)>, Failure> {
+/// Each counted pod's integrity counters, in `run.counted`'s order.
+async fn counters(http: &reqwest::Client, run: &CanaryRun) -> Result<Vec<Counts>, Failure> {
     let mut out = Vec::new();
-    for (e, port) in pods {
-        let text = scrape::metrics(http, &e.ip, *port).await.map_err(|why| Failure::from(format!("{why} (pod {})", e.pod)))?;
-        out.push((e.pod.clone(), scrape::family_by(&text, scrape::MISMATCHES, "reason").values().sum()));
+    for c in &run.counted {
+        let text = scrape::metrics(http, &c.ip, c.port).await.map_err(|why| Failure::from(format!("{why} (pod {})", c.pod)))?;
+        out.push(integrity::read(&text, run.counters));
     }
     Ok(out)
 }
@@ -484,11 +503,9 @@ mod tests {
         let e = |n: &str| Endpoint { pod: n.into(), ip: "10.0.0.1".into(), instance: None };
         let pairs = Target::Pairs { prefill: vec![e("p0"), e("p1")], decode: vec![e("d0"), e("d1"), e("d2")] };
         assert_eq!(pairs.units().len(), 6);
-        assert_eq!(pairs.counted().len(), 5);
         assert_eq!(pairs.units()[0].name(), "pair prefill p0 x decode d0");
         let servers =
             Target::Servers { engine: Engine::Llamacpp, role: crate::role::Role::Server, port: 8080, model: "m".into(), pods: vec![e("s0"), e("s1")] };
         assert_eq!(servers.units().iter().map(Unit::name).collect::<Vec<_>>(), ["llamacpp pod s0", "llamacpp pod s1"]);
-        assert!(servers.counted().is_empty(), "an engine has no handoff counters");
     }
 }

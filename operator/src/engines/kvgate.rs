@@ -4,7 +4,7 @@
 
 use futures::future::BoxFuture;
 
-use super::{EngineCapacity, EngineKind, Greedy};
+use super::{EngineCapacity, EngineKind, Greedy, integrity};
 use crate::capacity::NoReport;
 use crate::crd::{Engine, InferenceDeploymentSpec};
 use crate::role::Role;
@@ -34,6 +34,10 @@ impl EngineKind for Kvgate {
 
     fn integrity(&self) -> bool {
         true
+    }
+
+    fn integrity_counters(&self, _: &InferenceDeploymentSpec) -> &'static [integrity::Counter] {
+        &[integrity::HANDOFF_MISMATCHES]
     }
 
     fn read<'a>(&'a self, _: &'a reqwest::Client, _: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>> {

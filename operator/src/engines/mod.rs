@@ -3,9 +3,11 @@
 //! engine; the parsers are pure, with table tests over bodies recorded from the real servers
 //! (`testdata/`; SGLang's is built from its source, since it cannot run on these machines).
 //!
-//! An engine's answer is not signed (the operator believes the pod's HTTP answer); handoff
-//! integrity is a property of kvgate's own workers only.
+//! An engine's answer is not signed (the operator believes the pod's HTTP answer). What an
+//! engine counts of KV that moved wrong (`integrity.rs`) judges its canary and its bake as
+//! kvgate's own mismatch counters judge kvgate's.
 
+pub mod integrity;
 mod kvgate;
 pub mod llamacpp;
 pub mod sglang;
@@ -51,6 +53,13 @@ pub trait EngineKind: Sync {
     /// shared router, and handoff mismatch counters a bake judges.
     fn integrity(&self) -> bool {
         false
+    }
+
+    /// The counters on its KV pods' `/metrics` whose increase means KV moved wrong. Any growth
+    /// during the canary refuses a revision; growth past `maxHandoffMismatches` during the bake
+    /// rolls it back. None: its KV moves inside one server, and its promotions do not bake.
+    fn integrity_counters(&self, _: &InferenceDeploymentSpec) -> &'static [integrity::Counter] {
+        &[]
     }
 
     /// Whether its servers pass tensors in shared memory (a `/dev/shm` beyond 64 MiB).

@@ -5,9 +5,9 @@
 
 use futures::future::BoxFuture;
 
-use super::{EngineCapacity, EngineKind, Greedy, get_text, ids, json, unreadable};
+use super::{EngineCapacity, EngineKind, Greedy, get_text, ids, integrity, json, unreadable};
 use crate::capacity::NoReport;
-use crate::crd::Engine;
+use crate::crd::{Engine, InferenceDeploymentSpec};
 
 pub struct Vllm;
 
@@ -22,6 +22,12 @@ impl EngineKind for Vllm {
 
     fn shared_memory(&self) -> bool {
         true
+    }
+
+    /// A disaggregated pair moves KV over NIXL: what NIXL counts of failed and expired reads,
+    /// and what kvgate's verifying connector counts of blocks that did not verify.
+    fn integrity_counters(&self, spec: &InferenceDeploymentSpec) -> &'static [integrity::Counter] {
+        if spec.prefill.is_some() { &[integrity::HANDOFF_MISMATCHES, integrity::NIXL_FAILED_TRANSFERS, integrity::NIXL_READ_AFTER_EXPIRY] } else { &[] }
     }
 
     fn read<'a>(&'a self, http: &'a reqwest::Client, base: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>> {

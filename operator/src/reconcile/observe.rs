@@ -55,9 +55,11 @@ pub struct World {
     /// Ready pods of the router Deployment (`None`: there is none).
     pub router_ready: Option<i32>,
     pub pods: Vec<WorkerPod>,
-    /// The deployment's worker pods' `kvgate_handoff_mismatch_total`, summed by reason; scraped
-    /// only while a promotion or a bake may need it (`decide`'s `Plan::scrape`).
+    /// The deployment's KV pods' integrity counters (`engines::integrity`), summed by name;
+    /// scraped only while a promotion or a bake may need them (`decide`'s `Plan::scrape`).
     pub mismatches: Option<BTreeMap<String, u64>>,
+    /// The same counters of each pod that counted any, by pod name.
+    pub mismatches_by_pod: BTreeMap<String, crate::engines::integrity::Counts>,
     /// Some pod of the deployment did not answer the last scrape (a promotion's baseline must
     /// cover every pod; a bake judges on whatever answered).
     pub mismatches_partial: bool,
@@ -181,11 +183,25 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> (World, 
     let canary = ctx.canaries.result(&uid, revision);
     let probe_failures = d.status.as_ref().and_then(|s| s.current_revision.as_deref()).map(|s| ctx.serving_probes.failures(&uid, s)).unwrap_or_default();
     let inference_pool = ctx.memory.pool(d);
-    let mut world =
-        World { deployments, router_ready, pods: workers, mismatches: None, mismatches_partial: false, canary, stuck, unread, probe_failures, inference_pool };
+    let mut world = World {
+        deployments,
+        router_ready,
+        pods: workers,
+        mismatches: None,
+        mismatches_by_pod: BTreeMap::new(),
+        mismatches_partial: false,
+        canary,
+        stuck,
+        unread,
+        probe_failures,
+        inference_pool,
+    };
     // The counters scraped for the last pass that asked (`decide` says when), for these pods.
     if let Some(c) = ctx.scrapes.latest(&uid, &world.counter_endpoints(&d.spec)) {
-        (world.mismatches, world.mismatches_partial) = (Some(c.by_reason), !c.complete);
+        (world.mismatches, world.mismatches_partial) = (Some(c.summed()), !c.complete);
+        let name = |ip: &str| world.pods.iter().find(|p| p.ip.as_deref() == Some(ip)).map(|p| p.name.clone());
+        world.mismatches_by_pod =
+            c.by_pod.iter().filter(|(_, n)| crate::engines::integrity::total(n) > 0).filter_map(|((ip, _), n)| Some((name(ip)?, n.clone()))).collect();
     }
     (world, reads)
 }

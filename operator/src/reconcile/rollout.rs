@@ -61,7 +61,7 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
         ctx.canaries.start(&owner, &uid, run, key());
     }
     if let Some(targets) = &plan.scrape {
-        ctx.scrapes.want(&owner, &uid, targets.clone());
+        ctx.scrapes.want(&owner, &uid, targets.clone(), d.spec.engine().integrity_counters(&d.spec));
     }
     match &plan.serving_probe {
         Some(run) => ctx.serving_probes.want(&owner, &uid, run, key()),

@@ -1,26 +1,28 @@
 //! Step 3: the bake window after a promotion. The previous revision's Deployments stay, at their
-//! size, while the new revision serves; any increase of the deployment's handoff mismatch
-//! counters beyond `spec.rollout.maxHandoffMismatches` rolls back to the previous revision.
+//! size, while the new revision serves; any increase of the deployment's integrity counters
+//! (kvgate's handoff mismatches, a disaggregated engine's own: `engines::integrity`) beyond
+//! `spec.rollout.maxHandoffMismatches` rolls back to the previous revision.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Inputs, Rollout, normal, total, warning};
+use super::{Inputs, Rollout, normal, warning};
 use crate::crd::{BakeStatus, InferenceDeploymentStatus};
+use crate::engines::integrity::{self, Counts, total};
 use crate::reasons::{EventAction, Reason};
 use crate::rollout_state::RollbackReason;
 
-/// Whether a promotion of this deployment bakes: kvgate's workers count handoff mismatches to
-/// judge it on; an external engine has no such counter, so its previous revision is retired at
-/// once.
+/// Whether a promotion of this deployment bakes: its engine counts KV that moved wrong (kvgate's
+/// workers, a disaggregated vLLM) to judge it on; an engine that moves no KV between pods has no
+/// such counter, so its previous revision is retired at once.
 pub(super) fn bakes(d: &crate::crd::InferenceDeployment) -> bool {
-    d.spec.rollout.bake_seconds > 0 && d.spec.engine().integrity()
+    d.spec.rollout.bake_seconds > 0 && !d.spec.engine().integrity_counters(&d.spec).is_empty()
 }
 
-/// Whether the deployment's mismatch counters must be read (scraped in the background) after
+/// Whether the deployment's integrity counters must be read (scraped in the background) after
 /// this pass: during a bake, and when a promotion over a serving revision may start one (its
-/// baseline). External engines have none: their bake watches nothing but time.
+/// baseline). Engines without counters are never scraped.
 pub(super) fn counters_wanted(i: &Inputs<'_>, r: &Rollout) -> bool {
     if !bakes(i.d) {
         return false;
@@ -49,7 +51,7 @@ pub(super) fn advance(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &mut 
         return;
     }
     let Some(b) = r.bake.clone() else { return };
-    match judge(&b, i.world.mismatches.as_ref(), rollout.max_handoff_mismatches, rollout.bake_seconds, i.now) {
+    match judge(&b, i.world.mismatches.as_ref(), &i.world.mismatches_by_pod, rollout.max_handoff_mismatches, rollout.bake_seconds, i.now) {
         BakeOutcome::Continue => {}
         BakeOutcome::Done => {
             r.bake = None;
@@ -82,16 +84,17 @@ pub(super) enum BakeOutcome {
     RollBack(String),
 }
 
-/// Judges one pass of a bake: `mismatches` are the deployment's pods' counters now (by reason;
-/// `None`: none could be read yet).
-pub(super) fn judge(b: &BakeStatus, mismatches: Option<&BTreeMap<String, u64>>, max: u64, seconds: u64, now: &Time) -> BakeOutcome {
+/// Judges one pass of a bake: `mismatches` are the deployment's pods' counters now, summed by
+/// name (`None`: none could be read yet), `by_pod` those of each pod that counted any.
+pub(super) fn judge(b: &BakeStatus, mismatches: Option<&Counts>, by_pod: &BTreeMap<String, Counts>, max: u64, seconds: u64, now: &Time) -> BakeOutcome {
     let new = mismatches.map_or(0, |m| total(m).saturating_sub(b.mismatches_at_start));
     if new > max {
-        let by_reason: Vec<String> = mismatches.into_iter().flatten().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
+        let pods: Vec<String> = by_pod.iter().map(|(pod, n)| format!("pod {pod}: {}", integrity::describe(n))).collect();
         return BakeOutcome::RollBack(format!(
-            "{new} handoff mismatches during the bake of revision {} (more than maxHandoffMismatches {max}; counters by reason: {}); revision {} serves again",
+            "{new} handoff mismatches during the bake of revision {} (more than maxHandoffMismatches {max}; counters by reason: {}; {}); revision {} serves again",
             b.revision,
-            by_reason.join(", "),
+            mismatches.map(integrity::describe).unwrap_or_default(),
+            pods.join("; "),
             b.previous
         ));
     }
@@ -115,20 +118,41 @@ mod tests {
     #[test]
     fn a_bake_rolls_back_past_the_allowed_mismatches_and_ends_clean_after_its_window() {
         let counts = |checksum: u64| BTreeMap::from([("checksum".to_string(), checksum), ("timeout".to_string(), 2)]);
-        assert_eq!(judge(&bake(), Some(&counts(0)), 0, 300, &at(1010)), BakeOutcome::Continue, "the counts it started with are not new");
-        assert_eq!(judge(&bake(), None, 0, 300, &at(1010)), BakeOutcome::Continue);
-        assert_eq!(judge(&bake(), Some(&counts(1)), 1, 300, &at(1010)), BakeOutcome::Continue, "one allowed");
-        let BakeOutcome::RollBack(why) = judge(&bake(), Some(&counts(2)), 1, 300, &at(1010)) else { panic!() };
+        let pods = |checksum: u64| BTreeMap::from([("llm-decode-r2-0".to_string(), counts(checksum))]);
+        assert_eq!(judge(&bake(), Some(&counts(0)), &pods(0), 0, 300, &at(1010)), BakeOutcome::Continue, "the counts it started with are not new");
+        assert_eq!(judge(&bake(), None, &BTreeMap::new(), 0, 300, &at(1010)), BakeOutcome::Continue);
+        assert_eq!(judge(&bake(), Some(&counts(1)), &pods(1), 1, 300, &at(1010)), BakeOutcome::Continue, "one allowed");
+        let BakeOutcome::RollBack(why) = judge(&bake(), Some(&counts(2)), &pods(2), 1, 300, &at(1010)) else { panic!() };
         assert_eq!(
             why,
-            "2 handoff mismatches during the bake of revision r2 (more than maxHandoffMismatches 1; counters by reason: checksum 2, timeout 2); revision r1 serves again"
+            "2 handoff mismatches during the bake of revision r2 (more than maxHandoffMismatches 1; counters by reason: checksum 2, timeout 2; pod llm-decode-r2-0: checksum 2, timeout 2); revision r1 serves again"
         );
-        assert_eq!(judge(&bake(), Some(&counts(0)), 0, 300, &at(1300)), BakeOutcome::Done);
+        assert_eq!(judge(&bake(), Some(&counts(0)), &pods(0), 0, 300, &at(1300)), BakeOutcome::Done);
     }
 
     #[test]
     fn a_counter_that_went_down_a_pod_restart_is_no_mismatch() {
         let counts = BTreeMap::from([("timeout".to_string(), 1)]);
-        assert_eq!(judge(&bake(), Some(&counts), 0, 300, &at(1010)), BakeOutcome::Continue);
+        assert_eq!(judge(&bake(), Some(&counts), &BTreeMap::new(), 0, 300, &at(1010)), BakeOutcome::Continue);
+    }
+
+    /// A disaggregated vLLM's bake is judged on what its own pods count: a decode's NIXL
+    /// failures, read from its `/metrics` as the scrape reads them, roll the revision back and
+    /// the message names the pod and the counter.
+    #[test]
+    fn a_vllm_bake_rolls_back_on_the_engines_own_counters() {
+        let spec = super::super::tests::vllm_pd().spec;
+        let counters = spec.engine().integrity_counters(&spec);
+        let decode = integrity::read(include_str!("../../engines/testdata/vllm-decode-metrics-integrity.txt"), counters);
+        let pods = BTreeMap::from([("vllm-pd-decode-r2-0".to_string(), decode.clone())]);
+        let b = BakeStatus { mismatches_at_start: 0, ..bake() };
+        let BakeOutcome::RollBack(why) = judge(&b, Some(&decode), &pods, 0, 300, &at(1010)) else { panic!("6 counted, 0 allowed") };
+        assert!(
+            why.contains("6 handoff mismatches") && why.contains("pod vllm-pd-decode-r2-0: checksum 2, late 1, vllm:nixl_num_failed_transfers_total 3"),
+            "{why}"
+        );
+        // One vLLM server moves no KV between pods: nothing to count, no bake.
+        let single = crate::crd::InferenceDeploymentSpec { prefill: None, ..spec };
+        assert!(single.engine().integrity_counters(&single).is_empty());
     }
 }

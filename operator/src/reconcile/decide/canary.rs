@@ -3,7 +3,7 @@
 //! finished run in `status.canary` (once, with its Event) and asks for one while none finished.
 
 use super::{Inputs, Rollout, normal, warning};
-use crate::canary::{Boundary, CanaryRun, Endpoint, Reference, ServingRun, Target, prompts};
+use crate::canary::{Boundary, CanaryRun, Counted, Endpoint, Reference, ServingRun, Target, prompts};
 use crate::gate::{Measured, Role};
 use crate::reasons::{EventAction, Reason};
 use crate::reconcile::observe::WorkerPod;
@@ -56,6 +56,9 @@ pub(super) fn run(i: &Inputs<'_>, r: &Rollout) -> Option<CanaryRun> {
         Measured::Engine(_) => 16,
     };
     let vocab = vocab(report);
+    // Every KV pod of the candidate, whatever the canary's questions go through.
+    let counters = i.d.spec.engine().integrity_counters(&i.d.spec);
+    let counted = if counters.is_empty() { Vec::new() } else { counted(i, rev) };
     Some(CanaryRun {
         revision: rev.to_string(),
         target: target(i, rev, report, |_| true, false)?,
@@ -67,7 +70,15 @@ pub(super) fn run(i: &Inputs<'_>, r: &Rollout) -> Option<CanaryRun> {
         max_tokens,
         boundary: probe.canary.then_some(Boundary { window: i.window(), full: i.window() <= probe.max_prompt_tokens }),
         stale_kv: (probe.stale_kv_fillers > 0).then_some(probe.stale_kv_fillers),
+        counted,
+        counters,
     })
+}
+
+/// The revision's KV pods with an address, and the port of their `/metrics`.
+fn counted(i: &Inputs<'_>, rev: &str) -> Vec<Counted> {
+    let kv = i.world.pods_of(rev).filter(|p| p.role.holds_kv());
+    kv.filter_map(|p| Some(Counted { pod: p.name.clone(), role: p.role, ip: p.ip.clone()?, port: i.d.spec.port(p.role) })).collect()
 }
 
 /// The probes on the serving revision's pairs or pods, when `boundaryProbe.servingEverySeconds`

@@ -29,8 +29,6 @@ mod workloads;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::inference_pool::CONDITION as POOL_CONDITION;
@@ -238,11 +236,6 @@ fn pool_event(prev: &InferenceDeploymentStatus, now: &InferenceDeploymentStatus,
         action: EventAction::InferencePool,
         note: found.message.clone(),
     })
-}
-
-/// The sum of a deployment's mismatch counters.
-pub fn total(mismatches: &BTreeMap<String, u64>) -> u64 {
-    mismatches.values().sum()
 }
 
 /// Whether every desired pod of every role exists and passed the pool check.

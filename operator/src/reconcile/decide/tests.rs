@@ -2,6 +2,8 @@
 //! and the pods and Deployments found. Each test chains passes the way the operator runs them,
 //! feeding each pass's status to the next.
 
+use std::collections::BTreeMap;
+
 pub(super) use kvgate_proto::CapacityReport;
 
 pub(super) use super::*;
@@ -301,7 +303,7 @@ fn a_first_revision_takes_no_traffic_until_its_canary_passed() {
     assert_eq!(pass(&mut d.clone(), "r1", &world).canary.unwrap().boundary, None);
 
     // Passed: the gates open; once Ready at full strength the revision serves.
-    canary_result(&mut d, "r1", true, "3 prompts ... no handoff mismatch");
+    canary_result(&mut d, "r1", true, "3 prompts ... no integrity counter moved");
     let plan = pass(&mut d, "r1", &world_with_conditions(&world, &plan));
     assert!(plan.canary.is_none());
     assert!(plan.pod_gates.iter().all(|g| g.verified), "{:?}", plan.pod_gates);
@@ -526,6 +528,101 @@ fn the_counters_are_scraped_only_while_a_promotion_or_a_bake_needs_them_and_a_pa
         "rollout": { "canary": { "prompts": 0 }, "bakeSeconds": 60 },
     }));
     assert_eq!(pass(&mut engine, "r1", &World::default()).scrape, None);
+}
+
+/// A disaggregated vLLM: one prefill, one decode and a router, canary and bake on.
+pub(super) fn vllm_pd() -> InferenceDeployment {
+    let container = serde_json::json!({ "name": "vllm", "image": "v" });
+    let mut d = InferenceDeployment::for_test(serde_json::json!({
+        "engine": "vllm", "model": { "name": "m" }, "contextWindow": WINDOW,
+        "prefill": { "replicas": 1, "container": container }, "decode": { "replicas": 1, "container": container },
+        "router": { "replicas": 1, "container": container },
+        "rollout": { "canary": { "prompts": 2 }, "bakeSeconds": 60 },
+    }));
+    d.metadata.generation = Some(1);
+    d
+}
+
+/// A vLLM revision's pods: prefill and decode reading `max_model_len` 4096, the router ready
+/// once the gate let its KV pods through (as the canary asks only listening routers).
+fn vllm_revision(world: &mut World, d: &InferenceDeployment, rev: &str) {
+    let capacity = |role: Role| {
+        Ok(Measured::Engine(crate::engines::EngineCapacity {
+            engine: crate::crd::Engine::Vllm,
+            tokens: 4096,
+            field: "max_model_len".into(),
+            model: "m".into(),
+            detail: format!("{} pod", role.as_str()),
+        }))
+    };
+    for (n, role) in [Role::Prefill, Role::Decode, Role::Router].into_iter().enumerate() {
+        let report = if role.holds_kv() { capacity(role) } else { Err(NoReport::waiting("a router holds no KV")) };
+        let name = format!("{}-0", workers::deployment_name(d, role, rev));
+        let ip = Some(format!("10.1.{n}.{}", rev.len()));
+        world.pods.push(WorkerPod { name, role, revision: rev.into(), ip, report, condition: None, containers_ready: true });
+        world.deployments.push(OwnedDeployment {
+            name: workers::deployment_name(d, role, rev),
+            revision: rev.into(),
+            ready: 1,
+            image: Some(format!("v:{rev}")),
+        });
+    }
+}
+
+/// Passes until the plan asks for no canary (the run `passed` handed back as the task would).
+fn through_canary(d: &mut InferenceDeployment, rev: &str, world: &mut World, second: i64) -> Plan {
+    let mut plan = pass_at(d, rev, world, second);
+    for _ in 0..4 {
+        *world = world_with_conditions(world, &plan);
+        if let Some(run) = &plan.canary {
+            world.canary = Some(CanaryStatus { revision: run.revision.clone(), passed: true, message: "clean".into(), reason: None });
+        }
+        plan = pass_at(d, rev, world, second);
+    }
+    plan
+}
+
+/// The operator judges a disaggregated vLLM on its own pods' counters: the canary reads every
+/// KV pod's NIXL and connector counters, a promotion bakes on them, and growth on one pod rolls
+/// the revision back with the engine's counter named, read from a `/metrics` body as the
+/// scrape reads it.
+#[test]
+fn a_disaggregated_vllm_is_canaried_and_baked_on_its_engines_counters() {
+    let mut d = vllm_pd();
+    let mut world = World::default();
+    vllm_revision(&mut world, &d, "r1");
+    let plan = pass(&mut d, "r1", &world);
+    let world1 = world_with_conditions(&world, &plan);
+    let run = pass(&mut d, "r1", &world1).canary.expect("a canary for r1");
+    let counted: Vec<(&str, Role, u16)> = run.counted.iter().map(|c| (c.pod.as_str(), c.role, c.port)).collect();
+    assert_eq!(counted, [("llm-prefill-r1-0", Role::Prefill, 8000), ("llm-decode-r1-0", Role::Decode, 8000)], "every KV pod, not the router");
+    assert_eq!(
+        run.counters.iter().map(|c| c.family).collect::<Vec<_>>(),
+        ["kvgate_handoff_mismatch_total", "vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_notifications_after_expiry_total"]
+    );
+    let plan = through_canary(&mut d, "r1", &mut world, 1_000);
+    assert_eq!((phase(&plan), plan.status.current_revision.as_deref()), ("Available", Some("r1")), "{:?}", plan.status);
+
+    // r2: its canary passes, its promotion bakes beside r1 and the counters are scraped.
+    d.spec.decode.as_mut().unwrap().container.as_mut().unwrap().image = Some("v2".into());
+    world.mismatches = Some(BTreeMap::new());
+    vllm_revision(&mut world, &d, "r2");
+    let plan = through_canary(&mut d, "r2", &mut world, 1_000);
+    assert_eq!((phase(&plan), plan.status.current_revision.as_deref()), ("Baking", Some("r2")), "{:?}", plan.status);
+    let scraped = plan.scrape.expect("a bake is judged on the engine's counters");
+    assert_eq!(scraped.len(), 4, "both revisions' KV pods: {scraped:?}");
+
+    // r2's decode counts NIXL failures and blocks the connector refused: r1 serves again.
+    let body = include_str!("../../engines/testdata/vllm-decode-metrics-integrity.txt");
+    let decode = crate::engines::integrity::read(body, d.spec.engine().integrity_counters(&d.spec));
+    world.mismatches = Some(decode.clone());
+    world.mismatches_by_pod = BTreeMap::from([("llm-decode-r2-0".to_string(), decode)]);
+    let plan = pass_at(&mut d, "r2", &world, 1_010);
+    assert_eq!((phase(&plan), plan.status.current_revision.as_deref()), ("RolledBack", Some("r1")));
+    let refused = plan.status.refused_revision.clone().unwrap();
+    assert_eq!(refused.reason, RefusalReason::HandoffIntegrityViolation);
+    assert!(refused.message.contains("pod llm-decode-r2-0: checksum 2, late 1, vllm:nixl_num_failed_transfers_total 3"), "{}", refused.message);
+    assert_eq!(plan.events.iter().map(|e| (e.reason.as_str(), e.warning)).collect::<Vec<_>>(), [("RolledBack", true)]);
 }
 
 #[test]
