@@ -124,3 +124,72 @@ async fn fault_injection_needs_its_safety_flag() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-fault-injection"));
 }
+
+/// A decode process SIGKILLed mid-generation. A non-streaming answer is held at the router until
+/// decode is done, so its client has seen nothing: the router asks another pair
+/// (`decode_stream_broke`) and the client gets the whole answer a colocated worker gives, 200.
+/// A streamed answer whose client already has tokens is not tried again: its stream ends with an
+/// error, never with tokens from a second generation spliced in.
+#[tokio::test]
+async fn a_decode_killed_mid_generation_is_retried_on_another_pair_unless_the_client_saw_tokens() {
+    const TOKENS: u32 = 1500;
+    let body = json!({"prompt": "Hello", "max_tokens": TOKENS, "temperature": 0, "ignore_eos": true});
+    let (status, want) = support::Worker::colocated(&[]).post("/v1/completions", &body).await;
+    assert_eq!((status, want["usage"]["completion_tokens"].as_u64()), (200, Some(u64::from(TOKENS))), "{want}");
+
+    for stream in [false, true] {
+        let secret = TestSecret::new();
+        let mut decodes = [decode(&[&secret.arg()]), decode(&[&secret.arg()])];
+        let prefill = support::Worker::spawn(&["prefill", "--listen", "127.0.0.1:0", &secret.arg()]);
+        let at = |w: &support::Worker| w.base.trim_start_matches("http://").to_string();
+        let (p, d0, d1) = (at(&prefill), at(&decodes[0]), at(&decodes[1]));
+        let router = support::Worker::spawn(&["router", "--listen", "127.0.0.1:0", "--prefill", &p, "--decode", &d0, &d1, &secret.arg()]);
+        let ask = {
+            let (http, url) = (router.http.clone(), format!("{}/v1/completions", router.base));
+            let body = json!({"prompt": "Hello", "max_tokens": TOKENS, "temperature": 0, "ignore_eos": true, "stream": stream});
+            tokio::spawn(async move {
+                let resp = http.post(url).json(&body).send().await.unwrap();
+                (resp.status().as_u16(), resp.text().await.unwrap())
+            })
+        };
+        // The decode that generates is the one whose token counter moves: it dies mid-answer.
+        let series = r#"kvgate_generation_tokens_total{role="decode"}"#;
+        let mut killed = None;
+        for _ in 0..500 {
+            for (i, d) in decodes.iter().enumerate() {
+                if d.metric(series).await > 0.0 {
+                    killed = Some(i);
+                }
+            }
+            if killed.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let killed = killed.expect("a decode started generating");
+        decodes[killed].child.kill().unwrap();
+        let generated_before = decodes[1 - killed].metric(series).await;
+        assert_eq!(generated_before, 0.0, "stream {stream}: one decode generated");
+        let (status, text) = ask.await.unwrap();
+        let retries = router.metric(r#"kvgate_router_retries_total{reason="decode_stream_broke",role="router"}"#).await;
+        if stream {
+            // Tokens reached the client before decode died: the stream ends with an error.
+            assert_eq!(status, 200, "a stream's status is sent with its first token: {text}");
+            let chunks: Vec<serde_json::Value> =
+                text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+            let last = chunks.last().unwrap();
+            assert_eq!(last["error"]["code"], "peer_error", "stream: its last chunk is the error: {last}");
+            let texts = chunks.iter().filter(|c| c["choices"][0]["text"].is_string()).count();
+            assert!(texts > 0 && texts < TOKENS as usize, "stream: {texts} token chunks reached the client before the error");
+            assert!(chunks.iter().all(|c| c["choices"][0]["finish_reason"].is_null()), "stream: no chunk says it finished");
+            assert_eq!(retries, 0.0, "a stream whose client saw tokens is not tried again");
+        } else {
+            let got: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert_eq!(status, 200, "held: {got}");
+            assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"], "the retried answer is the whole one");
+            assert_eq!(got["usage"]["completion_tokens"].as_u64(), Some(u64::from(TOKENS)));
+            assert_eq!(retries, 1.0, "one retry, for decode_stream_broke");
+            assert_eq!(decodes[1 - killed].metric(series).await, f64::from(TOKENS), "the other decode generated the answer");
+        }
+    }
+}

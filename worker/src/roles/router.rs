@@ -340,8 +340,10 @@ impl Dispatcher {
                 traceparent: Some(request.traceparent()),
             };
             let resp = self.call_decode(&decode, &super::generate_path(id), &generate).await?;
-            self.relay(tx, resp, arrived, prompt_logprobs, &mut delivered).await.map_err(|e| match e {
-                // Decode's stream broke before any token: nothing reached the client.
+            let held = request.delivery == crate::server::Delivery::Held;
+            self.relay(tx, resp, arrived, prompt_logprobs, held, &mut delivered).await.map_err(|e| match e {
+                // Decode's stream broke before anything reached the client (a held answer:
+                // before it was done).
                 Relay::Broke(event) if !delivered => Failed::retry(event, Retry::DecodeStreamBroke, &[&decode]),
                 Relay::Broke(event) | Relay::Failed(event) => Failed::last(event),
             })
@@ -397,8 +399,20 @@ impl Dispatcher {
         resp: reqwest::Response,
         arrived: Instant,
         mut prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+        held: bool,
         delivered: &mut bool,
     ) -> Result<(), Relay> {
+        // A held answer's events wait here until decode is done: until then the client has
+        // seen nothing, and a broken stream can be retried whole on another pair.
+        let mut holding: Vec<Event> = Vec::new();
+        let mut emit = |event: Event| -> bool {
+            if held {
+                holding.push(event);
+                return true;
+            }
+            *delivered = true;
+            tx.send(event).is_ok()
+        };
         let mut body = resp.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         let mut last: Option<Instant> = None;
@@ -421,9 +435,8 @@ impl Dispatcher {
                         last = Some(now);
                         self.metrics.generation_tokens.inc();
                         if let Some(prompt) = prompt_logprobs.take() {
-                            let _ = tx.send(Event::PromptLogprobs(prompt));
+                            emit(Event::PromptLogprobs(prompt));
                         }
-                        *delivered = true;
                         match parsed {
                             StreamLine::Scored { token, logprobs } => Event::Token(token, Some(logprobs)),
                             StreamLine::Token(token) => Event::Token(token, None),
@@ -433,12 +446,16 @@ impl Dispatcher {
                     StreamLine::Done { finish, prompt_tokens, completion_tokens } => {
                         self.metrics.duration.observe(arrived.elapsed().as_secs_f64());
                         tracing::Span::current().record("completion_tokens", i64::from(completion_tokens));
+                        *delivered = true;
+                        for event in holding {
+                            let _ = tx.send(event);
+                        }
                         let _ = tx.send(Event::Done { finish, prompt_tokens: prompt_tokens as usize, completion_tokens: completion_tokens as usize });
                         return Ok(());
                     }
                     StreamLine::Error { status, code, message } => return Err(Relay::Failed(relayed(status, code, message))),
                 };
-                if tx.send(event).is_err() {
+                if !emit(event) {
                     return Ok(()); // client left; dropping the stream tells decode
                 }
             }

@@ -82,9 +82,11 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     }
     tenants.metrics.tokens(&job.request.tenant, "prompt", prompt_charge);
     let mut pending: Vec<Pending> = Vec::with_capacity(job.choices);
+    let delivery = if job.stream { super::Delivery::Streamed } else { super::Delivery::Held };
+    let request = super::RequestContext { delivery, ..job.request.clone() };
     for i in 0..job.choices {
         let sampling = SamplingParams { seed: job.sampling.seed.map(|s| s.wrapping_add(i as u64)), ..job.sampling };
-        let mut rx = state.backend.submit(tokens.clone(), max_tokens, sampling, &job.request).map_err(|r| state.rejected(r))?;
+        let mut rx = state.backend.submit(tokens.clone(), max_tokens, sampling, &request).map_err(|r| state.rejected(r))?;
         let first = match rx.recv().await {
             Some(Event::Rejected(r)) => return Err(state.rejected(r)),
             Some(Event::Failed(f)) => return Err(state.failed(f)),

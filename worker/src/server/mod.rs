@@ -34,7 +34,7 @@ use crate::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, PromptInput};
 use error::ApiError;
 use generate::{Endpoint, Job};
-pub use request_context::RequestContext;
+pub use request_context::{Delivery, RequestContext};
 
 /// Generation by other processes (the router role's prefill/decode pairs), as the API sees it.
 pub trait Remote: Send + Sync {

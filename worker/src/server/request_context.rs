@@ -28,6 +28,17 @@ pub struct RequestContext {
     /// Whose request it is (set by `tenants::identify`): the unit of quota and fairness, and
     /// what its reservation and KV are bound to on prefill and decode.
     pub tenant: crate::tenants::Tenant,
+    /// How its answer reaches the client (set once the body is parsed).
+    pub delivery: Delivery,
+}
+
+/// How a request's tokens reach its client: as they come, or all at once when generation is
+/// done. A peer that fails before the client saw anything may be retried on another pair: for a
+/// held answer, that is any time before it is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    Streamed,
+    Held,
 }
 
 impl RequestContext {
@@ -74,7 +85,7 @@ pub async fn open(mut req: Request, next: Next) -> Response {
     );
     let trace = trace_context::adopt(&span, parent);
     let started = std::time::Instant::now();
-    req.extensions_mut().insert(RequestContext { id: id.clone(), trace, started, tenant: crate::tenants::Tenant::Unknown });
+    req.extensions_mut().insert(RequestContext { id: id.clone(), trace, started, tenant: crate::tenants::Tenant::Unknown, delivery: Delivery::Streamed });
     let mut resp = next.run(req).instrument(span.clone()).await;
     let status = resp.status();
     span.record("http.response.status_code", i64::from(status.as_u16()));
