@@ -196,7 +196,7 @@ OPERATOR = dashboard("kvgate-operator", "kvgate / Operator", "The kvgate operato
           thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}], w=8),
     panel("Deployments refused now", "InferenceDeployments whose spec's revision stands refused (the previous revision, if any, keeps serving).", "short",
           [(f"kvgate_operator_rollout_refused{{{OP}}} == 1", "{{namespace}}/{{name}} {{reason}}")], kind="table", w=8),
-    panel("Rollout phase", "Each InferenceDeployment's phase: Progressing (pools being verified), Canary (the integrity canary runs on the candidate), Baking (promoted, the previous revision kept beside it), Available, RolledBack, Refused.", "short",
+    panel("Rollout phase", "Each InferenceDeployment's phase: Progressing (pools being verified), Canary (the integrity canary runs on the candidate), Baking (promoted, the previous revision kept beside it), Available, Degraded (serving, a serving pod out of the Service), RolledBack, Refused.", "short",
           [(f"kvgate_operator_rollout_phase{{{OP}}} == 1", "{{namespace}}/{{name}} {{phase}}")], kind="table", w=8),
     panel("Serving pods unverified", "Pods of the serving revision that failed re-verification (restarted with a smaller pool or other fingerprints): out of the EndpointSlices; the deployment is Degraded.", "short",
           [(f"max by (namespace, name) (kvgate_operator_serving_pods_unverified{{{OP}}})", "{{namespace}}/{{name}}")], kind="stat",

@@ -72,9 +72,8 @@ echo "curl http://127.0.0.1:$port/v1/completions -d '{\"prompt\":\"Hello\",\"max
 curl -s --retry 20 --retry-all-errors --retry-delay 1 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hello","max_tokens":8,"temperature":0}'; echo
 step "kubectl -n demo logs -l app.kubernetes.io/instance=tiny,app.kubernetes.io/component=prefill --tail=3 (through the API server and the node agent's kubelet port)"
 kubectl -n demo logs -l app.kubernetes.io/instance=tiny,app.kubernetes.io/component=prefill --tail=3
-step "why incident is refused"
-kubectl -n demo get infd incident -o jsonpath='{.status.conditions[?(@.type=="RolloutRefused")].message}'; echo
-kubectl -n demo get events --field-selector reason=RolloutRefused
+step "kubectl kvgate why incident (the plugin target/debug/kubectl-kvgate, found by kubectl on PATH; exits 1 for a refusal)"
+PATH="$PWD/target/debug:$PATH" kubectl kvgate why incident -n demo || true
 step "an engine you already run: examples/llamacpp.yaml, llama.cpp's server with -c 4096 -np 4 declaring 4096 tokens"
 # Its model is a node directory (hostPath), which Pod Security's restricted profile forbids.
 kubectl create namespace engines

@@ -63,7 +63,18 @@ use crate::rollout_state::{Phase, RefusalReason};
         json_path = ".status.ready",
         description = "Ready pods of the serving revision: router/prefill/decode, or the engine's server pods"
     ),
-    printcolumn(name = "Status", type_ = "string", json_path = ".status.phase", description = "Progressing, Canary, Baking, Available, RolledBack or Refused"),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Progressing, Canary, Baking, Available, Degraded, RolledBack or Refused"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.reason",
+        description = "Why it is not simply Available: the refusal's, the degradation's or the rollout's reason (kubectl kvgate why NAME explains it)"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -701,10 +712,16 @@ pub struct InferenceDeploymentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Progressing, Canary (the integrity canary runs), Baking (promoted, the previous revision
-    /// kept beside it), Available, RolledBack or Refused (for the printer column).
+    /// kept beside it), Available, Degraded (serving, with a serving pod out of the Service),
+    /// RolledBack or Refused (for the printer column).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional::<Phase>")]
     pub phase: Option<Phase>,
+    /// The reason of the condition that explains the phase, in one word (for the printer
+    /// column): the refused revision's (e.g. KVPoolBelowContextWindow), Degraded's (e.g.
+    /// ServingPodUnverified) or Progressing's (e.g. PodsCannotStart); absent when Available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// `router/prefill/decode` ready pods of the serving revision, e.g. `1/2/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,

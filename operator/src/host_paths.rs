@@ -1,7 +1,7 @@
 //! Which node directories an InferenceDeployment may mount. A `hostPath` model volume turns
 //! "may create an InferenceDeployment" into "may read the node" (the operator creates the pods,
 //! a confused deputy), so it is refused unless the operator was started with an allowlist of
-//! directory prefixes (`--allowed-host-paths`, chart value `operator.allowedHostPaths`).
+//! directory prefixes (`--allowed-host-paths`, chart value `allowedHostPaths`).
 
 use std::path::{Component, Path};
 
@@ -14,7 +14,7 @@ pub fn refusal(d: &InferenceDeployment, allowed: &[String]) -> Option<String> {
         return None;
     }
     let setting = if allowed.is_empty() {
-        "the operator allows no host paths (--allowed-host-paths / chart value operator.allowedHostPaths is empty)".to_string()
+        "the operator allows no host paths (--allowed-host-paths / chart value allowedHostPaths is empty)".to_string()
     } else {
         format!("it is not under any of --allowed-host-paths {allowed:?}")
     };
@@ -63,7 +63,7 @@ mod tests {
     #[test]
     fn without_an_allowlist_every_host_path_is_refused_naming_the_path_and_the_setting() {
         let why = refusal(&d(Some("/")), &[]).unwrap();
-        assert!(why.contains("\"/\"") && why.contains("--allowed-host-paths") && why.contains("operator.allowedHostPaths"), "{why}");
+        assert!(why.contains("\"/\"") && why.contains("--allowed-host-paths") && why.contains("allowedHostPaths"), "{why}");
         assert_eq!(refusal(&d(None), &[]), None, "a built-in model mounts nothing");
     }
 

@@ -27,3 +27,4 @@ pub mod run;
 pub mod scrape;
 pub mod tasks;
 pub mod watch;
+pub mod why;

@@ -38,6 +38,9 @@ pub enum Phase {
     Baking,
     // The spec's revision serves.
     Available,
+    // The spec's revision serves, but a serving pod is out of the Service (it fails the gate
+    // or cannot start): condition Degraded says which and why.
+    Degraded,
     // A baked revision broke handoffs and the previous one serves again.
     RolledBack,
     // The spec's revision stands refused.

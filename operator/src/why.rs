@@ -9,8 +9,8 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 
 use crate::conditions::{DEGRADED, PROGRESSING};
-use crate::rollout_state::Phase;
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus, RoleStatus};
+use crate::rollout_state::Phase;
 use crate::{gate, labels};
 
 /// How many of the deployment's Events `why` prints (the newest).
@@ -57,13 +57,7 @@ pub fn explain(d: &InferenceDeployment, pods: &[Pod], events: &[Event]) -> Strin
         let _ = writeln!(out, "  none");
     }
     for e in mine.iter().rev().take(EVENTS).rev() {
-        let _ = writeln!(
-            out,
-            "  {} {}: {}",
-            e.type_.as_deref().unwrap_or("Normal"),
-            e.reason.as_deref().unwrap_or(""),
-            e.note.as_deref().unwrap_or("").trim()
-        );
+        let _ = writeln!(out, "  {} {}: {}", e.type_.as_deref().unwrap_or("Normal"), e.reason.as_deref().unwrap_or(""), e.note.as_deref().unwrap_or("").trim());
     }
     let _ = writeln!(out, "to change: {}", advice(d, &status));
     out
@@ -98,7 +92,10 @@ fn pod_line(p: &Pod) -> String {
 
 fn last_seen(e: &Event) -> String {
     let series = e.series.as_ref().map(|s| s.last_observed_time.0.to_string());
-    series.or_else(|| e.event_time.as_ref().map(|t| t.0.to_string())).or_else(|| e.deprecated_last_timestamp.as_ref().map(|t| t.0.to_string())).unwrap_or_default()
+    series
+        .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
+        .or_else(|| e.deprecated_last_timestamp.as_ref().map(|t| t.0.to_string()))
+        .unwrap_or_default()
 }
 
 /// The one thing to change, by the reason the status gives.
@@ -162,8 +159,8 @@ pub fn unhealthy(d: &InferenceDeployment) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::RefusedRevision;
     use crate::conditions::ROLLOUT_REFUSED;
+    use crate::crd::RefusedRevision;
     use crate::rollout_state::RefusalReason;
 
     fn incident() -> InferenceDeployment {

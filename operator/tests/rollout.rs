@@ -35,8 +35,29 @@ fn the_incident_is_refused_with_both_numbers_and_never_available() {
     assert_eq!(condition(&d, "RolloutRefused").unwrap()["reason"], "KVPoolBelowContextWindow");
     assert_eq!(condition(&d, "Available").unwrap()["status"], "False", "{d}");
     assert!(condition(&d, "Available").unwrap()["message"].as_str().unwrap().contains(&measured.to_string()), "{d}");
-    assert_eq!(d["status"]["phase"], "Refused");
+    assert_eq!((d["status"]["phase"].as_str(), d["status"]["reason"].as_str()), (Some("Refused"), Some("KVPoolBelowContextWindow")));
     assert_eq!(d["status"]["prefill"]["minMeasuredTokens"], measured, "{d}");
+    // What a user runs first: the real kubectl finds the plugin, which names both numbers and
+    // what to change; the table shows the reason.
+    let (code, why) = kubectl_kvgate(cp, &["why", "incident", "-n", &ns]);
+    assert_eq!(code, 1, "a refusal exits 1: {why}");
+    for want in [
+        "incident (kvgate engine, contextWindow 1048576): Refused (KVPoolBelowContextWindow)".to_string(),
+        format!("measured {measured} tokens < contextWindow 1048576"),
+        format!("smallest measured pools: prefill {measured}"),
+        "Warning RolloutRefused".to_string(),
+        format!("or lower spec.contextWindow to at most {measured}"),
+    ] {
+        assert!(why.contains(&want), "kubectl kvgate why does not say {want:?}:\n{why}");
+    }
+    let (code, list) = kubectl_kvgate(cp, &["list", "-n", &ns]);
+    assert_eq!(code, 0, "{list}");
+    let row: Vec<&str> = list.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!((row.get(1), row.get(7), row.get(8)), (Some(&"incident"), Some(&"Refused"), Some(&"KVPoolBelowContextWindow")), "{list}");
+    let table = cp.kubectl_ok(&["-n", &ns, "get", "infd", "incident"]);
+    assert!(table.lines().nth(1).is_some_and(|r| r.contains("Refused") && r.contains("KVPoolBelowContextWindow")), "{table}");
+    let (code, missing) = kubectl_kvgate(cp, &["why", "nothing-here", "-n", &ns]);
+    assert!(code == 2 && missing.contains("no InferenceDeployment nothing-here in namespace"), "{missing}");
     assert!(d["status"]["currentRevision"].is_null());
     // The Warning Event and the metric.
     eventually(cp, &ns, "a RolloutRefused Event", Duration::from_secs(30), || {
@@ -434,13 +455,13 @@ fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
     eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "shown")["status"]["phase"] == "Available");
     let table = cp.kubectl_ok(&["-n", &ns, "get", "infd"]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "ENGINE", "WINDOW", "POOL", "READY", "STATUS", "AGE"], "{table}");
+    assert_eq!(header, ["NAME", "ENGINE", "WINDOW", "POOL", "READY", "STATUS", "REASON", "AGE"], "{table}");
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(&row[..6], ["shown", "kvgate", "256", "1024", "1/1/1", "Available"], "{table}");
     // The pool of each role in the wide view.
     let wide = cp.kubectl_ok(&["-n", &ns, "get", "infd", "-o", "wide"]);
     let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "ENGINE", "WINDOW", "POOL", "PREFILL-POOL", "DECODE-POOL", "READY", "STATUS", "AGE"], "{wide}");
+    assert_eq!(header, ["NAME", "ENGINE", "WINDOW", "POOL", "PREFILL-POOL", "DECODE-POOL", "READY", "STATUS", "REASON", "AGE"], "{wide}");
 
     // Deleting it deletes everything it owned.
     cp.kubectl_ok(&["-n", &ns, "delete", "infd", "shown", "--wait=true"]);

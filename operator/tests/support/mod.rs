@@ -24,6 +24,22 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p
 }
 
+/// `kubectl kvgate ARGS` through the real kubectl, which finds the plugin on PATH as a user's
+/// does (KUBECONFIG from the environment: kubectl refuses flags before a plugin's name): its
+/// exit code, and stdout then stderr.
+pub fn kubectl_kvgate(cp: &ControlPlane, args: &[&str]) -> (i32, String) {
+    let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-kvgate"));
+    let path = format!("{}:{}", plugin.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new(kvgate_testenv::controlplane::kubectl_path())
+        .arg("kvgate")
+        .args(args)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .env("PATH", path)
+        .output()
+        .expect("kubectl not found: build it with `make controlplane`");
+    (out.status.code().unwrap_or(-1), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
 pub fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
 }

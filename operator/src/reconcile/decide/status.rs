@@ -106,7 +106,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     let serving_text = o.serving.as_ref().map_or("no revision has passed the rollout gate".to_string(), |s| {
         format!("revision {s} serves contextWindow {}: {counts}", o.serving_window.unwrap_or(0))
     });
-    let (reason, message) = match (&o.serving, available, refused_now) {
+    let (available_reason, message) = match (&o.serving, available, refused_now) {
         (_, true, _) => (Reason::Serving, serving_text.clone()),
         (None, _, Some(r)) => (Reason::RolloutRefused, format!("never available: {}", r.message)),
         (None, _, None) if !o.candidate_stuck.is_empty() => (Reason::PodsCannotStart, format!("never available: {}", stuck(&o.candidate_stuck))),
@@ -114,10 +114,10 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         (Some(_), false, _) if !o.router_stuck.is_empty() => (Reason::PodsCannotStart, format!("{serving_text}; {}", stuck(&o.router_stuck))),
         (Some(_), false, _) => (Reason::NotEnoughReadyPods, serving_text.clone()),
     };
-    conditions::set(&mut conds, AVAILABLE, available, reason, message, generation, &o.now);
+    conditions::set(&mut conds, AVAILABLE, available, available_reason, message, generation, &o.now);
 
     let progressing = !rolled_out && refused_now.is_none();
-    let (reason, message) = if let Some(r) = refused_now {
+    let (progressing_reason, message) = if let Some(r) = refused_now {
         (Reason::RolloutRefused, format!("revision {} refused; change the spec to try again", r.revision))
     } else if rolled_out {
         (Reason::RolloutComplete, format!("revision {} is serving", o.spec_revision))
@@ -131,7 +131,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         let counts: Vec<String> = d.spec.roles().iter().map(count).collect();
         (Reason::VerifyingKVPools, format!("revision {}: {} pods verified", o.spec_revision, counts.join(" and ")))
     };
-    conditions::set(&mut conds, PROGRESSING, progressing, reason, message, generation, &o.now);
+    conditions::set(&mut conds, PROGRESSING, progressing, progressing_reason, message, generation, &o.now);
 
     let (ok, reason, message) = match (refused_now, &o.candidate.verdict, rolled_out) {
         (Some(r), _, _) => (false, Reason::Refused(r.reason), r.message.clone()),
@@ -154,13 +154,13 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), reason, message, generation, &o.now);
 
     let degraded = o.serving.is_some() && !(o.unverified.is_empty() && o.serving_stuck.is_empty());
-    let (reason, message) = match &o.serving {
+    let (degraded_reason, message) = match &o.serving {
         Some(s) if !o.unverified.is_empty() => (Reason::ServingPodUnverified, degraded_message(s, &o.unverified, &o.serving_stuck)),
         Some(s) if !o.serving_stuck.is_empty() => (Reason::PodsCannotStart, degraded_message(s, &o.unverified, &o.serving_stuck)),
         Some(s) => (Reason::ServingPodsVerified, format!("every pod of serving revision {s} passes the gate")),
         None => (Reason::NoServingRevision, "no revision serves yet".to_string()),
     };
-    conditions::set(&mut conds, DEGRADED, degraded, reason, message, generation, &o.now);
+    conditions::set(&mut conds, DEGRADED, degraded, degraded_reason, message, generation, &o.now);
 
     if let Some(p) = &o.shown_pods.slowest_prefill {
         let (ok, reason, message) = prefill_deadline(p, d.spec.context_window, d.spec.handoff.timeout_ms);
@@ -178,13 +178,25 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         Some(r) if r.reason == RefusalReason::HandoffIntegrityViolation => Phase::RolledBack,
         Some(_) => Phase::Refused,
         None if o.bake.is_some() && rolled_out => Phase::Baking,
+        // Serving, with a serving pod out of the Service (all of a role's, even).
+        None if rolled_out && degraded => Phase::Degraded,
         None if rolled_out && available => Phase::Available,
         None if o.canary_running => Phase::Canary,
         None => Phase::Progressing,
     };
+    // One word for the printer column: what explains the phase.
+    let reason = match phase {
+        Phase::Refused | Phase::RolledBack => refused_now.map(|r| r.reason.as_str().to_string()),
+        Phase::Degraded => Some(degraded_reason.as_str().to_string()),
+        // The spec's revision serves but is not all Ready: Available's reason says why.
+        Phase::Progressing if rolled_out => Some(available_reason.as_str().to_string()),
+        Phase::Progressing | Phase::Canary => Some(progressing_reason.as_str().to_string()),
+        Phase::Baking | Phase::Available => None,
+    };
     InferenceDeploymentStatus {
         observed_generation: generation,
         phase: Some(phase),
+        reason,
         ready: Some(match (kvgate, split) {
             (true, _) => format!("{}/{}/{}", o.router_ready, ready(Role::Prefill), ready(Role::Decode)),
             (false, true) => format!("{}/{}/{}", ready(Role::Router), ready(Role::Prefill), ready(Role::Decode)),

@@ -110,6 +110,7 @@ fn first_rollout_waits_for_reports_then_serves_once_verified_and_ready() {
     let plan = pass(&mut d, "r1", &world);
     assert!(plan.pod_gates.iter().all(|g| g.verified && g.reason == "KVPoolVerified"), "{:?}", plan.pod_gates);
     assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (None, "Progressing"));
+    assert_eq!(plan.status.reason.as_deref(), Some("VerifyingKVPools"), "the printer column's reason");
     assert_eq!(condition(&plan, CAPACITY_VERIFIED), (true, "KVPoolVerified".into()));
 
     // Ready at full strength: promoted, announced once, settled.
@@ -117,7 +118,7 @@ fn first_rollout_waits_for_reports_then_serves_once_verified_and_ready() {
     revision(&mut world, &d, "r1", Ok(report(8192, "l")), true);
     let plan = pass(&mut d, "r1", &world);
     assert_eq!((plan.status.current_revision.as_deref(), plan.status.current_context_window), (Some("r1"), Some(WINDOW)));
-    assert_eq!((phase(&plan), plan.settled, plan.router_window), ("Available", true, Some(WINDOW)));
+    assert_eq!((phase(&plan), plan.settled, plan.router_window, plan.status.reason.as_deref()), ("Available", true, Some(WINDOW), None));
     assert_eq!(plan.events.iter().map(|e| (e.warning, e.reason.as_str())).collect::<Vec<_>>(), [(false, "RolloutVerified")]);
     assert_eq!(condition(&plan, AVAILABLE), (true, "Serving".into()));
     assert_eq!(plan.status.prefill.as_ref().unwrap().min_measured_tokens, Some(8192));
@@ -156,6 +157,7 @@ fn the_incident_is_refused_scaled_to_zero_and_counted_once() {
     assert_eq!(refused.message, "prefill pod llm-prefill-r1-0 measured 681280 tokens < contextWindow 1048576");
     assert_eq!(sizes(&plan), [(Role::Prefill, "r1", 0), (Role::Decode, "r1", 0)]);
     assert_eq!((phase(&plan), plan.settled, plan.refused_reason), ("Refused", true, Some(RefusalReason::KVPoolBelowContextWindow)));
+    assert_eq!(plan.status.reason.as_deref(), Some("KVPoolBelowContextWindow"), "the printer column's reason");
     assert_eq!(plan.events[0].note, format!("revision r1 refused: {}; no revision serves yet", refused.message));
     assert_eq!(condition(&plan, ROLLOUT_REFUSED), (true, "KVPoolBelowContextWindow".into()));
     assert_eq!(condition(&plan, AVAILABLE), (false, "RolloutRefused".into()));
@@ -380,7 +382,9 @@ fn a_serving_pod_that_restarts_smaller_is_unverified_at_once_and_the_deployment_
     assert_eq!((gate.status(), gate.reason.as_str()), ("False", "KVPoolBelowContextWindow"));
     assert_eq!(plan.unverified, ["prefill pod llm-prefill-r1-0 measured 1024 tokens < contextWindow 2048"]);
     assert_eq!(condition(&plan, conditions::DEGRADED), (true, "ServingPodUnverified".into()));
-    assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Available"), "still the serving revision");
+    // Still the serving revision; the phase and the printer column's reason say a pod is out.
+    assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r1"), "Degraded"));
+    assert_eq!(plan.status.reason.as_deref(), Some("ServingPodUnverified"));
     assert!(plan.refused_reason.is_none() && plan.delete.is_empty());
     assert_eq!((plan.events.len(), plan.events[0].reason.as_str(), plan.events[0].warning), (1, "ServingPodUnverified", true));
     // Announced once; when it passes again, the condition clears with a Normal Event.
@@ -389,6 +393,7 @@ fn a_serving_pod_that_restarts_smaller_is_unverified_at_once_and_the_deployment_
     let plan = pass(&mut d, "r1", &world);
     assert_eq!(condition(&plan, conditions::DEGRADED), (false, "ServingPodsVerified".into()));
     assert_eq!(plan.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["ServingPodsVerified"]);
+    assert_eq!((phase(&plan), plan.status.reason.as_deref()), ("Available", None));
 }
 
 pub(super) fn bake_from_r1(window: u64) -> (InferenceDeployment, World) {
