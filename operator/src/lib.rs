@@ -8,6 +8,7 @@ pub mod cli;
 pub mod conditions;
 pub mod crd;
 pub mod crdgen;
+pub mod engine_check;
 pub mod engines;
 pub mod gate;
 pub mod host_paths;

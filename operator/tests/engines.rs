@@ -126,15 +126,12 @@ fn a_unified_cache_holds_the_window_passes_the_canary_and_serves_and_a_smaller_s
     let d = infd(cp, &ns, "unified");
     // Still serving on its good pod; the phase says a pod is out, and the plugin says which.
     assert_eq!((d["status"]["phase"].as_str(), d["status"]["reason"].as_str()), (Some("Degraded"), Some("ServingPodUnverified")), "{d}");
-    let (code, why) = kubectl_kvgate(cp, &["why", "unified", "-n", &ns]);
-    assert_eq!(code, 1, "Degraded exits 1: {why}");
-    for want in [
+    let wants = [
         "unified (llamacpp engine, contextWindow 4096): Degraded (ServingPodUnverified)",
         "n_ctx per slot 1024 < contextWindow 4096",
         "to change: the pod named above",
-    ] {
-        assert!(why.contains(want), "kubectl kvgate why does not say {want:?}:\n{why}");
-    }
+    ];
+    why_says(cp, &ns, "unified", 1, &wants);
     assert_eq!(
         op.metric(&format!(r#"kvgate_operator_serving_pods_unverified{{name="unified",namespace="{ns}"}}"#)),
         Some(1.0),

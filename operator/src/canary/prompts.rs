@@ -1,6 +1,10 @@
 //! The canary's prompts: fixed token-id sequences, so two runs (and two revisions) are compared
 //! on the same input.
 
+/// Token ids below this are in every vocabulary the canary meets on an external engine: the
+/// byte range of a byte-fallback one.
+pub const ENGINE_VOCAB: u32 = 259;
+
 /// `count` prompts with lengths from one page up to `max_len` tokens, spaced geometrically (short
 /// prompts test the first page, long ones many pages and chunked prefill), ids in `1..vocab`
 /// from a fixed xorshift sequence per prompt.

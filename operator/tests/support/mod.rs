@@ -40,6 +40,15 @@ pub fn kubectl_kvgate(cp: &ControlPlane, args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
+/// `kubectl kvgate why NAME` in `ns` exits `code` and says each of `wants`.
+pub fn why_says<S: AsRef<str>>(cp: &ControlPlane, ns: &str, name: &str, code: i32, wants: &[S]) {
+    let (got, why) = kubectl_kvgate(cp, &["why", name, "-n", ns]);
+    assert_eq!(got, code, "kubectl kvgate why {name} exits {got}:\n{why}");
+    for want in wants {
+        assert!(why.contains(want.as_ref()), "kubectl kvgate why {name} does not say {:?}:\n{why}", want.as_ref());
+    }
+}
+
 pub fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
 }

@@ -11,6 +11,7 @@ pub mod fabric;
 pub mod http;
 pub mod images;
 pub mod jaeger;
+pub mod llamacpp;
 pub mod metrics;
 pub mod netfault;
 pub mod netns;

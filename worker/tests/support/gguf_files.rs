@@ -172,7 +172,7 @@ pub fn write(path: &Path, shape: Shape, family: Family, mix: Mix) {
     gguf_file::write(&mut f, &meta, &tensors).unwrap();
 }
 
-/// llama.cpp's server from the pinned wheel, unpacked once under target/.
+/// llama.cpp's server from the pinned wheel (`kvgate_testenv::llamacpp` unpacks it once).
 pub struct LlamaCpp {
     pub child: Child,
     pub base: String,
@@ -191,26 +191,7 @@ pub fn root() -> PathBuf {
 
 /// llama.cpp's server for `model` on a free loopback port, with `args` (`-c`, `-np`, `-t` ...).
 pub async fn llama_server(model: &Path, args: &[&str]) -> LlamaCpp {
-    let wheels = root().join("target/images/wheels");
-    let wheel = std::fs::read_dir(&wheels)
-        .ok()
-        .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("xllamacpp-"))))
-        .unwrap_or_else(|| panic!("no xllamacpp wheel in {}: fetch it with `make test-deps` (or `bash scripts/images.sh --fetch`)", wheels.display()));
-    // Several tests of one binary start llama.cpp at once: the wheel is unpacked once.
-    let site = kvgate_testenv::once_dir::make_once(
-        &root().join("target/tmp/xllamacpp-site"),
-        |d| d.join("xllamacpp").is_dir(),
-        |partial| {
-            let ok = Command::new("python3")
-                .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"])
-                .arg(&wheel)
-                .arg(partial)
-                .status()
-                .map_err(|e| format!("python3 (make test-deps installs it): {e}"))?;
-            if ok.success() { Ok(()) } else { Err(format!("unpacking {}: python3 {ok}", wheel.display())) }
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let site = kvgate_testenv::llamacpp::site();
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let log = model.with_extension("llama-server.log");
     let child = Command::new("python3")

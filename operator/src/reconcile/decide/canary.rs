@@ -3,6 +3,7 @@
 //! finished run in `status.canary` (once, with its Event) and asks for one while none finished.
 
 use super::{Inputs, Rollout, normal, warning};
+use crate::canary::prompts::ENGINE_VOCAB;
 use crate::canary::{Boundary, CanaryRun, Counted, Endpoint, Reference, ServingRun, Target, prompts};
 use crate::gate::{Measured, Role};
 use crate::reasons::{EventAction, Reason};
@@ -104,10 +105,6 @@ pub(super) fn serving(i: &Inputs<'_>, r: &Rollout) -> Option<ServingRun> {
         max_tokens_per_hour: probe.max_prefill_tokens_per_hour,
     })
 }
-
-/// Token ids below this are in every vocabulary the canary meets on an external engine: the
-/// byte range of a byte-fallback one.
-const ENGINE_VOCAB: u32 = 259;
 
 /// The token ids the canary's and the probes' prompts draw from.
 fn vocab(report: &Measured) -> u32 {
