@@ -70,8 +70,10 @@ fn bracketed(status: &InferenceDeploymentStatus) -> String {
 
 /// `NAME ROLE revision REV: GATE-STATUS REASON: message`, or the container's waiting reason.
 fn pod_line(p: &Pod) -> String {
-    let label = |k: &str| p.labels().get(k).cloned().unwrap_or_else(|| "?".into());
-    let head = format!("{} {} revision {}", p.name_any(), label(labels::COMPONENT), label(labels::REVISION));
+    let role = p.labels().get(labels::COMPONENT).cloned().unwrap_or_default();
+    // kvgate's own router runs outside the revisions: it has none.
+    let revision = p.labels().get(labels::REVISION).map(|r| format!(" revision {r}")).unwrap_or_default();
+    let head = format!("{} {role}{revision}", p.name_any());
     let status = p.status.as_ref();
     let waiting = status.and_then(|s| s.container_statuses.as_ref()).into_iter().flatten().find_map(|c| c.state.as_ref()?.waiting.clone());
     if let Some(w) = waiting {

@@ -15,7 +15,11 @@ use kvgate_operator::crd::{Engine, InferenceDeployment};
 use kvgate_operator::{engine_check, labels, why};
 
 #[derive(Debug, Parser)]
-#[command(name = "kubectl kvgate", bin_name = "kubectl kvgate", about = "Explain kvgate InferenceDeployments: why one is refused or degraded, and the state of all")]
+#[command(
+    name = "kubectl kvgate",
+    bin_name = "kubectl kvgate",
+    about = "Explain kvgate InferenceDeployments: why one is refused or degraded, and the state of all"
+)]
 struct Cli {
     /// The kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, global = true, env = "KUBECONFIG")]
