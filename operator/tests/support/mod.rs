@@ -194,16 +194,52 @@ pub fn diagnostics(cp: &ControlPlane, ns: &str) -> String {
         k(&["-n", ns, "get", "events", "--sort-by=.lastTimestamp"]),
     ];
     let pods = get_json(cp, &["-n", ns, "get", "pods"]);
+    let mut shown = std::collections::BTreeSet::new();
     for p in pods["items"].as_array().into_iter().flatten() {
-        let uid = p["metadata"]["uid"].as_str().unwrap_or("");
-        let log = cp.dir.join("node-1").join(uid).join("worker.log");
-        out.push(format!("--- pod {} ---\n{}\n{}", p["metadata"]["name"], p["status"]["conditions"], tail(&log, 15)));
+        let uid = p["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        out.push(format!("--- pod {} ---\n{}\n{}", p["metadata"]["name"], p["status"]["conditions"], container_logs(cp, &uid, 15)));
+        shown.insert(uid);
+    }
+    // Pods already deleted (a refused revision's are scaled away at once) keep their logs in the
+    // node agents' pod directories: every one written to since the namespace was created.
+    let created =
+        get_json(cp, &["get", "namespace", ns])["metadata"]["creationTimestamp"].as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+    let since = created.map_or(std::time::SystemTime::UNIX_EPOCH, std::time::SystemTime::from);
+    for (uid, dir) in pod_dirs(cp) {
+        let recent = std::fs::read_dir(&dir).into_iter().flatten().flatten().any(|e| e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t >= since));
+        if recent && !shown.contains(&uid) {
+            out.push(format!("--- deleted pod {uid} ({}) ---\n{}", dir.display(), container_logs(cp, &uid, 60)));
+        }
     }
     out.push(cp.logs());
     for entry in std::fs::read_dir(&cp.dir).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.starts_with("operator") && name.ends_with(".log") {
             out.push(format!("--- {name} ---\n{}", tail(&entry.path(), 40)));
+        }
+    }
+    out.join("\n")
+}
+
+/// Every pod directory of every node agent (named by the pod's UID, beside the agent's own
+/// `images` and `ipam`), by pod UID.
+fn pod_dirs(cp: &ControlPlane) -> Vec<(String, PathBuf)> {
+    let nodes = std::fs::read_dir(&cp.dir).into_iter().flatten().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("node-"));
+    let entries = nodes.flat_map(|n| std::fs::read_dir(n.path()).into_iter().flatten().flatten());
+    let uid = |name: &str| name.len() == 36 && name.matches('-').count() == 4;
+    entries.map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).filter(|(name, _)| uid(name)).collect()
+}
+
+/// The last `lines` of each container log (`CONTAINER.log`, `CONTAINER.previous.log`) of pod
+/// `uid`, on whichever node ran it.
+fn container_logs(cp: &ControlPlane, uid: &str, lines: usize) -> String {
+    let mut out = Vec::new();
+    for (_, dir) in pod_dirs(cp).into_iter().filter(|(u, _)| u == uid) {
+        let mut logs: Vec<PathBuf> =
+            std::fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
+        logs.sort();
+        for log in logs {
+            out.push(format!("[{}]\n{}", log.file_name().unwrap_or_default().to_string_lossy(), tail(&log, lines)));
         }
     }
     out.join("\n")
