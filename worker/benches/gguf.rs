@@ -180,7 +180,7 @@ async fn main() {
         let server = llama_server(&file, &["-c", &ctx, "-np", &slots, "--kv-unified", "-t", "2", "-ctk", kv, "-ctv", kv]).await;
         let [kvgate, llamacpp] = measure([
             &Server { base: worker.base.clone(), llamacpp: false, pid: worker.child.id(), http: http.clone() },
-            &Server { base: server.base.clone(), llamacpp: true, pid: server.child.id(), http: http.clone() },
+            &Server { base: server.base.clone(), llamacpp: true, pid: server.pid(), http: http.clone() },
         ])
         .await;
         drop((worker, server));

@@ -52,6 +52,11 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// Its process id (for its RSS).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its log's lines that say something went wrong.
     pub fn errors(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();

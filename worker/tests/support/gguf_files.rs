@@ -4,10 +4,7 @@
 
 #![allow(dead_code)] // the test and the bench each use a part
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -172,49 +169,16 @@ pub fn write(path: &Path, shape: Shape, family: Family, mix: Mix) {
     gguf_file::write(&mut f, &meta, &tensors).unwrap();
 }
 
-/// llama.cpp's server from the pinned wheel (`kvgate_testenv::llamacpp` unpacks it once).
-pub struct LlamaCpp {
-    pub child: Child,
-    pub base: String,
-}
-
-impl Drop for LlamaCpp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// llama.cpp's server from the pinned wheel, killed when dropped.
+pub use kvgate_testenv::llamacpp::Server as LlamaCpp;
 
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// llama.cpp's server for `model` on a free loopback port, with `args` (`-c`, `-np`, `-t` ...).
+/// llama.cpp's server for `model` on a free loopback port, with `args` (`-c`, `-np`, `-t` ...),
+/// once it answers (`kvgate_testenv::llamacpp::start`, off the async runtime's threads).
 pub async fn llama_server(model: &Path, args: &[&str]) -> LlamaCpp {
-    let site = kvgate_testenv::llamacpp::site();
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let log = model.with_extension("llama-server.log");
-    let child = Command::new("python3")
-        .arg(root().join("images/llamacpp/llama-server"))
-        .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(args)
-        .env("PYTHONPATH", &site)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("python3");
-    let mut server = LlamaCpp { child, base: format!("http://127.0.0.1:{port}") };
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if reqwest::get(format!("{}/health", server.base)).await.is_ok_and(|r| r.status().is_success()) {
-            return server;
-        }
-        let exited = server.child.try_wait().unwrap();
-        if exited.is_some() || Instant::now() > deadline {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let errors: Vec<&str> = text.lines().filter(|l| l.contains(" E ") || l.contains("Error")).collect();
-            panic!("llama.cpp's server for {} did not come up ({exited:?}): {}", model.display(), errors.join("\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (model, args) = (model.to_path_buf(), args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+    tokio::task::spawn_blocking(move || kvgate_testenv::llamacpp::start(&model, &args.iter().map(String::as_str).collect::<Vec<_>>())).await.unwrap()
 }
