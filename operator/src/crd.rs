@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint};
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, SecretKeySelector, Toleration, TopologySpreadConstraint, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use kvgate_proto::contract;
@@ -87,7 +89,9 @@ use crate::rollout_state::{Phase, RefusalReason};
 #[x_kube(validation = Rule::new("self.engine != 'llamacpp' || !has(self.prefill)").message("llama.cpp has no disaggregated prefill/decode serving: use spec.server").reason(Reason::FieldValueForbidden).field_path(".prefill"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.prefill) || (has(self.prefill.container) && has(self.decode.container) && has(self.router.container))").message("a disaggregated engine's roles are containers: spec.prefill.container, spec.decode.container and spec.router.container are required").reason(Reason::FieldValueRequired).field_path(".router.container"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.prefill) || (!has(self.prefill.kvPool) && !has(self.decode.kvPool) && !has(self.prefill.resources) && !has(self.decode.resources) && !has(self.router.resources))").message("kvPool and resources are kvgate's worker settings: an external engine sizes its KV cache with its own flags and sets resources in its container").reason(Reason::FieldValueForbidden).field_path(".prefill"))]
-#[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.model.name)").message("spec.model.name (a built-in model) is kvgate's: an external engine loads spec.model.path").reason(Reason::FieldValueForbidden).field_path(".model.name"))]
+#[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.model.name)").message("spec.model.name (a built-in model) is kvgate's: an external engine loads spec.model.path or spec.model.hub").reason(Reason::FieldValueForbidden).field_path(".model.name"))]
+#[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.model.hub)").message("spec.model.hub is for external engines, which download a model themselves: kvgate's workers load spec.model.path from spec.model.volume (a persistentVolumeClaim or hostPath)").reason(Reason::FieldValueForbidden).field_path(".model.hub"))]
+#[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.router.serviceAccountName)").message("spec.router.serviceAccountName: kvgate's router runs as the ServiceAccount the operator makes for it (it reads its workers' EndpointSlices)").reason(Reason::FieldValueForbidden).field_path(".router.serviceAccountName"))]
 #[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.model.path) || has(self.model.volume)").message("spec.model.path needs spec.model.volume: the volume the checkpoint is on").reason(Reason::FieldValueRequired).field_path(".model.volume"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.auth)").message("spec.auth is enforced by kvgate's router: for an external engine use the engine's own API key or a gateway").reason(Reason::FieldValueForbidden).field_path(".auth"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.image)").message("spec.image is kvgate's worker image: an external engine's image is spec.server.container.image").reason(Reason::FieldValueForbidden).field_path(".image"))]
@@ -164,8 +168,15 @@ impl InferenceDeployment {
 }
 
 /// The settings of a kvgate role the spec leaves out (the CRD requires both with engine kvgate).
-static ABSENT_WORKER: std::sync::LazyLock<WorkerRole> =
-    std::sync::LazyLock::new(|| WorkerRole { replicas: 0, kv_pool: None, resources: None, container: None, port: None, placement: Placement::default() });
+static ABSENT_WORKER: std::sync::LazyLock<WorkerRole> = std::sync::LazyLock::new(|| WorkerRole {
+    replicas: 0,
+    kv_pool: None,
+    resources: None,
+    container: None,
+    port: None,
+    placement: Placement::default(),
+    pod: PodOptions::default(),
+});
 
 impl InferenceDeploymentSpec {
     /// The prefill or decode settings.
@@ -180,15 +191,23 @@ impl InferenceDeploymentSpec {
 
     /// The engine's container of `role` (external engines), and what the spec says around it.
     pub fn external(&self, role: Role) -> Option<ExternalRole<'_>> {
-        let (replicas, container, port, placement) = match role {
-            Role::Server => self.server.as_ref().map(|s| (s.replicas, &s.container, s.port, &s.placement))?,
-            Role::Router => (self.router.replicas, self.router.container.as_ref()?, self.router.port, &self.router.placement),
+        let (replicas, container, port, placement, pod) = match role {
+            Role::Server => self.server.as_ref().map(|s| (s.replicas, &s.container, s.port, &s.placement, &s.pod))?,
+            Role::Router => (self.router.replicas, self.router.container.as_ref()?, self.router.port, &self.router.placement, &self.router.pod),
             Role::Prefill | Role::Decode => {
                 let w = self.worker(role);
-                (w.replicas, w.container.as_ref()?, w.port, &w.placement)
+                (w.replicas, w.container.as_ref()?, w.port, &w.placement, &w.pod)
             }
         };
-        Some(ExternalRole { replicas, container, port: port.and_then(|p| u16::try_from(p).ok()), placement })
+        Some(ExternalRole { replicas, container, port: port.and_then(|p| u16::try_from(p).ok()), placement, pod })
+    }
+
+    /// What the platform adds to each role's pods that the spec names, with the role's field path.
+    pub fn pod_options(&self) -> impl Iterator<Item = (&'static str, &PodOptions)> {
+        let workers = [("spec.prefill", &self.prefill), ("spec.decode", &self.decode)];
+        let workers = workers.into_iter().filter_map(|(path, w)| Some((path, &w.as_ref()?.pod)));
+        let server = self.server.as_ref().map(|s| ("spec.server", &s.pod));
+        workers.chain(std::iter::once(("spec.router", &self.router.pod))).chain(server)
     }
 
     /// Pods the spec asks for in `role`.
@@ -208,6 +227,7 @@ pub struct ExternalRole<'a> {
     pub container: &'a k8s_openapi::api::core::v1::Container,
     pub port: Option<u16>,
     pub placement: &'a Placement,
+    pub pod: &'a PodOptions,
 }
 
 /// What serves requests.
@@ -256,12 +276,17 @@ pub struct ServerRole {
     /// Where the pods run.
     #[serde(flatten)]
     pub placement: Placement,
+    /// What the platform adds to the pods.
+    #[serde(flatten)]
+    pub pod: PodOptions,
 }
 
-/// Which model: the built-in `tiny` model, or a checkpoint directory on a volume.
+/// Which model: the built-in `tiny` model, a checkpoint on a volume, or (external engines) a
+/// model-hub name the engine downloads itself.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.name) != has(self.path)").message("set exactly one of spec.model.name (a built-in model) and spec.model.path (a checkpoint directory)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("[has(self.name), has(self.path), has(self.hub)].filter(x, x).size() == 1").message("set exactly one of spec.model.name (a built-in model), spec.model.path (a checkpoint on spec.model.volume) and spec.model.hub (a model-hub name an external engine downloads)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.tokenSecret) || has(self.hub)").message("spec.model.tokenSecret is the model hub's access token: it needs spec.model.hub").reason(Reason::FieldValueInvalid).field_path(".tokenSecret"))]
 #[x_kube(validation = Rule::new("!has(self.path) || has(self.volume)").message("spec.model.path needs spec.model.volume: the volume the checkpoint is on").reason(Reason::FieldValueRequired).field_path(".volume"))]
 pub struct ModelSpec {
     /// A built-in model: `tiny` (Llama-shaped, seeded weights, for tests and demos).
@@ -275,6 +300,19 @@ pub struct ModelSpec {
     /// The volume holding the checkpoint, mounted read-only at /models in every pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<ModelVolume>,
+    /// A model-hub name, e.g. `meta-llama/Llama-3.1-8B-Instruct` (external engines only): the
+    /// engine downloads it, so no volume is needed. The operator passes it to the engine's
+    /// containers as env `KVGATE_MODEL` (use `$(KVGATE_MODEL)` in args), as it passes
+    /// `/models/<path>` for spec.model.path. kvgate's own workers load only from a volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub hub: Option<String>,
+    /// The key of a Secret (in the deployment's namespace) holding the hub's access token,
+    /// passed to the engine's containers as env `HF_TOKEN`, which vLLM, SGLang and llama.cpp
+    /// read. The operator never reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "terse::<Option<SecretKeySelector>>")]
+    pub token_secret: Option<SecretKeySelector>,
 }
 
 /// Where a checkpoint lives.
@@ -321,6 +359,9 @@ pub struct WorkerRole {
     /// Where the pods run.
     #[serde(flatten)]
     pub placement: Placement,
+    /// What the platform adds to the pods.
+    #[serde(flatten)]
+    pub pod: PodOptions,
 }
 
 /// Where a role's pods run. Without `topologySpreadConstraints`, prefill and decode pods of a
@@ -346,6 +387,70 @@ pub struct Placement {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "terse::<Vec<TopologySpreadConstraint>>")]
     pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
+}
+
+/// What a platform adds to a role's pods: the identity they run as, their scheduling and runtime
+/// class, pull secrets, labels and annotations, and volumes. What the operator itself renders
+/// (its labels, the model and handoff-secret volumes and their mounts) cannot be replaced.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOptions {
+    /// Labels and annotations added to the pods (cost attribution, service mesh, network
+    /// policies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_metadata: Option<PodMetadata>,
+    /// Secrets of the deployment's namespace to pull the pods' images with, as in a pod spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "terse_list::<LocalObjectReference, 16>")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// The ServiceAccount the pods run as (e.g. one bound to a cloud identity that reads model
+    /// storage). Its API token is not mounted: neither workers nor engines call the API server
+    /// (a platform that injects its own projected token still does). Not allowed on kvgate's
+    /// router, which runs as the ServiceAccount the operator makes for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+    /// The PriorityClass of the pods, as in a pod spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+    /// The RuntimeClass of the pods (e.g. `nvidia`), as in a pod spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub runtime_class_name: Option<String>,
+    /// More volumes for the pods, as in a pod spec (mount them with volumeMounts). A hostPath
+    /// volume is refused (HostPathNotAllowed) unless it is under the operator's
+    /// --allowed-host-paths, as spec.model.volume.hostPath is. The names model, handoff-secret
+    /// and api-keys are the operator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "volumes")]
+    #[x_kube(validation = Rule::new("self.all(v, !(v.name in ['model', 'handoff-secret', 'api-keys']))").message("volumes: the names model, handoff-secret and api-keys are the operator's").reason(Reason::FieldValueForbidden))]
+    pub volumes: Option<Vec<Volume>>,
+    /// Mounts added to the role's container (kvgate's worker or router, or the engine's
+    /// container), as in a container spec. A mount at /tmp or /dev/shm replaces the scratch
+    /// volume the operator puts there; /models, /var/run/kvgate and /etc/kvgate are the
+    /// operator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "terse_list::<VolumeMount, 32>")]
+    #[x_kube(validation = Rule::new("self.all(m, m.mountPath != '/models' && !m.mountPath.startsWith('/models/') && !m.mountPath.startsWith('/var/run/kvgate') && !m.mountPath.startsWith('/etc/kvgate'))").message("volumeMounts: /models, /var/run/kvgate and /etc/kvgate are where the operator mounts the model and kvgate's secrets").reason(Reason::FieldValueForbidden))]
+    pub volume_mounts: Option<Vec<VolumeMount>>,
+}
+
+/// Labels and annotations for a role's pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodMetadata {
+    /// Labels added to the pods. Keys under app.kubernetes.io/ and kvgate.dev/ are the operator's
+    /// (its selectors and gate rely on them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = Rule::new("self.all(k, !k.startsWith('app.kubernetes.io/') && !k.startsWith('kvgate.dev/'))").message("podMetadata.labels: keys under app.kubernetes.io/ and kvgate.dev/ are the operator's").reason(Reason::FieldValueForbidden))]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Annotations added to the pods. Keys under kvgate.dev/ are the operator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = Rule::new("self.all(k, !k.startsWith('kvgate.dev/'))").message("podMetadata.annotations: keys under kvgate.dev/ are the operator's").reason(Reason::FieldValueForbidden))]
+    pub annotations: Option<BTreeMap<String, String>>,
 }
 
 fn one() -> i32 {
@@ -427,11 +532,14 @@ pub struct RouterRole {
     /// Where the pods run.
     #[serde(flatten)]
     pub placement: Placement,
+    /// What the platform adds to the pods.
+    #[serde(flatten)]
+    pub pod: PodOptions,
 }
 
 impl Default for RouterRole {
     fn default() -> Self {
-        RouterRole { replicas: 1, resources: None, container: None, port: None, placement: Placement::default() }
+        RouterRole { replicas: 1, resources: None, container: None, port: None, placement: Placement::default(), pod: PodOptions::default() }
     }
 }
 
@@ -787,6 +895,45 @@ fn terse<T: JsonSchema>(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let mut v = serde_json::to_value(T::json_schema(g)).expect("a schema is JSON");
     strip(&mut v);
     schemars::Schema::try_from(v).expect("still a schema")
+}
+
+/// A list of at most `MAX` Kubernetes objects, described tersely (see [`terse`]); string fields
+/// get a length bound, so the API server can bound the cost of the CEL rules over them.
+fn terse_list<T: JsonSchema, const MAX: usize>(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    fn bound_strings(v: &mut serde_json::Value) {
+        if let serde_json::Value::Object(m) = v {
+            if m.get("type").and_then(|t| t.as_str()) == Some("string") && !m.contains_key("maxLength") {
+                m.insert("maxLength".into(), 4096.into());
+            }
+            m.values_mut().for_each(bound_strings);
+        }
+    }
+    let mut v = serde_json::to_value(terse::<Vec<T>>(g)).expect("a schema is JSON");
+    bound_strings(&mut v);
+    v["maxItems"] = MAX.into();
+    schemars::Schema::try_from(v).expect("still a schema")
+}
+
+/// A role's extra volumes as the CRD describes them: each one's name and, for the hostPath
+/// allowlist, a hostPath's path; the rest is kept as given, and the API server checks it when
+/// the operator makes the pods. (Volume's whole schema, for four roles, would take the CRD past
+/// the 256 KiB that client-side `kubectl apply` can annotate.)
+fn volumes(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let string = serde_json::json!({ "type": "string", "maxLength": 4096 });
+    let v = serde_json::json!({
+        "type": "array",
+        "maxItems": 32,
+        "items": {
+            "type": "object",
+            "required": ["name"],
+            "x-kubernetes-preserve-unknown-fields": true,
+            "properties": {
+                "name": { "type": "string", "maxLength": 63 },
+                "hostPath": { "type": "object", "required": ["path"], "properties": { "path": string, "type": string } },
+            },
+        },
+    });
+    schemars::Schema::try_from(v).expect("a schema")
 }
 
 /// An optional closed set (`Option<Phase>`, ...) as a structural schema: the enum, nullable

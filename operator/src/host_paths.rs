@@ -1,26 +1,27 @@
-//! Which node directories an InferenceDeployment may mount. A `hostPath` model volume turns
-//! "may create an InferenceDeployment" into "may read the node" (the operator creates the pods,
-//! a confused deputy), so it is refused unless the operator was started with an allowlist of
-//! directory prefixes (`--allowed-host-paths`, chart value `allowedHostPaths`).
+//! Which node directories an InferenceDeployment may mount. A `hostPath` volume (the model's, or
+//! one a role adds in `volumes`) turns "may create an InferenceDeployment" into "may read the
+//! node" (the operator creates the pods, a confused deputy), so it is refused unless the operator
+//! was started with an allowlist of directory prefixes (`--allowed-host-paths`, chart value
+//! `allowedHostPaths`).
 
 use std::path::{Component, Path};
 
 use crate::crd::InferenceDeployment;
 
-/// Why the spec's host path may not be mounted, if it may not.
+/// Why a host path of the spec may not be mounted, if one may not: the first one outside the
+/// allowlist, named by its field.
 pub fn refusal(d: &InferenceDeployment, allowed: &[String]) -> Option<String> {
-    let path = d.spec.model.volume.as_ref()?.host_path.as_deref()?;
-    if allowed.iter().any(|prefix| is_within(path, prefix)) {
-        return None;
-    }
+    let model = d.spec.model.volume.as_ref().and_then(|v| v.host_path.as_deref()).map(|p| ("spec.model.volume.hostPath".to_string(), p));
+    let roles = d.spec.pod_options().flat_map(|(role, o)| {
+        o.volumes.iter().flatten().filter_map(move |v| Some((format!("{role}.volumes[{}].hostPath", v.name), v.host_path.as_ref()?.path.as_str())))
+    });
+    let (field, path) = model.into_iter().chain(roles).find(|(_, path)| !allowed.iter().any(|prefix| is_within(path, prefix)))?;
     let setting = if allowed.is_empty() {
         "the operator allows no host paths (--allowed-host-paths / chart value allowedHostPaths is empty)".to_string()
     } else {
         format!("it is not under any of --allowed-host-paths {allowed:?}")
     };
-    Some(format!(
-        "spec.model.volume.hostPath {path:?} may not be mounted: {setting}; use a persistentVolumeClaim, or have the operator's administrator allow the directory"
-    ))
+    Some(format!("{field} {path:?} may not be mounted: {setting}; use a persistentVolumeClaim, or have the operator's administrator allow the directory"))
 }
 
 /// `path` is `prefix` or below it, compared component by component on normalized absolute paths
@@ -75,5 +76,15 @@ mod tests {
         for bad in ["/srv/models-evil", "/srv", "/var/lib/kubelet/pods", "/srv/models/../../etc", "srv/models"] {
             assert!(refusal(&d(Some(bad)), &allowed).is_some(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_roles_own_host_path_volume_is_held_to_the_same_allowlist_and_named_by_its_field() {
+        let mut spec = serde_json::to_value(&d(None).spec).unwrap();
+        spec["decode"]["volumes"] = serde_json::json!([{ "name": "scratch", "emptyDir": {} }, { "name": "cache", "hostPath": { "path": "/srv/cache" } }]);
+        let d = InferenceDeployment::for_test(spec);
+        let why = refusal(&d, &["/srv/models".to_string()]).expect("refused");
+        assert!(why.starts_with("spec.decode.volumes[cache].hostPath \"/srv/cache\""), "{why}");
+        assert_eq!(refusal(&d, &["/srv".to_string()]), None);
     }
 }

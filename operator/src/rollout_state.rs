@@ -60,7 +60,7 @@ pub enum RefusalReason {
     // Integrity counters moved: handoff mismatches (kvgate's, or an engine's own) during the canary, or past
     // spec.rollout.maxHandoffMismatches during the bake (rolled back).
     HandoffIntegrityViolation,
-    // spec.model.volume.hostPath is outside --allowed-host-paths; no pod was created.
+    // A hostPath volume (spec.model.volume or a role's volumes) is outside --allowed-host-paths; no pod was created.
     HostPathNotAllowed,
 }
 

@@ -115,7 +115,7 @@ pub fn advice(d: &InferenceDeployment, status: &InferenceDeploymentStatus) -> St
             "make the engine refuse a prompt past the window with a 4xx (llama.cpp: --no-context-shift; no truncation of prompts), then apply again".into()
         }
         Some("HandoffIntegrityViolation") => "a pod counted KV that moved wrong (the counters are named above): fix the transfer path (network, the engine's KV connector, its lease) and apply again; the previous revision keeps serving".into(),
-        Some("HostPathNotAllowed") => "use a persistentVolumeClaim for spec.model.volume, or have the operator's administrator allow the directory (chart value allowedHostPaths)".into(),
+        Some("HostPathNotAllowed") => "use a persistentVolumeClaim instead of the hostPath the message names, or have the operator's administrator allow the directory (chart value allowedHostPaths)".into(),
         Some("ServingPodUnverified") => "the pod named above no longer holds the window (it restarted smaller, or with other fingerprints): restore its memory or flags, or delete it so its Deployment replaces it; the other pods keep serving".into(),
         Some("PodsCannotStart") => "the pod's own reason is named above (image pull, missing Secret, scheduling): kubectl describe pod NAME".into(),
         Some("IntegrityCanary") => "nothing yet: the integrity canary runs before any pod takes traffic".into(),

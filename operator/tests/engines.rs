@@ -145,6 +145,66 @@ fn a_unified_cache_holds_the_window_passes_the_canary_and_serves_and_a_smaller_s
     eventually(cp, &ns, "Degraded cleared", LONG, || !condition_true(&infd(cp, &ns, "unified"), "Degraded"));
 }
 
+/// What a platform needs on an engine's pods: a model by hub name with its token from a Secret
+/// (no model volume), a ServiceAccount, a PriorityClass, a RuntimeClass, pull secrets, labels
+/// and annotations, and volumes of its own. Here llama.cpp cannot download (no network), so its
+/// weights come from one of those volumes; the hub name and token reach it as env. A role's
+/// hostPath volume is held to the operator's allowlist like the model's.
+#[test]
+fn an_engine_loads_a_hub_model_with_a_token_and_the_pod_fields_platforms_need() {
+    let (cp, _) = env();
+    let ns = models_namespace(cp, "platform");
+    let objects = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{ name: model-reader }}\n---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: hub }}\nstringData: {{ token: hf_not_a_real_token }}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: extra }}\ndata: {{ note.txt: mounted by the platform }}\n---\napiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {{ name: {ns}-serving }}\nvalue: 1000\n---\napiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {{ name: {ns}-runc }}\nhandler: runc\n"
+    );
+    apply_yaml(cp, &ns, &objects);
+    let platform = format!(
+        "    serviceAccountName: model-reader\n    priorityClassName: {ns}-serving\n    runtimeClassName: {ns}-runc\n    imagePullSecrets: [{{ name: registry }}]\n    podMetadata: {{ labels: {{ team: search }}, annotations: {{ mesh.example/inject: \"false\" }} }}\n    volumes: [{{ name: weights, hostPath: {{ path: {dir} }} }}, {{ name: extra, configMap: {{ name: extra }} }}]\n    volumeMounts: [{{ name: weights, mountPath: /weights, readOnly: true }}, {{ name: extra, mountPath: /etc/extra }}]\n",
+        dir = models(cp).display()
+    );
+    let yaml = llamacpp(cp, "hub", 4096, &["-c", "4096", "-np", "1"])
+        .replace("model: { path: tiny.gguf, volume: { hostPath: ", "model: { hub: ggml-org/tiny, tokenSecret: { name: hub, key: token } }\n  #")
+        .replace("\"/models/tiny.gguf\"", "\"/weights/tiny.gguf\"")
+        .replace("    container:\n", &format!("{platform}    container:\n"));
+    apply_yaml(cp, &ns, &yaml);
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "hub")["status"]["phase"] == "Available");
+    let pod = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=server"])["items"][0].clone();
+    let spec = &pod["spec"];
+    assert_eq!(
+        (&spec["serviceAccountName"], &spec["priorityClassName"], &spec["runtimeClassName"], &spec["imagePullSecrets"][0]["name"]),
+        (
+            &serde_json::json!("model-reader"),
+            &serde_json::json!(format!("{ns}-serving")),
+            &serde_json::json!(format!("{ns}-runc")),
+            &serde_json::json!("registry")
+        ),
+        "{spec}"
+    );
+    assert_eq!(spec["priority"], 1000, "the API server resolved the PriorityClass: {spec}");
+    assert_eq!(pod["metadata"]["labels"]["team"], "search");
+    assert_eq!(pod["metadata"]["labels"]["app.kubernetes.io/component"], "server", "the operator's labels stay");
+    assert_eq!(pod["metadata"]["annotations"]["mesh.example/inject"], "false");
+    let volumes: Vec<&str> = spec["volumes"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+    assert!(volumes.contains(&"weights") && volumes.contains(&"extra") && !volumes.contains(&"model"), "no model volume for a hub model: {volumes:?}");
+    let c = &spec["containers"][0];
+    let env = |name: &str| c["env"].as_array().unwrap().iter().find(|e| e["name"] == name).cloned().unwrap_or_default();
+    assert_eq!(env("KVGATE_MODEL")["value"], "ggml-org/tiny");
+    assert_eq!(env("HF_TOKEN")["valueFrom"]["secretKeyRef"], serde_json::json!({ "name": "hub", "key": "token" }));
+    assert!(!pod.to_string().contains("hf_not_a_real_token"), "the token is in the pod spec: {pod}");
+    // It serves, from the platform's volume.
+    let server = router_endpoints(cp, &ns, "hub").pop().expect("a ready server endpoint");
+    assert_eq!(complete(&server, "Hello", 4).map(|r| r.0), Some(200));
+
+    // The same volume outside the allowlist: refused before any pod, naming the role's field.
+    let outside =
+        yaml.replace("metadata: { name: hub }", "metadata: { name: hub-outside }").replace(&format!("path: {} }}", models(cp).display()), "path: /etc }");
+    apply_yaml(cp, &ns, &outside);
+    eventually(cp, &ns, "RolloutRefused", LONG, || condition_true(&infd(cp, &ns, "hub-outside"), "RolloutRefused"));
+    let refused = infd(cp, &ns, "hub-outside")["status"]["refusedRevision"].clone();
+    assert_eq!(refused["reason"], "HostPathNotAllowed", "{refused}");
+    assert!(refused["message"].as_str().unwrap().starts_with(r#"spec.server.volumes[weights].hostPath "/etc" may not be mounted"#), "{refused}");
+}
+
 #[test]
 fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
     let (cp, _) = env();
@@ -169,6 +229,14 @@ fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
         (base.replace("  engine: llamacpp\n", "  engine: llamacpp\n  image: x\n"), "spec.image is kvgate's worker image"),
         (base[..base.find("  server:").unwrap()].to_string(), "an external engine serves from spec.server"),
         (base.replace("engine: llamacpp", "engine: tgi"), "spec.engine"),
+        (base.replace("  model: { path: tiny.gguf,", "  model: { hub: org/model, path: tiny.gguf,"), "set exactly one of spec.model.name"),
+        (base.replace("  model: { path: tiny.gguf,", "  model: { tokenSecret: { name: s, key: k }, path: tiny.gguf,"), "spec.model.tokenSecret"),
+        (
+            base.replace("    container:\n", "    podMetadata: { labels: { app.kubernetes.io/component: x } }\n    container:\n"),
+            "keys under app.kubernetes.io/ and kvgate.dev/",
+        ),
+        (base.replace("    container:\n", "    volumes: [{ name: model, emptyDir: {} }]\n    container:\n"), "the names model, handoff-secret and api-keys"),
+        (base.replace("    container:\n", "    volumeMounts: [{ name: x, mountPath: /models }]\n    container:\n"), "spec.server.volumeMounts"),
     ];
     for (yaml, want) in rows {
         let (ok, err) = try_apply(cp, &ns, &yaml);

@@ -439,6 +439,8 @@ fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
         (tiny("g", 256, 1024, 1024, ", dtype: f64"), "spec.prefill.kvPool.dtype"),
         // The worker supports pages of up to 1024 tokens: a bigger one would give pods that never start.
         (tiny("h", 256, 1024, 1024, ", pageSize: 2048"), "pageSize must be a power of two from 1 to 1024"),
+        (tiny("i", 256, 1024, 1024, "").replace("model: { name: tiny }", "model: { hub: org/model }"), "spec.model.hub is for external engines"),
+        (format!("{}  router: {{ serviceAccountName: mine }}\n", tiny("j", 256, 1024, 1024, "")), "spec.router.serviceAccountName"),
     ];
     for (yaml, want) in cases {
         let (ok, err) = try_apply(cp, &ns, &yaml);
@@ -582,6 +584,11 @@ fn kubectl_explain_describes_the_kind_and_its_fields() {
         ("spec.rollout.maxHandoffMismatches", "before it rolls back"),
         ("status.canary.message", "first differing token"),
         ("status.bake.previous", "kept at its size"),
+        ("spec.model.hub", "downloads it"),
+        ("spec.prefill.serviceAccountName", "Its API token is not mounted"),
+        ("spec.server.volumeMounts", "replaces the scratch volume"),
+        ("spec.decode.podMetadata.labels", "are the operator's"),
+        ("spec.router.runtimeClassName", "RuntimeClass"),
     ] {
         let text = cp.kubectl_ok(&["explain", &format!("inferencedeployments.{field}")]);
         // kubectl wraps the description: compare with single spaces.

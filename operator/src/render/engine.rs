@@ -6,7 +6,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    Capabilities, ContainerPort, EmptyDirVolumeSource, EnvVar, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Capabilities, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -42,14 +42,16 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, replicas:
         capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
         ..Default::default()
     });
+    // The model, and every role of a disaggregated revision knows where the others of its
+    // revision are: set before the user's own env, so `$(KVGATE_MODEL)` and
+    // `$(KVGATE_PREFILL_HOST)` expand in its args.
+    let (model, model_volume) = model_flag(d);
+    let mut env = model_env(d, model);
     if role != Role::Server {
-        // Every role of a disaggregated revision knows where the others of its revision are:
-        // set before the user's own env, so `$(KVGATE_PREFILL_HOST)` expands in its args.
-        let mut env = peers(d, revision);
-        env.extend(c.env.take().unwrap_or_default());
-        c.env = Some(env);
+        env.extend(peers(d, revision));
     }
-    let (_, model_volume) = model_flag(d);
+    env.extend(c.env.take().unwrap_or_default());
+    c.env = Some(env);
     let mut volumes: Vec<Volume> = model_volume.into_iter().collect();
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
     mounts.extend(volumes.iter().map(|v| VolumeMount { name: v.name.clone(), mount_path: MODEL_DIR.into(), read_only: Some(true), ..Default::default() }));
@@ -65,8 +67,20 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, replicas:
     if d.spec.engine().shared_memory() && role != Role::Router {
         scratch("dshm", "/dev/shm", EmptyDirVolumeSource { medium: Some("Memory".into()), ..Default::default() });
     }
-    let placement = spec.map(|s| s.placement.clone()).unwrap_or_default();
-    gated(d, role, revision, replicas, c, volumes, &placement)
+    let (placement, options) = spec.map(|s| (s.placement.clone(), s.pod.clone())).unwrap_or_default();
+    gated(d, role, revision, replicas, c, volumes, (&placement, &options))
+}
+
+/// `KVGATE_MODEL` (`/models/<path>`, or the hub name) and, with spec.model.tokenSecret, the
+/// hub's token as `HF_TOKEN` (read by vLLM, SGLang and llama.cpp alike), from the Secret: the
+/// operator never reads it.
+fn model_env(d: &InferenceDeployment, model: String) -> Vec<EnvVar> {
+    let token = d.spec.model.token_secret.clone().map(|secret| EnvVar {
+        name: "HF_TOKEN".into(),
+        value_from: Some(EnvVarSource { secret_key_ref: Some(secret), ..Default::default() }),
+        ..Default::default()
+    });
+    std::iter::once(EnvVar { name: "KVGATE_MODEL".into(), value: Some(model), ..Default::default() }).chain(token).collect()
 }
 
 /// `KVGATE_PREFILL_HOST`/`_PORT` and `KVGATE_DECODE_HOST`/`_PORT`: the revision's headless
@@ -177,6 +191,25 @@ mod tests {
             api_service(&d(serde_json::json!({ "container": { "name": "x" } }))).spec.unwrap().selector.unwrap()["app.kubernetes.io/component"],
             "server"
         );
+    }
+
+    #[test]
+    fn a_hub_model_needs_no_volume_and_its_token_comes_from_the_secret() {
+        let mut spec =
+            serde_json::to_value(&d(serde_json::json!({ "container": { "name": "vllm", "image": "v", "env": [{ "name": "X", "value": "1" }] } })).spec)
+                .unwrap();
+        spec["model"] = serde_json::json!({ "hub": "meta-llama/Llama-3.1-8B-Instruct", "tokenSecret": { "name": "hf", "key": "token" } });
+        let pod = deployment(&InferenceDeployment::for_test(spec), Role::Server, "abc", 1).spec.template.spec.unwrap();
+        assert!(pod.volumes.unwrap().iter().all(|v| v.name != "model"));
+        let env = pod.containers[0].env.clone().unwrap();
+        let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["KVGATE_MODEL", "HF_TOKEN", "X"], "ours first, so the user's args and env can use them");
+        assert_eq!(env[0].value.as_deref(), Some("meta-llama/Llama-3.1-8B-Instruct"));
+        let secret = env[1].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!((secret.name.as_str(), secret.key.as_str(), env[1].value.as_ref()), ("hf", "token", None));
+        // A model on a volume is named by its path there.
+        let pod = deployment(&d(serde_json::json!({ "container": { "name": "l" } })), Role::Server, "abc", 1).spec.template.spec.unwrap();
+        assert_eq!(pod.containers[0].env.as_ref().unwrap()[0].value.as_deref(), Some("/models/tiny.gguf"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 pub mod engine;
 pub mod inference_pool;
 pub mod placement;
+pub mod pod_options;
 pub mod revision;
 pub mod router;
 pub mod secret;

@@ -53,38 +53,41 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, tel
         spec: DeploymentSpec {
             replicas: Some(r.replicas),
             selector: LabelSelector { match_labels: Some(selector.clone()), ..Default::default() },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels::pod(labels::with(labels::common(n), selector), d.metadata.uid.as_deref())),
-                    ..Default::default()
-                }),
-                spec: Some(placement::placed(
-                    PodSpec {
-                        service_account_name: Some(router_name(d)),
-                        containers: vec![Container {
-                            name: "router".into(),
-                            image: Some(image.into()),
-                            args: Some(args),
-                            env: Some(worker_env(telemetry)),
-                            ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: ROUTER_PORT, ..Default::default() }]),
-                            readiness_probe: Some(http_probe("/readyz", 2)),
-                            liveness_probe: Some(http_probe("/healthz", 10)),
-                            resources: r.resources.clone(),
-                            security_context: Some(container_sc),
-                            volume_mounts: Some(mounts),
-                            ..Default::default()
-                        }],
-                        security_context: Some(pod_sc),
-                        volumes: Some(volumes),
-                        termination_grace_period_seconds: Some(10),
+            template: super::pod_options::apply(
+                PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels::pod(labels::with(labels::common(n), selector), d.metadata.uid.as_deref())),
                         ..Default::default()
-                    },
-                    d,
-                    &r.placement,
-                    None,
-                    None,
-                )),
-            },
+                    }),
+                    spec: Some(placement::placed(
+                        PodSpec {
+                            service_account_name: Some(router_name(d)),
+                            containers: vec![Container {
+                                name: "router".into(),
+                                image: Some(image.into()),
+                                args: Some(args),
+                                env: Some(worker_env(telemetry)),
+                                ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: ROUTER_PORT, ..Default::default() }]),
+                                readiness_probe: Some(http_probe("/readyz", 2)),
+                                liveness_probe: Some(http_probe("/healthz", 10)),
+                                resources: r.resources.clone(),
+                                security_context: Some(container_sc),
+                                volume_mounts: Some(mounts),
+                                ..Default::default()
+                            }],
+                            security_context: Some(pod_sc),
+                            volumes: Some(volumes),
+                            termination_grace_period_seconds: Some(10),
+                            ..Default::default()
+                        },
+                        d,
+                        &r.placement,
+                        None,
+                        None,
+                    )),
+                },
+                &r.pod,
+            ),
             ..Default::default()
         },
         ..Default::default()

@@ -26,9 +26,13 @@ pub fn service_name(d: &InferenceDeployment, role: Role) -> String {
     format!("{}-{}", name(d), role.as_str())
 }
 
-/// `--model` and the volume it needs, if any.
+/// `--model` (or, for an external engine, `KVGATE_MODEL`) and the volume it needs, if any: a
+/// hub name needs none, the engine downloads it.
 pub fn model_flag(d: &InferenceDeployment) -> (String, Option<Volume>) {
     let m = &d.spec.model;
+    if let Some(hub) = &m.hub {
+        return (hub.clone(), None);
+    }
     match (&m.name, &m.path, &m.volume) {
         (Some(n), _, _) => (n.clone(), None),
         (None, Some(path), Some(v)) => {
@@ -203,12 +207,13 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, image: &s
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Default::default()
     };
-    gated(d, role, revision, replicas, container, volumes, &r.placement)
+    gated(d, role, revision, replicas, container, volumes, (&r.placement, &r.pod))
 }
 
 /// The Deployment of `role`'s pods at one revision: `container`, non-root, no service-account
 /// token (neither workers nor engines call the API server), and the readiness gate the
-/// operator sets only once the pod's measured pool holds the window.
+/// operator sets only once the pod's measured pool holds the window; placed, and with what the
+/// platform adds to the role's pods, as the spec says.
 pub fn gated(
     d: &InferenceDeployment,
     role: Role,
@@ -216,7 +221,7 @@ pub fn gated(
     replicas: i32,
     container: Container,
     volumes: Vec<Volume>,
-    placement: &crate::crd::Placement,
+    (placement, options): (&crate::crd::Placement, &crate::crd::PodOptions),
 ) -> Deployment {
     let n = name(d);
     let selector = labels::revision_selector(n, role.as_str(), revision);
@@ -230,24 +235,27 @@ pub fn gated(
             // A revision's pods are verified one by one; surge keeps the old ones until the new
             // ones are Ready (which, with the readiness gate, means verified).
             strategy: Some(DeploymentStrategy { type_: Some("RollingUpdate".into()), ..Default::default() }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
-                spec: Some(super::placement::placed(
-                    PodSpec {
-                        containers: vec![container],
-                        readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
-                        automount_service_account_token: Some(false),
-                        security_context: Some(pod_sc),
-                        volumes: (!volumes.is_empty()).then_some(volumes),
-                        termination_grace_period_seconds: Some(10),
-                        ..Default::default()
-                    },
-                    d,
-                    placement,
-                    Some(role),
-                    Some(revision),
-                )),
-            },
+            template: super::pod_options::apply(
+                PodTemplateSpec {
+                    metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
+                    spec: Some(super::placement::placed(
+                        PodSpec {
+                            containers: vec![container],
+                            readiness_gates: Some(vec![PodReadinessGate { condition_type: gate::CONDITION.into() }]),
+                            automount_service_account_token: Some(false),
+                            security_context: Some(pod_sc),
+                            volumes: (!volumes.is_empty()).then_some(volumes),
+                            termination_grace_period_seconds: Some(10),
+                            ..Default::default()
+                        },
+                        d,
+                        placement,
+                        Some(role),
+                        Some(revision),
+                    )),
+                },
+                options,
+            ),
             ..Default::default()
         },
         ..Default::default()

@@ -174,6 +174,9 @@ impl NodeAgent {
             if rt.volumes_missing() {
                 rt.set_volumes(super::volumes::prepare(&self.client, pod, rt.dir(), rt.token.as_deref()).await);
             }
+            if rt.secret_env_missing() {
+                rt.set_secret_env(super::env::secret_values(&self.client, pod).await);
+            }
             rt.tick(pod, &self.runtime).await;
             let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or_default());
             self.logs.update(ns, name, &uid, rt.dir(), rt.running());

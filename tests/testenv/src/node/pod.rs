@@ -69,6 +69,8 @@ pub struct PodRt {
     pub token: Option<String>,
     /// Volume name -> directory, or why the pod's volumes could not be prepared.
     volumes: Result<BTreeMap<String, PathBuf>, String>,
+    /// The Secret keys its env names, or why one could not be read (retried, as volumes are).
+    secret_env: Result<env::SecretValues, String>,
     started: Time,
     pub last_status: Option<Value>,
 }
@@ -131,6 +133,7 @@ impl PodRt {
             kubeconfig,
             token,
             volumes,
+            secret_env: Err("not read yet".into()),
             started: now(),
             last_status: None,
         }
@@ -143,6 +146,15 @@ impl PodRt {
 
     pub fn set_volumes(&mut self, volumes: Result<BTreeMap<String, PathBuf>, String>) {
         self.volumes = volumes;
+    }
+
+    /// The env's Secret keys are not read yet (or a Secret was missing): read them again.
+    pub fn secret_env_missing(&self) -> bool {
+        self.secret_env.is_err()
+    }
+
+    pub fn set_secret_env(&mut self, values: Result<env::SecretValues, String>) {
+        self.secret_env = values;
     }
 
     /// A service-account token obtained after the pod was admitted, and its kubeconfig.
@@ -210,7 +222,9 @@ impl PodRt {
         }
         std::fs::metadata(&self.sandbox.netns).map_err(|e| ("CreateContainerError", format!("pod sandbox {}: {e}", self.sandbox.netns.display())))?;
         let image = rt.images.resolve(c.spec.image.as_deref().unwrap_or("")).map_err(|e| ("ErrImagePull", e))?;
-        let mut vars = env::build(pod, &c.spec, &self.ip.to_string(), &self.sandbox.host_ip.to_string()).map_err(|e| ("CreateContainerConfigError", e))?;
+        let config_error = |e: String| ("CreateContainerConfigError", e);
+        let secrets = self.secret_env.as_ref().map_err(|e| config_error(e.clone()))?;
+        let mut vars = env::build(pod, &c.spec, &self.ip.to_string(), &self.sandbox.host_ip.to_string(), secrets).map_err(config_error)?;
         // Marks the container's processes as part of this test world (see `netns::sweep`).
         if let Some(world) = std::env::var_os(crate::netns::WORLD) {
             vars.insert(crate::netns::WORLD.into(), world.to_string_lossy().into_owned());
