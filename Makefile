@@ -24,7 +24,7 @@ test-deps:
 
 ## vLLM behind the gate, against vLLM's real CPU build: its image is several GB (pinned wheels,
 ## images/vllm/requirements.txt), so these tests are not in `make test`. One test at a time: each
-## vLLM process takes about 3 GB and, idle, busy-polls close to half a core. README "vLLM" has the last result.
+## vLLM process takes about 3 GB and, idle, busy-polls close to half a core. docs/engines.md "vLLM" has the last result.
 test-vllm: test-vllm-deps controlplane tools
 	$(CARGO) build --workspace --locked
 	bash scripts/images.sh --profile debug --no-archives --offline --out target/images-debug vllm
@@ -52,7 +52,7 @@ lint:
 generate:
 	$(CARGO) xtask generate
 
-## Benchmarks (printed as a Markdown table; numbers in the README come from here).
+## Benchmarks (printed as a Markdown table; numbers in docs/benchmarks.md come from here).
 bench:
 	$(CARGO) bench -p kvgate-worker --bench engine
 	$(CARGO) bench -p kvgate-worker --bench handoff

@@ -7,8 +7,8 @@
 #   nft (nftables): the test that shows the host's firewall ruleset unchanged.
 #   prometheus, promtool (prometheus): the alert-rule tests and the live-Prometheus test.
 #   python3: dashboards/generate.py --check.
-#   curl: worker/tests/readme.rs runs the README's commands as written.
-#   jq: worker/tests/traces.rs runs the README's walk from a mismatch to its request.
+#   curl: worker/tests/readme.rs runs docs/worker.md's commands as written.
+#   jq: worker/tests/traces.rs runs docs/observability.md's walk from a mismatch to its request.
 #   python3-venv: scripts/py-deps.sh's virtual environment (the official openai client and
 #   lm-evaluation-harness, which worker/tests/clients.rs runs against the worker).
 #   runc: the node agent runs pods' containers with it.

@@ -2,7 +2,7 @@
 //! the gate must refuse to `RolloutRefused`, from a first handoff mismatch to a rollback, and at
 //! scale (1,000 idle and 10 serving InferenceDeployments): memory, time to every status, the
 //! requests the operator and the routers send while nothing changes (the API server's audit
-//! log), and a restart. Prints a Markdown table (the README's numbers come from here).
+//! log), and a restart. Prints a Markdown table (docs/benchmarks.md's numbers come from here).
 
 #[path = "../tests/support/mod.rs"]
 mod support;

@@ -5,7 +5,7 @@
 //! Alertmanager to a webhook, every metric the panels and rules name is really exported, and
 //! every panel query returns data. Pods and the operator export traces to a real Jaeger: one
 //! trace per request across the router, prefill and decode pods, a corrupting revision's error
-//! span in its canary's trace, and the README's walk from a mismatch to its request replayed.
+//! span in its canary's trace, and docs/observability.md's walk from a mismatch to its request replayed.
 
 mod support;
 
@@ -161,7 +161,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
 
     let tests = std::fs::read_to_string(repo("dashboards/tests/alerts_test.yaml")).unwrap();
     let runbooks = std::fs::read_to_string(repo("docs/runbooks.md")).unwrap();
-    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo("docs/observability.md")).unwrap();
     let want = [
         "KvgateHandoffIntegrityViolation",
         "KvgateRejectedRequestForwarded",
@@ -191,7 +191,10 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
         assert!(r["annotations"]["runbook_url"].as_str().unwrap().ends_with(&format!("docs/runbooks.md#{anchor}")), "{name}: runbook_url");
         assert!(runbooks.contains(&format!("\n## {name}\n")), "docs/runbooks.md has no section for {name}");
         assert!(tests.contains(&format!("alertname: {name}\n")), "dashboards/tests/alerts_test.yaml does not test {name}");
-        assert!(readme.contains(&format!("\n| `{name}` | {} |", r["labels"]["severity"].as_str().unwrap())), "the README's alert table has no row for {name}");
+        assert!(
+            readme.contains(&format!("\n| `{name}` | {} |", r["labels"]["severity"].as_str().unwrap())),
+            "docs/observability.md's alert table has no row for {name}"
+        );
     }
 }
 
@@ -456,18 +459,18 @@ scrape_configs:
     let missing: Vec<&String> = used.iter().filter(|m| !exported.contains(*m)).collect();
     assert!(missing.is_empty(), "panels or rules use metrics nothing exports: {missing:?}");
 
-    // The README's metrics reference lists exactly what is exported, with the right types.
-    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    // The metrics reference (docs/observability.md) lists exactly what is exported, with the right types.
+    let readme = std::fs::read_to_string(repo("docs/observability.md")).unwrap();
     let documented: BTreeSet<String> =
         readme.lines().filter_map(|l| l.strip_prefix("| `kvgate_")).filter_map(|l| l.split('`').next()).map(|n| format!("kvgate_{n}")).collect();
     let ours: BTreeSet<String> = exported.iter().filter(|m| m.starts_with("kvgate_")).cloned().collect();
-    assert_eq!(documented, ours, "the README's metrics tables and the live /metrics differ");
+    assert_eq!(documented, ours, "docs/observability.md's metrics tables and the live /metrics differ");
     for url in &live {
         for l in get(url).unwrap().lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
             let mut w = l.split_whitespace();
             let (name, kind) = (w.next().unwrap(), w.next().unwrap());
             let row = readme.lines().find(|r| r.starts_with(&format!("| `{name}` |"))).unwrap();
-            assert!(row.contains(&format!("| {kind} |")), "README row for {name} does not say {kind}: {row}");
+            assert!(row.contains(&format!("| {kind} |")), "docs/observability.md's row for {name} does not say {kind}: {row}");
         }
     }
 
@@ -552,7 +555,7 @@ fn pods_export_one_trace_per_request_and_a_corrupting_revision_gives_an_error_sp
     assert_eq!(receipt.tag("otel.status_description"), Some(&serde_json::json!("checksum")));
 
     // The same corruption serving (no canary, no bake: nothing stops it), and a client's request
-    // failing on it: the README's walk from the mismatch to that request, replayed as written
+    // failing on it: docs/observability.md's walk from the mismatch to that request, replayed as written
     // with the real kubectl against the pods.
     // (A refused revision stays refused: another decode pool makes it another revision.)
     let serving = format!("{}  rollout:\n    canary: {{ prompts: 0 }}\n    bakeSeconds: 0\n", tiny("llm", 256, 1024, 1040, ""));
@@ -588,7 +591,8 @@ fn pods_export_one_trace_per_request_and_a_corrupting_revision_gives_an_error_sp
         .expect("curl");
     let answer = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(answer.starts_with("HTTP/1.1 502") && answer.contains("kv_handoff_checksum"), "{answer}");
-    let steps: Vec<String> = kvgate_testenv::readme::blocks("### Finding the request behind a mismatch").iter().map(|b| b.replace("\\\n", " ")).collect();
+    let steps: Vec<String> =
+        kvgate_testenv::readme::blocks("docs/observability.md", "## Finding the request behind a mismatch").iter().map(|b| b.replace("\\\n", " ")).collect();
     assert_eq!(steps.len(), 3, "{steps:?}");
     let kubectl_dir = kvgate_testenv::controlplane::bin_dir();
     let path = format!("{}:{}", kubectl_dir.display(), std::env::var("PATH").unwrap_or_default());

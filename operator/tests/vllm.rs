@@ -1,5 +1,5 @@
 //! The gate in front of vLLM's real CPU build (the test image `ghcr.io/kvgate/vllm`, several GB:
-//! `make test-vllm` builds it and runs these; README "vLLM" has their last result), serving a
+//! `make test-vllm` builds it and runs these; docs/engines.md "vLLM" has their last result), serving a
 //! random Llama in transformers' layout under runc like every pod here.
 //!
 //! `--max-model-len -1` makes vLLM fit the window to its KV cache without a word: with a 1 MiB

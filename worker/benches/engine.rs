@@ -1,4 +1,4 @@
-//! Worker benchmarks, printed as a Markdown table (see the README). Run with
+//! Worker benchmarks, printed as a Markdown table (see docs/benchmarks.md). Run with
 //! `cargo bench -p kvgate-worker --bench engine`. Each row is measured side by side in one run.
 
 use std::hint::black_box;

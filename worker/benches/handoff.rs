@@ -1,4 +1,4 @@
-//! Handoff benchmarks, printed as a Markdown table (see the README). Run with
+//! Handoff benchmarks, printed as a Markdown table (see docs/benchmarks.md). Run with
 //! `cargo bench -p kvgate-worker --bench handoff`. Rows that are compared run side by side: for
 //! each layout and prompt, memcpy of the same bytes, the best single loopback TCP stream (large
 //! writes and reads, big socket buffers), the KV handoff with integrity checks on and off, and

@@ -1,6 +1,6 @@
 //! What exporting traces costs: the same split deployment (router, prefill and decode processes
 //! of the release worker, JSON logs) with OTLP export to a real Jaeger and without, side by side
-//! in one run, rounds alternating so drift hits both. Printed as a Markdown table (README,
+//! in one run, rounds alternating so drift hits both. Printed as a Markdown table (docs/benchmarks.md,
 //! "Benchmarks"). Run with `cargo bench -p kvgate-worker --bench tracing` after `make tools`.
 
 use std::process::{Child, Command, Stdio};

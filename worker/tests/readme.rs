@@ -1,6 +1,6 @@
-//! The README's "One machine, no Kubernetes" section, run as written: `kvgate-worker local` with
+//! docs/worker.md's "One machine, no Kubernetes" section, run as written: `kvgate-worker local` with
 //! no flags (what `make run` runs, here the debug build), then every `curl` line of the section
-//! through `sh`, each answered the way the README says.
+//! through `sh`, each answered the way the page says.
 
 mod support;
 
@@ -26,11 +26,11 @@ impl Drop for Local {
 
 #[test]
 fn the_one_machine_commands_work_as_written() {
-    let blocks = kvgate_testenv::readme::blocks("### One machine, no Kubernetes");
+    let blocks = kvgate_testenv::readme::blocks("docs/worker.md", "## One machine, no Kubernetes");
     assert!(blocks[0].contains("make run") && blocks[0].contains("kvgate-worker -- local"), "{}", blocks[0]);
     assert!(
         std::net::TcpStream::connect("127.0.0.1:8080").is_err(),
-        "127.0.0.1:8080 is taken: the README's commands use it; stop what listens there and run again"
+        "127.0.0.1:8080 is taken: docs/worker.md's commands use it; stop what listens there and run again"
     );
     let mut local = Local(Command::new(env!("CARGO_BIN_EXE_kvgate-worker")).arg("local").stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().unwrap());
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -256,10 +256,10 @@ async fn the_dashboards_links_to_jaeger_find_the_refused_handoff_and_the_slow_re
     assert!(follow(&jaeger, &slow, &at(took * 4.0 + 1.0)).await.is_empty(), "none slower than four times its duration");
 }
 
-/// The README's "Finding the request behind a mismatch": its three commands, with each
+/// docs/observability.md's "Finding the request behind a mismatch": its three commands, with each
 /// `kubectl logs ... |` replaced by the same pod's log as a file, run by `sh` as written.
 fn readme_steps() -> Vec<String> {
-    kvgate_testenv::readme::blocks("### Finding the request behind a mismatch").iter().map(|b| b.replace("\\\n", " ")).collect()
+    kvgate_testenv::readme::blocks("docs/observability.md", "## Finding the request behind a mismatch").iter().map(|b| b.replace("\\\n", " ")).collect()
 }
 
 fn run_step(command: &str, env: &[(&str, &str)]) -> String {

@@ -1,7 +1,7 @@
-//! The README's benchmark tables name only rows that `make bench` prints: every row label in
-//! the "Benchmarks" section must match a label template in the benchmarks' sources (a string
+//! docs/benchmarks.md names only rows that `make bench` prints: every row label in its tables
+//! must match a label template in the benchmarks' sources (a string
 //! literal of `worker/benches/`, `operator/benches/` or `bench/*.py`, its `{...}` placeholders
-//! matching anything). A row renamed or dropped in the code fails here until the README follows.
+//! matching anything). A row renamed or dropped in the code fails here until the page follows.
 
 use std::path::{Path, PathBuf};
 
@@ -109,7 +109,7 @@ fn first_cell(literal: &str) -> String {
     row.to_string()
 }
 
-/// Markdown and spacing aside: what the bench prints and the README shows.
+/// Markdown and spacing aside: what the bench prints and the page shows.
 fn normalize(s: &str) -> String {
     s.replace('`', "").split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -133,14 +133,11 @@ fn templates() -> Vec<Template> {
         .collect()
 }
 
-/// The first cell of every row of every table in the README's "Benchmarks" section, but the
+/// The first cell of every row of every table in docs/benchmarks.md, but the
 /// aims' table (its rows are aims, each citing rows of the others) and rows whose label is a
 /// number (a level of a load curve, under a header the bench prints).
 fn labels() -> Vec<String> {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let at = readme.find("\n## Benchmarks").expect("README has a Benchmarks section");
-    let section = &readme[at + 1..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let section = std::fs::read_to_string(root().join("docs/benchmarks.md")).unwrap();
     let mut out = Vec::new();
     let mut header: Option<String> = None;
     for line in section.lines() {
@@ -161,12 +158,12 @@ fn labels() -> Vec<String> {
 }
 
 #[test]
-fn every_benchmark_row_in_the_readme_is_one_make_bench_prints() {
+fn every_benchmark_row_in_the_docs_is_one_make_bench_prints() {
     let templates = templates();
     let labels = labels();
-    assert!(labels.len() >= 40, "the README's benchmark tables were not found: {labels:?}");
+    assert!(labels.len() >= 40, "docs/benchmarks.md's tables were not found: {labels:?}");
     let orphans: Vec<&String> = labels.iter().filter(|l| !templates.iter().any(|t| t.matches(l))).collect();
-    assert!(orphans.is_empty(), "README benchmark rows no benchmark prints (rename them as the code does, or drop them):\n{orphans:#?}");
+    assert!(orphans.is_empty(), "docs/benchmarks.md rows no benchmark prints (rename them as the code does, or drop them):\n{orphans:#?}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The optional `InferencePool` (Gateway API Inference Extension, `inference.networking.k8s.io/v1`)
 //! over the pods that serve a deployment's API, so a gateway's endpoint picker can score them by
-//! the model server protocol's metrics (README, "What a gateway reads").
+//! the model server protocol's metrics (docs/observability.md, "What a gateway reads").
 //!
 //! It selects exactly what the deployment's Service selects: the routers (engine kvgate) or the
 //! engine's servers. Pods of a candidate revision share those labels but are not Ready until the
