@@ -98,9 +98,10 @@ pub struct RunArgs {
     /// This replica's identity in the Lease (default: hostname or pod name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Node directories (comma-separated prefixes) that `spec.model.volume.hostPath` may name.
-    /// Empty (the default): every hostPath model is refused, since whoever may create an
-    /// InferenceDeployment would otherwise have the operator mount any node directory.
+    /// Node directories (comma-separated prefixes) that a hostPath volume may name:
+    /// `spec.model.volume.hostPath` and any role's `volumes`. Empty (the default): every hostPath
+    /// is refused, since whoever may create an InferenceDeployment would otherwise have the
+    /// operator mount any node directory.
     #[arg(long, env = "KVGATE_ALLOWED_HOST_PATHS", value_delimiter = ',')]
     pub allowed_host_paths: Vec<String>,
 }

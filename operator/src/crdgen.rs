@@ -15,6 +15,22 @@ pub fn yaml() -> anyhow::Result<String> {
     Ok(format!("{header}{}", serde_yaml::to_string(&crd)?))
 }
 
+/// The headers `kubectl get infd` prints: the default ones, and those `-o wide` adds after them.
+pub fn printer_columns() -> (Vec<String>, Vec<String>) {
+    let crd = InferenceDeployment::crd();
+    let columns = crd.spec.versions.iter().flat_map(|v| v.additional_printer_columns.iter().flatten());
+    let mut default = vec!["NAME".to_string()];
+    let mut wide = default.clone();
+    for c in columns {
+        let header = c.name.to_uppercase();
+        if c.priority.unwrap_or(0) == 0 {
+            default.push(header.clone());
+        }
+        wide.push(header);
+    }
+    (default, wide)
+}
+
 /// Removes the `format`s schemars gives unsigned integers (`uint32`, `uint64`): the API server
 /// knows none of them and warns on every apply (`helm install` prints `unrecognized format`).
 /// The bound they stood for stays as the schema's `minimum: 0`.

@@ -18,6 +18,7 @@ pub mod labels;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod plugin_cli;
 pub mod rbac;
 pub mod reasons;
 pub mod reconcile;

@@ -83,6 +83,7 @@ pub struct LocalArgs {
 
 #[derive(Debug, Args)]
 pub struct RouterArgs {
+    /// Address of the HTTP API (OpenAI-compatible, /metrics, /healthz, /readyz).
     #[arg(long = flag::LISTEN, default_value = "0.0.0.0:8080", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     /// Prefill peers' HTTP addresses (`host:port`), space-separated or repeated.
@@ -118,6 +119,7 @@ pub struct RouterArgs {
 
 #[derive(Debug, Args)]
 pub struct PrefillArgs {
+    /// Address of prefill's HTTP API (its internal calls, /v1/kv-pool, /metrics, probes).
     #[arg(long = flag::LISTEN, default_value = "0.0.0.0:8081", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     #[command(flatten)]
@@ -139,6 +141,7 @@ pub struct PrefillArgs {
 
 #[derive(Debug, Args)]
 pub struct DecodeArgs {
+    /// Address of decode's HTTP API (its internal calls, /v1/kv-pool, /metrics, probes).
     #[arg(long = flag::LISTEN, default_value = "0.0.0.0:8082", env = "KVGATE_LISTEN")]
     pub listen: SocketAddr,
     /// Address of the KV port prefill peers stream pages to.
@@ -275,6 +278,8 @@ pub struct HandoffArgs {
     /// address: strangers get these, never the slots of peers that hold the secret.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_max_unauthenticated: u64,
+    /// Of --kv-max-unauthenticated, how many one client address may hold: a flood from one
+    /// address cannot take every stranger's place.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_max_unauthenticated_per_client: u64,
     /// Longest a new KV connection may take to deliver its first authentic frame.

@@ -4,9 +4,11 @@
 //! and fails naming each stale file (a test runs it). Generated: the CRD YAML (from
 //! `operator/src/crd.rs`) in `crds/` and in the chart, the dashboards (from
 //! `dashboards/generate.py`) and the alert rules in the chart, the table of handoff refusal
-//! reasons in `docs/handoff-protocol.md` (from `proto/src/refusal.rs`), and the values table of
-//! `charts/kvgate/README.md` (from the `# --` comments of `charts/kvgate/values.yaml`).
+//! reasons in `docs/handoff-protocol.md` (from `proto/src/refusal.rs`), the values table of
+//! `charts/kvgate/README.md` (from the `# --` comments of `charts/kvgate/values.yaml`), and the
+//! CLI reference `docs/cli.md` (from the binaries' clap definitions).
 
+mod cli_reference;
 mod values_table;
 
 use std::path::{Path, PathBuf};
@@ -42,6 +44,7 @@ fn outputs() -> anyhow::Result<Vec<(String, String)>> {
     out.push((REASONS_DOC.into(), between(REASONS_DOC, &read(REASONS_DOC)?, BEGIN, END, &kvgate_proto::refusal::markdown_table())?));
     let values = values_table::markdown(&read("charts/kvgate/values.yaml")?);
     out.push((CHART_README.into(), between(CHART_README, &read(CHART_README)?, VALUES_BEGIN, VALUES_END, &values)?));
+    out.push(("docs/cli.md".into(), cli_reference::markdown()?));
     Ok(out)
 }
 
