@@ -52,8 +52,8 @@ kubectl() { target/controlplane/bin/kubectl "$@"; }
 models=$PWD/target/dev-cluster/models
 mkdir -p "$models"
 bash tests/engines/models.sh gguf "$models/tiny.gguf" >/dev/null
-step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace --set allowedHostPaths={$models} (the CRD comes with it)"
-$helm install kvgate charts/kvgate -n kvgate-system --create-namespace --set "allowedHostPaths={$models}" --wait --timeout 120s
+step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace (the CRD comes with it)"
+$helm install kvgate charts/kvgate -n kvgate-system --create-namespace --wait --timeout 120s
 kubectl wait --for=condition=Established crd/inferencedeployments.kvgate.dev --timeout=30s
 step "helm test kvgate -n kvgate-system"
 $helm test kvgate -n kvgate-system
@@ -75,9 +75,31 @@ kubectl -n demo logs -l app.kubernetes.io/instance=tiny,app.kubernetes.io/compon
 step "kubectl kvgate why incident (the plugin target/debug/kubectl-kvgate, found by kubectl on PATH; exits 1 for a refusal)"
 PATH="$PWD/target/debug:$PATH" kubectl kvgate why incident -n demo || true
 step "an engine you already run: examples/llamacpp.yaml, llama.cpp's server with -c 4096 -np 4 declaring 4096 tokens"
-# Its model is a node directory (hostPath), which Pod Security's restricted profile forbids.
+# Its model is on the claim `models`, bound here to a node directory holding the tiny GGUF (a
+# PersistentVolume an administrator makes; pods only name the claim, so the namespace stays
+# restricted and the chart's defaults suffice).
 kubectl create namespace engines
-sed "s|/var/lib/kvgate/models|$models|" examples/llamacpp.yaml | kubectl -n engines apply -f -
+kubectl label namespace engines pod-security.kubernetes.io/enforce=restricted
+kubectl apply -f - <<YAML
+apiVersion: v1
+kind: PersistentVolume
+metadata: { name: demo-models }
+spec:
+  capacity: { storage: 1Gi }
+  accessModes: [ReadOnlyMany]
+  storageClassName: ""
+  hostPath: { path: $models, type: Directory }
+  claimRef: { namespace: engines, name: models }
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: { name: models, namespace: engines }
+spec:
+  accessModes: [ReadOnlyMany]
+  storageClassName: ""
+  resources: { requests: { storage: 1Gi } }
+YAML
+kubectl -n engines apply -f examples/llamacpp.yaml
 kubectl -n engines wait --for=jsonpath='{.status.phase}'=Refused infd/llamacpp --timeout=180s
 kubectl get infd -A
 kubectl -n engines get infd llamacpp -o jsonpath='{.status.conditions[?(@.type=="RolloutRefused")].message}'; echo
@@ -87,7 +109,7 @@ apiVersion: kvgate.dev/v1alpha1
 kind: InferenceDeployment
 metadata: { name: tiny-gguf }
 spec:
-  model: { path: tiny.gguf, volume: { hostPath: $models } }
+  model: { path: tiny.gguf, volume: { persistentVolumeClaim: models } }
   contextWindow: 2048
   prefill: { replicas: 1, kvPool: { tokens: 8192, pageSize: 16, dtype: q8_0 } }
   decode: { replicas: 1, kvPool: { tokens: 8192, pageSize: 16, dtype: q8_0 } }

@@ -380,6 +380,27 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     });
     let msg = condition(&infd(cp, &ns, "incident"), "RolloutRefused").unwrap()["message"].as_str().unwrap().to_string();
     assert!(msg.contains("tokens < contextWindow 1048576"), "{msg}");
+    // examples/llamacpp.yaml as it stands, on the chart's defaults (no host path allowed, a
+    // restricted namespace): its claim `models` bound to a directory holding a tiny GGUF, it
+    // reaches what its first comment promises, llama.cpp's own numbers refusing the window.
+    let models = cp.dir.join("chart-models");
+    std::fs::create_dir_all(&models).unwrap();
+    let out = std::process::Command::new("bash").arg(repo("tests/engines/models.sh")).arg("gguf").arg(models.join("tiny.gguf")).output().unwrap();
+    assert!(out.status.success(), "writing the GGUF model: {}", String::from_utf8_lossy(&out.stderr));
+    let claim = format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{ name: {ns}-models }}\nspec:\n  capacity: {{ storage: 1Gi }}\n  accessModes: [ReadOnlyMany]\n  storageClassName: \"\"\n  hostPath: {{ path: {dir}, type: Directory }}\n  claimRef: {{ namespace: {ns}, name: models }}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{ name: models }}\nspec:\n  accessModes: [ReadOnlyMany]\n  storageClassName: \"\"\n  resources: {{ requests: {{ storage: 1Gi }} }}\n",
+        dir = models.display()
+    );
+    apply_yaml(cp, &ns, &claim);
+    let example = std::fs::read_to_string(repo("examples/llamacpp.yaml")).unwrap();
+    assert!(example.contains(&format!("image: {}\n", kvgate_testenv::images::llamacpp())), "the example names the test world's llama.cpp image");
+    apply_yaml(cp, &ns, &example);
+    eventually(cp, &ns, "examples/llamacpp.yaml Refused with llama.cpp's numbers", Duration::from_secs(180), || {
+        infd(cp, &ns, "llamacpp")["status"]["phase"] == "Refused"
+    });
+    let msg = condition(&infd(cp, &ns, "llamacpp"), "RolloutRefused").unwrap()["message"].as_str().unwrap().to_string();
+    let promised = example.lines().find(|l| l.starts_with("#   RolloutRefused: ")).unwrap().rsplit(": ").next().unwrap().to_string();
+    assert!(msg.contains(&promised), "the example promises {promised:?}; the operator said {msg}");
     // The chart's permissions cover the optional gateway pool: created under the operator's own
     // identity once the Gateway API Inference Extension's CRD is there.
     cp.kubectl_ok(&["apply", "-f", repo("tests/fixtures/inferencepool-crd.yaml").to_str().unwrap()]);

@@ -1,6 +1,8 @@
 //! Pod volumes on the node agent: `secret`, `configMap`, `emptyDir` and `projected` (the
 //! service-account token volume the API server adds to pods) become directories under the pod's
-//! directory, `hostPath` is used as is, and each container sees them at their
+//! directory, `hostPath` is used as is, a `persistentVolumeClaim` is the directory of the
+//! PersistentVolume it is bound to (a `hostPath` or `local` one: what a node can mount without a
+//! storage driver; an unbound claim waits, as on a node), and each container sees them at their
 //! `mountPath` through its own mount namespace (bind mounts, read-only where asked), as a real
 //! container would. A pod's `fsGroup` owns its secret, configMap and projected files and may read
 //! them, as the kubelet arranges. Secret volumes are kept up to date while the pod runs
@@ -13,7 +15,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use kube::api::Api;
 
 use super::bundle::Mount;
@@ -64,8 +66,14 @@ pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option
         } else if let Some(h) = &v.host_path {
             out.insert(v.name.clone(), PathBuf::from(&h.path));
             None
+        } else if let Some(c) = &v.persistent_volume_claim {
+            out.insert(v.name.clone(), claimed(client, ns, &c.claim_name).await.map_err(|e| format!("volume {}: {e}", v.name))?);
+            None
         } else {
-            return Err(format!("volume {}: only secret, configMap, emptyDir, projected and hostPath volumes are supported by the kvgate node agent", v.name));
+            return Err(format!(
+                "volume {}: only secret, configMap, emptyDir, projected, hostPath and persistentVolumeClaim volumes are supported by the kvgate node agent",
+                v.name
+            ));
         };
         if let Some((files, mode)) = files {
             std::fs::create_dir_all(&path).map_err(|e| format!("volume {}: {e}", v.name))?;
@@ -78,6 +86,17 @@ pub async fn prepare(client: &kube::Client, pod: &Pod, dir: &Path, token: Option
         }
     }
     Ok(out)
+}
+
+/// The directory of the PersistentVolume the claim `name` is bound to.
+async fn claimed(client: &kube::Client, ns: &str, name: &str) -> Result<PathBuf, String> {
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(name).await.map_err(|e| format!("persistentvolumeclaim {name}: {e}"))?;
+    let bound = claim.spec.and_then(|s| s.volume_name).filter(|v| !v.is_empty());
+    let volume = bound.ok_or_else(|| format!("persistentvolumeclaim {name:?} is not bound"))?;
+    let pv = Api::<PersistentVolume>::all(client.clone()).get(&volume).await.map_err(|e| format!("persistentvolume {volume}: {e}"))?;
+    let spec = pv.spec.unwrap_or_default();
+    let path = spec.host_path.map(|h| h.path).or(spec.local.map(|l| l.path));
+    path.map(PathBuf::from).ok_or_else(|| format!("persistentvolume {volume}: only hostPath and local volumes can be mounted by the kvgate node agent"))
 }
 
 /// Writes each file whose bytes changed (aside, then renamed over the old one, so a reader sees
