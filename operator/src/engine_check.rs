@@ -41,13 +41,17 @@ pub enum Verdict {
 /// Checks the server at `o.url`; an error when it cannot be checked at all (no answer, an
 /// answer the adapter cannot read, a URL that is not one).
 pub async fn check(http: &reqwest::Client, o: &Options) -> Result<Verdict, String> {
-    if o.engine == engines::own().engine() {
-        return Err("kvgate's own workers prove their pools to the operator with signed reports: check names an engine you run (llamacpp, vllm, sglang)".into());
-    }
     let url = reqwest::Url::parse(&o.url).map_err(|e| format!("{}: {e}", o.url))?;
     let (host, port) = (url.host_str().ok_or_else(|| format!("{}: no host", o.url))?.to_string(), url.port_or_known_default().unwrap_or(80));
     let base = format!("{}://{host}:{port}", url.scheme());
-    let capacity = engines::of(o.engine).read(http, base.clone()).await.map_err(|e| e.message)?;
+    // kvgate's own workers sign their reports for the operator; check holds no secret and reads
+    // them unsigned, saying so.
+    let (capacity, vocab) = if o.engine == engines::own().engine() {
+        engines::kvgate::unsigned_capacity(http, &base).await.map(|(c, vocab)| (c, vocab.map_or(ENGINE_VOCAB, |v| v.min(ENGINE_VOCAB))))
+    } else {
+        engines::of(o.engine).read(http, base.clone()).await.map(|c| (c, ENGINE_VOCAB))
+    }
+    .map_err(|e| e.message)?;
     let measured = format!("{} server {base}: {} {}", o.engine.as_str(), capacity.field, capacity.tokens);
     if capacity.tokens < o.window {
         let message = format!("{measured} < contextWindow {} ({})", o.window, capacity.detail);
@@ -67,7 +71,7 @@ pub async fn check(http: &reqwest::Client, o: &Options) -> Result<Verdict, Strin
         prompts: o.prompts,
         page_size: 16,
         max_prompt_tokens: o.max_prompt_tokens.min(o.window - u64::from(max_tokens)).max(1),
-        vocab: ENGINE_VOCAB,
+        vocab,
         max_tokens,
         boundary: Some(Boundary { window: o.window, full: o.window <= o.max_probe_tokens }),
         stale_kv: (o.stale_kv_fillers > 0).then_some(o.stale_kv_fillers),

@@ -45,7 +45,8 @@ pub enum Command {
     Check {
         /// The server, e.g. http://127.0.0.1:8080.
         url: String,
-        /// llamacpp, vllm or sglang.
+        /// llamacpp, vllm, sglang, or kvgate (a router or one worker of kvgate's own, whose pools
+        /// are read unsigned: check holds no deployment secret).
         #[arg(long, value_parser = parse_engine)]
         engine: Engine,
         /// The context window the server is to serve (tokens).

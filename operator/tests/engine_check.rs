@@ -2,10 +2,13 @@
 //! random GGUF), through the real kubectl, which finds the plugin on PATH: a server that holds
 //! the window passes; one whose slots are smaller is refused with llama.cpp's own numbers; one
 //! that shifts its context answers past the window and the boundary probe refuses it. No
-//! cluster: the check asks the server itself, as it would through `kubectl port-forward`.
+//! cluster: the check asks the server itself, as it would through `kubectl port-forward`. The
+//! same for kvgate's own workers (`kvgate-worker local`: a router with a prefill and a decode
+//! behind it), whose pools check reads unsigned.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 use kvgate_testenv::{controlplane::kubectl_path, llamacpp};
 
@@ -61,4 +64,52 @@ fn kubectl_kvgate_check_passes_and_refuses_a_real_llamacpp_server_with_its_own_n
     let (got, out) = check(&[closed.as_str(), "--engine", "tgi", "--window", "4096"]);
     assert!(got == 2 && out.contains("\"tgi\" is not one of"), "exit {got}: {out}");
     std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
+}
+
+/// `kvgate-worker local` on a free loopback port with `args`, and its base URL; killed on drop.
+struct LocalWorker(Child, String);
+
+impl LocalWorker {
+    fn start(args: &[&str]) -> LocalWorker {
+        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/kvgate-worker");
+        assert!(bin.is_file(), "{} not found: build it with `cargo build -p kvgate-worker` (make test does)", bin.display());
+        let mut child = Command::new(&bin).args(["local", "--listen", "127.0.0.1:0"]).args(args).stdout(Stdio::piped()).spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("listening on") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "kvgate-worker local {args:?} exited before listening");
+        }
+        let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_string();
+        LocalWorker(child, format!("http://{addr}"))
+    }
+}
+
+impl Drop for LocalWorker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn kubectl_kvgate_check_passes_and_refuses_kvgates_own_workers() {
+    // Pools of four windows: 2048 tokens each for a 512-token router.
+    let worker = LocalWorker::start(&["--context-window", "512"]);
+    let base = worker.1.as_str();
+    let (got, out) = check(&[base, "--engine", "kvgate", "--window", "512"]);
+    assert_eq!(got, 0, "exit {got}:\n{out}");
+    for want in ["passed: kvgate server http://127.0.0.1:", "capacity_tokens 2048 >= contextWindow 512", "read unsigned", "canary: "] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
+    // A window beyond every pool: refused with the pools' own numbers.
+    let (got, out) = check(&[base, "--engine", "kvgate", "--window", "4096"]);
+    assert!(
+        got == 1 && out.contains("refused (KVPoolBelowContextWindow): kvgate server") && out.contains("capacity_tokens 2048 < contextWindow 4096"),
+        "exit {got}:\n{out}"
+    );
+    // Pools that would hold 1024 tokens behind a router that admits 512: the canary's longest
+    // prompt is refused with the router's own limit, so the window is not served.
+    let (got, out) = check(&[base, "--engine", "kvgate", "--window", "1024"]);
+    assert!(got == 1 && out.contains("refused (CanaryFailed)") && out.contains("maximum context length is 512 tokens"), "exit {got}:\n{out}");
 }

@@ -23,6 +23,23 @@ async fn completion_answers_with_text_usage_and_finish_reason() {
     assert!(!choice["text"].as_str().unwrap().is_empty() || choice["finish_reason"] == "stop");
 }
 
+/// vLLM's `return_token_ids`: the ids each choice generated, which decode to its text; left out
+/// unless asked for. (What `kubectl kvgate check` compares, as it does vLLM's.)
+#[tokio::test]
+async fn return_token_ids_gives_the_generated_ids() {
+    let w = Worker::local(&[]);
+    let ask = |return_ids: bool| json!({"prompt": [1, 72, 101, 108], "max_tokens": 6, "temperature": 0, "ignore_eos": true, "return_token_ids": return_ids});
+    let (status, body) = w.post("/v1/completions", &ask(true)).await;
+    assert_eq!(status, 200, "{body}");
+    let ids: Vec<u32> = body["choices"][0]["token_ids"].as_array().expect("token_ids").iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    assert_eq!(ids.len(), 6, "{body}");
+    let (_, detok) = w.post("/detokenize", &json!({"tokens": ids})).await;
+    assert_eq!(detok["prompt"], body["choices"][0]["text"], "{detok}");
+    let (_, plain) = w.post("/v1/completions", &ask(false)).await;
+    assert!(plain["choices"][0].get("token_ids").is_none(), "{plain}");
+    assert_eq!(plain["choices"][0]["text"], body["choices"][0]["text"]);
+}
+
 #[tokio::test]
 async fn greedy_output_is_deterministic_and_prompt_dependent() {
     let w = Worker::colocated(&[]);

@@ -8,7 +8,7 @@
 //! kvgate's own mismatch counters judge kvgate's.
 
 pub mod integrity;
-mod kvgate;
+pub mod kvgate;
 pub mod llamacpp;
 pub mod sglang;
 pub mod vllm;

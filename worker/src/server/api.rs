@@ -42,6 +42,10 @@ pub struct CompletionRequest {
     /// Answer with the prompt in front of the completion (and its tokens' log-probabilities).
     #[serde(default)]
     pub echo: bool,
+    /// vLLM's extension: each choice also carries `token_ids`, the ids it generated (whole
+    /// answers; a stream leaves them out). What `kubectl kvgate check` compares.
+    #[serde(default)]
+    pub return_token_ids: bool,
     #[serde(flatten)]
     pub common: Common,
 }

@@ -6,8 +6,23 @@ use serde_json::Value;
 
 use super::error::ApiError;
 
-const COMPLETIONS: &[&str] =
-    &["model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options", "n", "stop", "logprobs", "echo", "user", "ignore_eos"];
+const COMPLETIONS: &[&str] = &[
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stream",
+    "stream_options",
+    "n",
+    "stop",
+    "logprobs",
+    "echo",
+    "user",
+    "ignore_eos",
+    "return_token_ids",
+];
 const CHAT: &[&str] = &[
     "model",
     "messages",

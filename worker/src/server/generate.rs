@@ -45,6 +45,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Completions only: the prompt goes in front of each choice's text.
     pub echo: bool,
+    /// Completions only: a whole answer's choices carry the ids they generated.
+    pub return_token_ids: bool,
     /// Its identity, tenant included (charged for the prompt and every generated token).
     pub request: RequestContext,
 }
@@ -106,6 +108,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
         echo: job.echo.then_some(Echo { text: prompt_text, tokens }),
         prompt_tokens,
         logprobs: job.sampling.logprobs.is_some(),
+        return_token_ids: job.return_token_ids,
         include_usage: job.include_usage,
         choices: job.choices,
         streamed: AtomicUsize::new(0),
@@ -185,6 +188,7 @@ struct Meta {
     echo: Option<Echo>,
     prompt_tokens: usize,
     logprobs: bool,
+    return_token_ids: bool,
     include_usage: bool,
     choices: usize,
     /// Completion tokens of the choices a stream has finished (for its closing usage).
@@ -215,7 +219,11 @@ impl Meta {
                         let prefix = self.echo.as_ref().map_or("", |e| e.text.as_str());
                         let prompt = self.echo.as_ref().map(|e| (e, o.prompt_logprobs.as_deref()));
                         let logprobs = self.completion_logprobs(tok, prompt, &c.tokens);
-                        json!({ "index": index, "text": format!("{prefix}{}", c.text), "logprobs": logprobs, "finish_reason": finish })
+                        let mut choice = json!({ "index": index, "text": format!("{prefix}{}", c.text), "logprobs": logprobs, "finish_reason": finish });
+                        if self.return_token_ids {
+                            choice["token_ids"] = c.tokens.iter().map(|t| t.id).collect();
+                        }
+                        choice
                     }
                     Endpoint::Chat => json!({
                         "index": index, "message": { "role": "assistant", "content": c.text },

@@ -250,6 +250,7 @@ async fn completions(State(state): State<AppState>, Extension(request): Extensio
             choices: req.common.choices()?,
             stop: req.common.stops()?,
             echo: req.echo,
+            return_token_ids: req.return_token_ids,
             request,
         };
         generate::run(&state, job).await
@@ -279,6 +280,7 @@ async fn chat(State(state): State<AppState>, Extension(request): Extension<Reque
             choices: req.common.choices()?,
             stop: req.common.stops()?,
             echo: false,
+            return_token_ids: false,
             request,
         };
         generate::run(&state, job).await
