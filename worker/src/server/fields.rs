@@ -6,40 +6,10 @@ use serde_json::Value;
 
 use super::error::ApiError;
 
-const COMPLETIONS: &[&str] = &[
-    "model",
-    "prompt",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stream",
-    "stream_options",
-    "n",
-    "stop",
-    "logprobs",
-    "echo",
-    "user",
-    "ignore_eos",
-    "return_token_ids",
-];
-const CHAT: &[&str] = &[
-    "model",
-    "messages",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stream",
-    "stream_options",
-    "n",
-    "stop",
-    "logprobs",
-    "top_logprobs",
-    "user",
-    "ignore_eos",
-];
+/// Fields both endpoints honour, then each endpoint's own.
+const COMMON: &[&str] = &["model", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options", "n", "stop", "logprobs", "user", "ignore_eos"];
+const COMPLETIONS: &[&str] = &["prompt", "echo", "return_token_ids"];
+const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 
 /// Known fields this API does not implement, with the value that is the same as leaving them out.
 fn neutral(field: &str, value: &Value) -> bool {
@@ -57,9 +27,9 @@ fn neutral(field: &str, value: &Value) -> bool {
 /// Refuses a body with a field that would be ignored. `chat` picks the endpoint's field list.
 pub fn check(body: &[u8], chat: bool) -> Result<(), ApiError> {
     let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(body) else { return Ok(()) }; // the typed parse names the problem
-    let known = if chat { CHAT } else { COMPLETIONS };
+    let own = if chat { CHAT } else { COMPLETIONS };
     for (field, value) in &map {
-        if known.contains(&field.as_str()) || value.is_null() || neutral(field, value) {
+        if COMMON.contains(&field.as_str()) || own.contains(&field.as_str()) || value.is_null() || neutral(field, value) {
             continue;
         }
         return Err(ApiError::invalid(field.clone(), format!("`{field}` is not supported by kvgate (got {value}); leave it out")));
