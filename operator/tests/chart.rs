@@ -384,9 +384,7 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     // restricted namespace): its claim `models` bound to a directory holding a tiny GGUF, it
     // reaches what its first comment promises, llama.cpp's own numbers refusing the window.
     let models = cp.dir.join("chart-models");
-    std::fs::create_dir_all(&models).unwrap();
-    let out = std::process::Command::new("bash").arg(repo("tests/engines/models.sh")).arg("gguf").arg(models.join("tiny.gguf")).output().unwrap();
-    assert!(out.status.success(), "writing the GGUF model: {}", String::from_utf8_lossy(&out.stderr));
+    kvgate_testenv::models::write(kvgate_testenv::models::Format::Gguf, &models.join("tiny.gguf"));
     let claim = format!(
         "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{ name: {ns}-models }}\nspec:\n  capacity: {{ storage: 1Gi }}\n  accessModes: [ReadOnlyMany]\n  storageClassName: \"\"\n  hostPath: {{ path: {dir}, type: Directory }}\n  claimRef: {{ namespace: {ns}, name: models }}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{ name: models }}\nspec:\n  accessModes: [ReadOnlyMany]\n  storageClassName: \"\"\n  resources: {{ requests: {{ storage: 1Gi }} }}\n",
         dir = models.display()

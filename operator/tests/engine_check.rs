@@ -6,10 +6,11 @@
 //! same for kvgate's own workers (`kvgate-worker local`: a router with a prefill and a decode
 //! behind it), whose pools check reads unsigned.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
+use kvgate_testenv::process::{Proc, tail};
 use kvgate_testenv::{controlplane::kubectl_path, llamacpp};
 
 /// `kubectl kvgate check ARGS`: its exit code, and stdout then stderr.
@@ -25,14 +26,15 @@ fn check(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
+/// A directory of this binary's own under target/tmp, one per test (they run at once).
+fn scratch(test: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../target/tmp/engine-check-{test}-{}", std::process::id()))
+}
+
 /// The tiny GGUF the engine tests serve, written once for this binary.
 fn model() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../target/tmp/engine-check-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let model = dir.join("tiny.gguf");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/engines/models.sh");
-    let out = Command::new("bash").arg(script).arg("gguf").arg(&model).output().unwrap();
-    assert!(out.status.success(), "writing the GGUF model: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let model = scratch("llamacpp").join("tiny.gguf");
+    kvgate_testenv::models::write(kvgate_testenv::models::Format::Gguf, &model);
     model
 }
 
@@ -66,37 +68,32 @@ fn kubectl_kvgate_check_passes_and_refuses_a_real_llamacpp_server_with_its_own_n
     std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
 }
 
-/// `kvgate-worker local` on a free loopback port with `args`, and its base URL; killed on drop.
-struct LocalWorker(Child, String);
-
-impl LocalWorker {
-    fn start(args: &[&str]) -> LocalWorker {
-        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/kvgate-worker");
-        assert!(bin.is_file(), "{} not found: build it with `cargo build -p kvgate-worker` (make test does)", bin.display());
-        let mut child = Command::new(&bin).args(["local", "--listen", "127.0.0.1:0"]).args(args).stdout(Stdio::piped()).spawn().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        while !line.contains("listening on") {
-            line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "kvgate-worker local {args:?} exited before listening");
+/// `kvgate-worker local` on a free loopback port with `args` (stopped on drop, as every
+/// `Proc`), and its base URL, read from the line where it says where it listens.
+fn local_worker(args: &[&str]) -> (Proc, String) {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/kvgate-worker");
+    assert!(bin.is_file(), "{} not found: build it with `cargo build -p kvgate-worker` (make test does)", bin.display());
+    let dir = scratch("worker");
+    std::fs::create_dir_all(&dir).unwrap();
+    let args: Vec<String> = ["local", "--listen", "127.0.0.1:0"].iter().chain(args).map(|a| a.to_string()).collect();
+    let mut worker = Proc::spawn("kvgate-worker-local", &bin, &args, &dir).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = std::fs::read_to_string(&worker.log).unwrap_or_default();
+        if let Some(addr) = log.lines().find_map(|l| l.split("listening on http://").nth(1)?.split_whitespace().next()) {
+            return (worker, format!("http://{addr}"));
         }
-        let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_string();
-        LocalWorker(child, format!("http://{addr}"))
-    }
-}
-
-impl Drop for LocalWorker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        worker.check_alive().unwrap();
+        assert!(Instant::now() < deadline, "kvgate-worker local {args:?} did not listen within 60 s:\n{}", tail(&worker.log, 20));
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 #[test]
 fn kubectl_kvgate_check_passes_and_refuses_kvgates_own_workers() {
     // Pools of four windows: 2048 tokens each for a 512-token router.
-    let worker = LocalWorker::start(&["--context-window", "512"]);
-    let base = worker.1.as_str();
+    let (worker, base) = local_worker(&["--context-window", "512"]);
+    let base = base.as_str();
     let (got, out) = check(&[base, "--engine", "kvgate", "--window", "512"]);
     assert_eq!(got, 0, "exit {got}:\n{out}");
     for want in ["passed: kvgate server http://127.0.0.1:", "capacity_tokens 2048 >= contextWindow 512", "read unsigned", "canary: "] {
@@ -112,4 +109,6 @@ fn kubectl_kvgate_check_passes_and_refuses_kvgates_own_workers() {
     // prompt is refused with the router's own limit, so the window is not served.
     let (got, out) = check(&[base, "--engine", "kvgate", "--window", "1024"]);
     assert!(got == 1 && out.contains("refused (CanaryFailed)") && out.contains("maximum context length is 512 tokens"), "exit {got}:\n{out}");
+    drop(worker);
+    std::fs::remove_dir_all(scratch("worker")).unwrap();
 }

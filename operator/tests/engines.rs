@@ -24,9 +24,7 @@ fn models(cp: &ControlPlane) -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = cp.dir.join("models");
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = std::process::Command::new("bash").arg(repo("tests/engines/models.sh")).arg("gguf").arg(dir.join("tiny.gguf")).output().unwrap();
-        assert!(out.status.success(), "writing the GGUF model: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        kvgate_testenv::models::write(kvgate_testenv::models::Format::Gguf, &dir.join("tiny.gguf"));
         dir
     })
 }

@@ -24,8 +24,7 @@ fn models(cp: &ControlPlane) -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = cp.dir.join("models");
-        let out = std::process::Command::new("bash").arg(repo("tests/engines/models.sh")).arg("hf").arg(dir.join("tiny")).output().unwrap();
-        assert!(out.status.success(), "writing the model: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        kvgate_testenv::models::write(kvgate_testenv::models::Format::Hf, &dir.join("tiny"));
         dir
     })
 }

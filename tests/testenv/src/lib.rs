@@ -13,6 +13,7 @@ pub mod images;
 pub mod jaeger;
 pub mod llamacpp;
 pub mod metrics;
+pub mod models;
 pub mod netfault;
 pub mod netns;
 pub mod node;
