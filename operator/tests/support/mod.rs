@@ -194,10 +194,11 @@ pub fn diagnostics(cp: &ControlPlane, ns: &str) -> String {
         k(&["-n", ns, "get", "events", "--sort-by=.lastTimestamp"]),
     ];
     let pods = get_json(cp, &["-n", ns, "get", "pods"]);
+    let dirs = pod_dirs(cp);
     let mut shown = std::collections::BTreeSet::new();
     for p in pods["items"].as_array().into_iter().flatten() {
         let uid = p["metadata"]["uid"].as_str().unwrap_or("").to_string();
-        out.push(format!("--- pod {} ---\n{}\n{}", p["metadata"]["name"], p["status"]["conditions"], container_logs(cp, &uid, 15)));
+        out.push(format!("--- pod {} ---\n{}\n{}", p["metadata"]["name"], p["status"]["conditions"], container_logs(&dirs, &uid, 15)));
         shown.insert(uid);
     }
     // Pods already deleted (a refused revision's are scaled away at once) keep their logs in the
@@ -205,10 +206,10 @@ pub fn diagnostics(cp: &ControlPlane, ns: &str) -> String {
     let created =
         get_json(cp, &["get", "namespace", ns])["metadata"]["creationTimestamp"].as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
     let since = created.map_or(std::time::SystemTime::UNIX_EPOCH, std::time::SystemTime::from);
-    for (uid, dir) in pod_dirs(cp) {
-        let recent = std::fs::read_dir(&dir).into_iter().flatten().flatten().any(|e| e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t >= since));
-        if recent && !shown.contains(&uid) {
-            out.push(format!("--- deleted pod {uid} ({}) ---\n{}", dir.display(), container_logs(cp, &uid, 60)));
+    for (uid, dir) in &dirs {
+        let recent = std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t >= since));
+        if recent && !shown.contains(uid) {
+            out.push(format!("--- deleted pod {uid} ({}) ---\n{}", dir.display(), container_logs(&dirs, uid, 60)));
         }
     }
     out.push(cp.logs());
@@ -231,12 +232,12 @@ fn pod_dirs(cp: &ControlPlane) -> Vec<(String, PathBuf)> {
 }
 
 /// The last `lines` of each container log (`CONTAINER.log`, `CONTAINER.previous.log`) of pod
-/// `uid`, on whichever node ran it.
-fn container_logs(cp: &ControlPlane, uid: &str, lines: usize) -> String {
+/// `uid`, in whichever of the node agents' pod directories `dirs` holds it.
+fn container_logs(dirs: &[(String, PathBuf)], uid: &str, lines: usize) -> String {
     let mut out = Vec::new();
-    for (_, dir) in pod_dirs(cp).into_iter().filter(|(u, _)| u == uid) {
+    for (_, dir) in dirs.iter().filter(|(u, _)| u == uid) {
         let mut logs: Vec<PathBuf> =
-            std::fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
+            std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
         logs.sort();
         for log in logs {
             out.push(format!("[{}]\n{}", log.file_name().unwrap_or_default().to_string_lossy(), tail(&log, lines)));
