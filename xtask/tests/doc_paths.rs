@@ -1,10 +1,18 @@
-//! The map stays true: every repository path that `docs/architecture.md` (with its "Where
-//! things are" table) names exists.
+//! The docs stay true to the repository: every path `docs/architecture.md` (with its "Where
+//! things are" table) names exists; the README stays short and every relative link of the docs
+//! leads somewhere; and every `kubectl get infd` table they show has the CRD's columns.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+/// The README and every page under docs/.
+fn pages() -> Vec<PathBuf> {
+    let mut pages = vec![root().join("README.md")];
+    pages.extend(std::fs::read_dir(root().join("docs")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")));
+    pages
 }
 
 /// Backticked paths under the crates' directories, e.g. `operator/src/gate.rs`.
@@ -35,8 +43,7 @@ fn the_readme_stays_short_and_every_relative_link_resolves() {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
     let words = readme.split_whitespace().count();
     assert!(words <= 2500, "README.md has {words} words, over 2,500: move detail to a page under docs/");
-    let mut pages = vec![root().join("README.md")];
-    pages.extend(std::fs::read_dir(root().join("docs")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")));
+    let pages = pages();
     let mut broken = Vec::new();
     for page in &pages {
         let text = std::fs::read_to_string(page).unwrap();
@@ -52,4 +59,27 @@ fn the_readme_stays_short_and_every_relative_link_resolves() {
     }
     assert!(pages.len() >= 10, "docs/ pages not found: {pages:?}");
     assert!(broken.is_empty(), "links to files that do not exist: {broken:?}");
+}
+
+/// A column renamed, added or dropped in `operator/src/crd.rs` fails here until the docs follow
+/// (the README once showed columns the CRD never had): each table is the default view or `-o wide`.
+#[test]
+fn every_table_of_inference_deployments_in_the_docs_has_the_crds_columns() {
+    let (default, wide) = kvgate_operator::crdgen::printer_columns();
+    let mut tables = 0;
+    let mut wrong = Vec::new();
+    for page in &pages() {
+        for line in std::fs::read_to_string(page).unwrap().lines() {
+            let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+            let header = if words.first().is_some_and(|w| w == "NAMESPACE") { &words[1..] } else { &words[..] };
+            if header.first().is_some_and(|w| w == "NAME") && header.iter().any(|w| w == "ENGINE") {
+                tables += 1;
+                if header != default.as_slice() && header != wide.as_slice() {
+                    wrong.push(format!("{}: {line}", page.strip_prefix(root()).unwrap().display()));
+                }
+            }
+        }
+    }
+    assert!(tables >= 2, "no `kubectl get infd` tables found in the README and docs/");
+    assert!(wrong.is_empty(), "tables whose columns are not the CRD's {default:?} (or -o wide {wide:?}):\n{}", wrong.join("\n"));
 }
