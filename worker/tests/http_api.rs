@@ -38,6 +38,11 @@ async fn return_token_ids_gives_the_generated_ids() {
     let (_, plain) = w.post("/v1/completions", &ask(false)).await;
     assert!(plain["choices"][0].get("token_ids").is_none(), "{plain}");
     assert_eq!(plain["choices"][0]["text"], body["choices"][0]["text"]);
+    // Streams carry no ids: asking for them with `stream` is refused, naming the field.
+    let mut streamed = ask(true);
+    streamed["stream"] = json!(true);
+    let (status, err) = w.post("/v1/completions", &streamed).await;
+    assert_eq!((status, err["error"]["param"].as_str()), (400, Some("return_token_ids")), "{err}");
 }
 
 #[tokio::test]

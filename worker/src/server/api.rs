@@ -43,7 +43,7 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub echo: bool,
     /// vLLM's extension: each choice also carries `token_ids`, the ids it generated (whole
-    /// answers; a stream leaves them out). What `kubectl kvgate check` compares.
+    /// answers; with `stream` it is refused). What `kubectl kvgate check` compares.
     #[serde(default)]
     pub return_token_ids: bool,
     #[serde(flatten)]

@@ -238,6 +238,10 @@ async fn completions(State(state): State<AppState>, Extension(request): Extensio
         fields::check(&body, false)?;
         let req: CompletionRequest = api::parse(&body)?;
         check_model(&state, &req.model)?;
+        if req.return_token_ids && req.common.stream {
+            // As for a field the API does not implement: never let a client believe it applied.
+            return Err(ApiError::invalid("return_token_ids", "`return_token_ids` is answered on whole answers only, not with `stream`: leave one out"));
+        }
         let logprobs = req.logprobs.map(|k| api::check_top_logprobs("logprobs", k)).transpose()?;
         let sampling = SamplingParams { logprobs, prompt_logprobs: req.echo && logprobs.is_some(), ..req.common.sampling()? };
         let job = Job {
