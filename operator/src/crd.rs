@@ -94,6 +94,8 @@ use crate::rollout_state::{Phase, RefusalReason};
 #[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.router.serviceAccountName)").message("spec.router.serviceAccountName: kvgate's router runs as the ServiceAccount the operator makes for it (it reads its workers' EndpointSlices)").reason(Reason::FieldValueForbidden).field_path(".router.serviceAccountName"))]
 #[x_kube(validation = Rule::new("self.engine != 'kvgate' || !has(self.model.path) || has(self.model.volume)").message("spec.model.path needs spec.model.volume: the volume the checkpoint is on").reason(Reason::FieldValueRequired).field_path(".model.volume"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.auth)").message("spec.auth is enforced by kvgate's router: for an external engine use the engine's own API key or a gateway").reason(Reason::FieldValueForbidden).field_path(".auth"))]
+#[x_kube(validation = Rule::new("self.engine == 'vllm' || ((!has(self.prefill) || !has(self.prefill.verifyHandoff)) && (!has(self.decode) || !has(self.decode.verifyHandoff)))").message("verifyHandoff is for engine vllm's prefill and decode (kvgate's connector inside vLLM): kvgate's own workers always verify, and SGLang's transfer backends offer no seam for it (docs/engines.md)").reason(Reason::FieldValueForbidden).field_path(".prefill.verifyHandoff"))]
+#[x_kube(validation = Rule::new("!has(self.prefill) || !has(self.decode) || (has(self.prefill.verifyHandoff) ? self.prefill.verifyHandoff : true) == (has(self.decode.verifyHandoff) ? self.decode.verifyHandoff : true)").message("spec.prefill.verifyHandoff and spec.decode.verifyHandoff must be equal: decode refuses every handoff a prefill did not seal").reason(Reason::FieldValueInvalid).field_path(".decode.verifyHandoff"))]
 #[x_kube(validation = Rule::new("self.engine == 'kvgate' || !has(self.image)").message("spec.image is kvgate's worker image: an external engine's image is spec.server.container.image").reason(Reason::FieldValueForbidden).field_path(".image"))]
 pub struct InferenceDeploymentSpec {
     /// What serves requests: `kvgate` (the default: kvgate's router, prefill and decode workers,
@@ -174,6 +176,7 @@ static ABSENT_WORKER: std::sync::LazyLock<WorkerRole> = std::sync::LazyLock::new
     resources: None,
     container: None,
     port: None,
+    verify_handoff: None,
     placement: Placement::default(),
     pod: PodOptions::default(),
 });
@@ -356,6 +359,13 @@ pub struct WorkerRole {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
+    /// Engine vllm: verify every KV block the role's KV connector moves. The operator wraps the
+    /// connector `--kv-transfer-config` names in kvgate's (engines/vllm, mounted from a
+    /// ConfigMap it writes) with the deployment's handoff secret; decode refuses a handoff whose
+    /// blocks do not verify (vLLM's kv_load_failure_policy, default fail). Default: on wherever
+    /// the container sets --kv-transfer-config; false runs the connector unverified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_handoff: Option<bool>,
     /// Where the pods run.
     #[serde(flatten)]
     pub placement: Placement,

@@ -235,6 +235,16 @@ fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
         ),
         (base.replace("    container:\n", "    volumes: [{ name: model, emptyDir: {} }]\n    container:\n"), "the names model, handoff-secret and api-keys"),
         (base.replace("    container:\n", "    volumeMounts: [{ name: x, mountPath: /models }]\n    container:\n"), "spec.server.volumeMounts"),
+        (
+            format!("{}  prefill: {{ verifyHandoff: true, container: {{ name: p }} }}\n  decode: {{ container: {{ name: d }} }}\n  router: {{ container: {{ name: r }} }}\n", &base[..base.find("  server:").unwrap()])
+                .replace("engine: llamacpp", "engine: sglang"),
+            "verifyHandoff is for engine vllm's prefill and decode",
+        ),
+        (
+            format!("{}  prefill: {{ verifyHandoff: false, container: {{ name: p }} }}\n  decode: {{ container: {{ name: d }} }}\n  router: {{ container: {{ name: r }} }}\n", &base[..base.find("  server:").unwrap()])
+                .replace("engine: llamacpp", "engine: vllm"),
+            "spec.prefill.verifyHandoff and spec.decode.verifyHandoff must be equal",
+        ),
     ];
     for (yaml, want) in rows {
         let (ok, err) = try_apply(cp, &ns, &yaml);

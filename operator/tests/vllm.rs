@@ -177,7 +177,11 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
         samples.iter().sum()
     };
     let transferred = || metric(&decode, "vllm:prompt_tokens_by_source_total", r#"source="external_kv_transfer""#);
-    let before = transferred();
+    // kvgate's connector, which the operator put around NixlConnector: blocks prefill sealed and
+    // decode verified.
+    let sealed = || metric(&prefill, "kvgate_handoff_sealed_total", r#"engine="vllm""#);
+    let verified = || metric(&decode, "kvgate_handoff_verified_total", r#"engine="vllm""#);
+    let (before, sealed_before, verified_before) = (transferred(), sealed(), verified());
     let mut prompt_tokens = 0;
     for len in [129u32, 300, 700] {
         let prompt: Vec<u32> = (0..len).map(|i| (i * 37 + len) % 500 + 3).collect();
@@ -196,10 +200,79 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     // Every prompt token of those requests reached decode as KV pulled from prefill.
     let moved = transferred() - before;
     assert!(moved >= f64::from(prompt_tokens), "decode received KV for {moved} prompt tokens, the requests had {prompt_tokens}");
+    // Every block of them (vLLM's CPU blocks hold 128 tokens: 2 + 3 + 6) sealed and verified.
+    assert_eq!((sealed() - sealed_before, verified() - verified_before), (11.0, 11.0), "blocks sealed by prefill, verified by decode");
+    assert_eq!(metric(&decode, "kvgate_handoff_mismatch_total", r#"engine="vllm""#), 0.0, "no handoff refused");
     assert_eq!(metric(&decode, "vllm:nixl_num_failed_transfers_total", ""), 0.0, "no NIXL transfer failed");
     // The series KvgateEngineKVReadAfterExpiry (dashboards/alerts.yaml) watches: exported by a
     // real vLLM prefill (`metric` fails if not), and still 0.
     assert_eq!(metric(&prefill, "vllm:nixl_num_notifications_after_expiry_total", ""), 0.0, "decode never read blocks prefill had freed");
+
+    // A revision whose decode receives one byte changed in one block (the connector's test-only
+    // fault): refused by its canary, naming the counter, while the good revision serves on.
+    let probe: Vec<u32> = (0..300u32).map(|i| (i * 11 + 7) % 500 + 3).collect();
+    let probe_body = serde_json::json!({ "model": "/models/tiny", "prompt": probe, "max_tokens": 6, "temperature": 0, "return_token_ids": true }).to_string();
+    let reference = request("POST", &format!("http://{prefill}/v1/completions"), Some(&probe_body)).unwrap().1;
+    let reference = serde_json::from_str::<serde_json::Value>(&reference).unwrap()["choices"][0]["token_ids"].clone();
+    let faulty = |after: u32, bake: u64| {
+        let mut d: serde_json::Value = serde_json::from_str(&vllm_pd(cp, 2048, &holds, &holds)).unwrap();
+        let env = d["spec"]["decode"]["container"]["env"].as_array_mut().unwrap();
+        env.push(serde_json::json!({ "name": "KVGATE_VLLM_FAULT", "value": "corrupt" }));
+        env.push(serde_json::json!({ "name": "KVGATE_VLLM_FAULT_AFTER", "value": after.to_string() }));
+        d["spec"]["rollout"]["bakeSeconds"] = bake.into();
+        d.to_string()
+    };
+    let earlier = infd(cp, &ns, "vllm-pd")["status"]["refusedRevision"]["revision"].clone();
+    apply_yaml(cp, &ns, &faulty(0, 0));
+    eventually(cp, &ns, "the faulty revision refused", LONG, || {
+        let d = infd(cp, &ns, "vllm-pd");
+        d["status"]["refusedRevision"]["revision"].is_string() && d["status"]["refusedRevision"]["revision"] != earlier
+    });
+    let d = infd(cp, &ns, "vllm-pd");
+    let refused = &d["status"]["refusedRevision"];
+    assert_eq!(refused["reason"], "HandoffIntegrityViolation", "{d}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(message.contains("vllm pod vllm-pd-decode-") && message.contains("(decode): checksum 0 -> "), "{message}");
+    assert_eq!(d["status"]["currentRevision"], rev.as_str(), "the good revision still serves: {d}");
+    let through_router = |body: &str| request("POST", &format!("http://{}/v1/completions", service_endpoints(cp, &ns, "vllm-pd")[0]), Some(body)).unwrap();
+    let (status, answer) = through_router(&probe_body);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&answer).unwrap()["choices"][0]["token_ids"], reference);
+
+    // A revision that goes bad after its canary (the fault after 12 handoffs per decode pod):
+    // promoted, then rolled back in its bake from decode's own counter; no answer carries
+    // tokens built on the bad KV (each is the reference's, or an error).
+    apply_yaml(cp, &ns, &faulty(12, 600));
+    let mut baking = serde_json::Value::Null;
+    eventually(cp, &ns, "the revision that goes bad promoted and baking", LONG, || {
+        baking = infd(cp, &ns, "vllm-pd");
+        assert!(
+            baking["status"]["refusedRevision"]["revision"] == refused["revision"],
+            "refused before its bake (its canary used more than 12 handoffs?): {baking}"
+        );
+        baking["status"]["phase"] == "Baking"
+    });
+    let promoted = baking["status"]["currentRevision"].as_str().unwrap().to_string();
+    let (mut served, mut failed) = (0, 0);
+    for _ in 0..40 {
+        if infd(cp, &ns, "vllm-pd")["status"]["phase"] == "RolledBack" {
+            break;
+        }
+        let (status, answer) = through_router(&probe_body);
+        if status == 200 {
+            assert_eq!(serde_json::from_str::<serde_json::Value>(&answer).unwrap()["choices"][0]["token_ids"], reference, "a 200 from the bad revision");
+            served += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    eventually(cp, &ns, "RolledBack", LONG, || infd(cp, &ns, "vllm-pd")["status"]["phase"] == "RolledBack");
+    let d = infd(cp, &ns, "vllm-pd");
+    assert_eq!(d["status"]["currentRevision"], rev.as_str(), "the good revision serves again: {d}");
+    let rolled = &d["status"]["refusedRevision"];
+    assert_eq!((rolled["revision"].as_str(), rolled["reason"].as_str()), (Some(promoted.as_str()), Some("HandoffIntegrityViolation")), "{d}");
+    assert!(rolled["message"].as_str().unwrap().contains("checksum"), "{rolled}");
+    assert!(failed >= 1, "{served} served, {failed} failed: the fault never hit");
 }
 
 /// vLLM behind a front end that asks it to truncate every prompt to what it holds (vLLM's own

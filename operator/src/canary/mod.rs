@@ -238,6 +238,35 @@ fn token_at(tokens: &[u32], i: usize) -> String {
 
 async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> Result<String, Failure> {
     let before = counters(http, run).await?;
+    // The counters are read after the questions whether or not they were answered: an engine
+    // that refuses KV it could not verify fails the request (HTTP 500), and the counter that
+    // moved, not the 500, is why.
+    let asked = ask(http, key, run).await;
+    let after = counters(http, run).await?;
+    let grown: Vec<String> = run
+        .counted
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter_map(|(c, (was, now))| {
+            let grown = integrity::grown(was, now);
+            (!grown.is_empty()).then(|| format!("{} pod {} ({}): {}", run.target.engine().as_str(), c.pod, c.role.as_str(), grown.join(", ")))
+        })
+        .collect();
+    if !grown.is_empty() {
+        let failed = asked.as_ref().err().map(|f| format!("; {}", f.message)).unwrap_or_default();
+        return Err(Failure {
+            reason: RefusalReason::HandoffIntegrityViolation,
+            message: format!("integrity counters moved during the canary: {}{failed}", grown.join("; ")),
+            caught: None,
+        });
+    }
+    let mismatch = if run.counted.is_empty() { "" } else { "; no integrity counter moved" };
+    asked.map(|summary| format!("{summary}{mismatch}"))
+}
+
+/// The canary's questions, the stale-KV and the boundary probes: what they asked, or the first
+/// that failed.
+async fn ask(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> Result<String, Failure> {
     let mut prompts = prompts::prompts(run.prompts, run.page_size, run.max_prompt_tokens, run.vocab);
     if let Some(b) = run.boundary.filter(|b| b.full) {
         // The whole window, less the answer: served, and the same everywhere.
@@ -282,31 +311,13 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
         Some(b) => boundary(http, key, run, b).await?,
         None => String::new(),
     };
-    let after = counters(http, run).await?;
-    let grown: Vec<String> = run
-        .counted
-        .iter()
-        .zip(before.iter().zip(&after))
-        .filter_map(|(c, (was, now))| {
-            let grown = integrity::grown(was, now);
-            (!grown.is_empty()).then(|| format!("{} pod {} ({}): {}", run.target.engine().as_str(), c.pod, c.role.as_str(), grown.join(", ")))
-        })
-        .collect();
-    if !grown.is_empty() {
-        return Err(Failure {
-            reason: RefusalReason::HandoffIntegrityViolation,
-            message: format!("integrity counters moved during the canary: {}", grown.join("; ")),
-            caught: None,
-        });
-    }
     let lengths: Vec<String> = prompts.iter().map(|p| p.len().to_string()).collect();
     let compared = match &run.reference {
         Some(r) => format!(", equal to serving revision {}'s where they fit its window of {}", r.revision, r.context_window),
         None => String::new(),
     };
-    let mismatch = if run.counted.is_empty() { "" } else { "; no integrity counter moved" };
     Ok(format!(
-        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{mismatch}{stale}{probed}",
+        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{stale}{probed}",
         prompts.len(),
         lengths.join(", "),
         run.max_tokens,

@@ -62,6 +62,12 @@ pub trait EngineKind: Sync {
         &[]
     }
 
+    /// Whether `role`'s pods run kvgate's verifying KV connector inside the engine (every block
+    /// they move checked against the deployment's handoff secret): vLLM's prefill and decode.
+    fn verifies_handoff(&self, _: &InferenceDeploymentSpec, _: Role) -> bool {
+        false
+    }
+
     /// Whether its servers pass tensors in shared memory (a `/dev/shm` beyond 64 MiB).
     fn shared_memory(&self) -> bool {
         false
@@ -95,6 +101,13 @@ impl InferenceDeploymentSpec {
     /// The engine behind this spec.
     pub fn engine(&self) -> &'static dyn EngineKind {
         of(self.engine)
+    }
+
+    /// Whether the deployment has a handoff Secret: kvgate's workers always, an engine's roles
+    /// when they verify their KV handoffs.
+    pub fn handoff_secret(&self) -> bool {
+        let engine = self.engine();
+        engine.integrity() || [Role::Prefill, Role::Decode].into_iter().any(|role| engine.verifies_handoff(self, role))
     }
 
     /// The roles rendered for every revision (the gate verifies every pod of them).

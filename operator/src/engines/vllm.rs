@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use super::{EngineCapacity, EngineKind, Greedy, get_text, ids, integrity, json, unreadable};
 use crate::capacity::NoReport;
 use crate::crd::{Engine, InferenceDeploymentSpec};
+use crate::role::Role;
 
 pub struct Vllm;
 
@@ -30,6 +31,13 @@ impl EngineKind for Vllm {
         if spec.prefill.is_some() { &[integrity::HANDOFF_MISMATCHES, integrity::NIXL_FAILED_TRANSFERS, integrity::NIXL_READ_AFTER_EXPIRY] } else { &[] }
     }
 
+    /// A prefill or decode whose container names a KV connector, unless verifyHandoff is false.
+    fn verifies_handoff(&self, spec: &InferenceDeploymentSpec, role: Role) -> bool {
+        let Some(e) = spec.external(role).filter(|_| matches!(role, Role::Prefill | Role::Decode)) else { return false };
+        spec.worker(role).verify_handoff != Some(false)
+            && [&e.container.command, &e.container.args].into_iter().any(|argv| kv_transfer_config(argv.as_deref().unwrap_or_default()).is_some())
+    }
+
     fn read<'a>(&'a self, http: &'a reqwest::Client, base: String) -> BoxFuture<'a, Result<EngineCapacity, NoReport>> {
         Box::pin(async move {
             let (metrics, models) = (format!("{base}{METRICS}"), format!("{base}{MODELS}"));
@@ -45,6 +53,18 @@ impl EngineKind for Vllm {
     fn tokens(&self, body: &str) -> Result<Vec<u32>, String> {
         tokens(body)
     }
+}
+
+/// vLLM's flag naming its KV connector, a JSON object (`--kv-transfer-config '{...}'` or
+/// `--kv-transfer-config={...}`).
+pub const KV_TRANSFER_CONFIG: &str = "--kv-transfer-config";
+
+/// Where the connector's JSON is in `argv`: its index, and whether it follows the flag's `=`.
+pub fn kv_transfer_config(argv: &[String]) -> Option<(usize, bool)> {
+    argv.iter().enumerate().find_map(|(i, a)| match a.strip_prefix(KV_TRANSFER_CONFIG)? {
+        "" => (i + 1 < argv.len()).then_some((i + 1, false)),
+        rest => rest.starts_with('=').then_some((i, true)),
+    })
 }
 
 pub const METRICS: &str = "/metrics";

@@ -5,7 +5,7 @@
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -19,7 +19,7 @@ use super::{Context, Error, event, inference_pool};
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::gate::Role;
 use crate::labels::MANAGER;
-use crate::render::{engine, router, secret, workers};
+use crate::render::{engine, router, secret, vllm_connector, workers};
 use crate::watch::{self, owned};
 
 /// Applies `obj` unless the watched copy in `store` already holds it. Unchanged objects are
@@ -69,8 +69,13 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     let name = d.name_any();
     let telemetry = &ctx.settings.worker_telemetry;
     let integrity = d.spec.engine().integrity();
-    if integrity {
+    if d.spec.handoff_secret() {
         ensure_secret(ctx, d, &ns, plan.recreate_secret).await?;
+    }
+    if !integrity && [Role::Prefill, Role::Decode].into_iter().any(|role| d.spec.engine().verifies_handoff(&d.spec, role)) {
+        ensure_connector(ctx, d, &ns).await?;
+    }
+    if integrity {
         for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
             apply(ctx, d, &stores.services, &svc).await?;
         }
@@ -163,6 +168,24 @@ async fn status(ctx: &Context, d: &InferenceDeployment, status: &InferenceDeploy
 /// root key) unless the status this operator wrote names it. The operator cannot read Secrets:
 /// "it exists" is learnt from its own create (or the create's 409), recorded in
 /// `status.handoffSecret` by the same pass, and doubted again when a pod reports it `missing`.
+/// The ConfigMap of kvgate's vLLM connector, created once per digest (its name carries it) and
+/// never rewritten; created again after a restart of the operator (409 when it exists).
+async fn ensure_connector(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<(), Error> {
+    let name = vllm_connector::config_map_name(d);
+    let key = format!("ConfigMap/{name}");
+    if ctx.memory.applied(d, &key, 0, Some("created")) {
+        return Ok(());
+    }
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &vllm_connector::config_map(d)).await {
+        Ok(_) => tracing::info!(configmap = name, namespace = ns, "created the vLLM connector's ConfigMap"),
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(Error::api(format!("creating ConfigMap {name}"))(e)),
+    }
+    ctx.memory.set_applied(d, key, 0, Some("created".into()));
+    Ok(())
+}
+
 async fn ensure_secret(ctx: &Context, d: &InferenceDeployment, ns: &str, missing: bool) -> Result<(), Error> {
     let name = secret::secret_name(d);
     if !missing && d.status.as_ref().and_then(|s| s.handoff_secret.as_deref()) == Some(name.as_str()) {

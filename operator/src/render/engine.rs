@@ -67,6 +67,9 @@ pub fn deployment(d: &InferenceDeployment, role: Role, revision: &str, replicas:
     if d.spec.engine().shared_memory() && role != Role::Router {
         scratch("dshm", "/dev/shm", EmptyDirVolumeSource { medium: Some("Memory".into()), ..Default::default() });
     }
+    if d.spec.engine().verifies_handoff(&d.spec, role) {
+        super::vllm_connector::install(d, role, &mut c, &mut volumes);
+    }
     let (placement, options) = spec.map(|s| (s.placement.clone(), s.pod.clone())).unwrap_or_default();
     gated(d, role, revision, replicas, c, volumes, (&placement, &options))
 }
@@ -223,5 +226,47 @@ mod tests {
         assert_eq!(shm.empty_dir.unwrap().medium.as_deref(), Some("Memory"));
         assert_eq!(pod.containers[0].ports.as_ref().unwrap()[0].container_port, 8000, "vLLM's default port");
         assert!(pod.containers[0].volume_mounts.as_ref().unwrap().iter().any(|m| m.mount_path == "/dev/shm"));
+    }
+
+    /// examples/vllm-pd.yaml as shipped: prefill and decode run kvgate's connector around
+    /// NixlConnector, with the package and the handoff secret mounted; the router is untouched.
+    #[test]
+    fn a_disaggregated_vllm_verifies_its_handoffs_unless_told_not_to() {
+        let example: serde_json::Value = serde_yaml::from_str(include_str!("../../../examples/vllm-pd.yaml")).unwrap();
+        let d = InferenceDeployment::for_test(example["spec"].clone());
+        assert!(d.spec.handoff_secret());
+        for role in [Role::Prefill, Role::Decode] {
+            let pod = deployment(&d, role, "abc", 1).spec.template.spec.unwrap();
+            let c = &pod.containers[0];
+            let args = c.args.as_deref().unwrap();
+            let at = args.iter().position(|a| a == "--kv-transfer-config").unwrap();
+            let config: serde_json::Value = serde_json::from_str(&args[at + 1]).unwrap();
+            assert_eq!(config["kv_connector"], "KvgateConnector");
+            assert_eq!(config["kv_connector_extra_config"]["inner"]["kv_connector"], "NixlConnector");
+            assert_eq!(config["kv_connector_extra_config"]["role"], role.as_str());
+            assert_eq!(config["kv_role"], if role == Role::Prefill { "kv_producer" } else { "kv_consumer" });
+            let env = c.env.as_ref().unwrap();
+            assert!(env.iter().any(|e| e.name == "PYTHONPATH" && e.value.as_deref() == Some("/opt/kvgate/python")));
+            let mounts: Vec<_> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+            assert!(mounts.contains(&"/opt/kvgate/python/kvgate_vllm") && mounts.contains(&"/var/run/kvgate/handoff"), "{mounts:?}");
+            let volumes = pod.volumes.unwrap();
+            let package = volumes.iter().find_map(|v| v.config_map.as_ref()).unwrap();
+            assert_eq!(package.name, crate::render::vllm_connector::config_map_name(&d));
+            assert!(volumes.iter().any(|v| v.secret.as_ref().is_some_and(|s| s.secret_name == Some(crate::render::secret::secret_name(&d)))));
+        }
+        let router = deployment(&d, Role::Router, "abc", 1).spec.template.spec.unwrap();
+        assert!(router.volumes.unwrap().iter().all(|v| v.config_map.is_none() && v.secret.is_none()));
+        // verifyHandoff: false (on both: the CRD holds them equal) leaves the connector as the
+        // user wrote it, and the deployment without a handoff Secret.
+        let mut spec = example["spec"].clone();
+        spec["prefill"]["verifyHandoff"] = false.into();
+        spec["decode"]["verifyHandoff"] = false.into();
+        let d = InferenceDeployment::for_test(spec);
+        for role in [Role::Prefill, Role::Decode] {
+            let c = deployment(&d, role, "abc", 1).spec.template.spec.unwrap().containers[0].clone();
+            assert!(c.args.unwrap().iter().any(|a| a.contains("\"kv_connector\":\"NixlConnector\"")));
+            assert!(c.env.unwrap().iter().all(|e| e.name != "PYTHONPATH"));
+        }
+        assert!(!d.spec.handoff_secret());
     }
 }

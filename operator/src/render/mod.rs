@@ -7,6 +7,7 @@ pub mod pod_options;
 pub mod revision;
 pub mod router;
 pub mod secret;
+pub mod vllm_connector;
 pub mod workers;
 
 use crate::labels;

@@ -223,7 +223,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
 /// A pod cannot find the deployment's own handoff Secret (someone deleted it).
 fn secret_missing(i: &Inputs<'_>) -> bool {
     let secret = crate::render::secret::secret_name(i.d);
-    i.d.spec.engine().integrity() && i.world.stuck.iter().any(|s| s.missing_secret() == Some(secret.as_str()))
+    i.d.spec.handoff_secret() && i.world.stuck.iter().any(|s| s.missing_secret() == Some(secret.as_str()))
 }
 
 /// The Event of an InferencePool condition whose status changed.

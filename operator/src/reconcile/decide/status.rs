@@ -212,7 +212,7 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
         min_measured_tokens: [&prefill, &decode, &server].into_iter().flatten().filter_map(|r| r.min_measured_tokens).min(),
         // Written with the pass that created it (the create comes first; a failed one writes
         // no status).
-        handoff_secret: kvgate.then(|| crate::render::secret::secret_name(d)),
+        handoff_secret: d.spec.handoff_secret().then(|| crate::render::secret::secret_name(d)),
         prefill,
         decode,
         router,
