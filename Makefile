@@ -25,10 +25,15 @@ test-deps:
 ## vLLM behind the gate, against vLLM's real CPU build: its image is several GB (pinned wheels,
 ## images/vllm/requirements.txt), so these tests are not in `make test`. One test at a time: each
 ## vLLM process takes about 3 GB and, idle, busy-polls close to half a core. docs/engines.md "vLLM" has the last result.
+## Then the cost of kvgate's connector: time to first token through a real pair with and without
+## it (engines/vllm/bench/ttft.py, in target/vllm-venv; docs/benchmarks.md keeps the table).
 test-vllm: test-vllm-deps controlplane tools
 	$(CARGO) build --workspace --locked
 	bash scripts/images.sh --profile debug --no-archives --offline --out target/images-debug vllm
 	$(CARGO) test -p kvgate-operator --features vllm-tests --test vllm --locked -- --test-threads=1
+	bash scripts/vllm-venv.sh
+	bash tests/engines/models.sh hf target/vllm-bench-model
+	target/vllm-venv/bin/python engines/vllm/bench/ttft.py --model target/vllm-bench-model
 
 ## The vLLM image's pinned wheels (about 3 GB) and packages, downloaded once.
 test-vllm-deps: test-deps
