@@ -27,7 +27,6 @@ Everything else is the inner connector's: each hook this class does not define i
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -42,11 +41,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
 )
+from vllm.logger import init_logger
 
 from . import digest, faults, handoff
 from .metrics import KvgatePromMetrics, KvgateStats, empty_counts
 
-log = logging.getLogger("kvgate_vllm")
+# Under vLLM's "vllm" logger, so the lines carry its format and level settings.
+log = init_logger(f"vllm.{__name__}")
 
 
 @dataclass
