@@ -537,11 +537,12 @@ fn pods_export_one_trace_per_request_and_a_corrupting_revision_gives_an_error_sp
     }
 
     // A revision whose prefill corrupts every handoff: its integrity canary (traced by the
-    // operator, its calls carrying the trace into the candidate pods) is refused, and decode's
-    // receipt is an error span named for the reason.
+    // operator, its calls carrying the trace into the candidate pods) is refused on decode's
+    // mismatch counter (the reason, though the request also failed), and decode's receipt is
+    // an error span named for the reason.
     apply_yaml(cp, &ns, &with_image(&tiny("llm", 256, 1024, 1024, ""), &kvgate_testenv::images::faulty_worker("corrupt-page")));
     eventually(cp, &ns, "the corrupting revision refused by its canary", Duration::from_secs(180), || {
-        infd(cp, &ns, "llm")["status"]["refusedRevision"]["reason"] == "CanaryFailed"
+        infd(cp, &ns, "llm")["status"]["refusedRevision"]["reason"] == "HandoffIntegrityViolation"
     });
     let refused = "service=kvgate-decode&operation=handoff_receive&tags=%7B%22error.type%22%3A%22checksum%22%7D&lookback=1h&limit=20";
     let mut traces = Vec::new();
