@@ -261,12 +261,12 @@ async fn check(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &Canary
         });
     }
     let mismatch = if run.counted.is_empty() { "" } else { "; no integrity counter moved" };
-    asked.map(|summary| format!("{summary}{mismatch}"))
+    asked.map(|[compared, probes]| format!("{compared}{mismatch}{probes}"))
 }
 
-/// The canary's questions, the stale-KV and the boundary probes: what they asked, or the first
-/// that failed.
-async fn ask(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> Result<String, Failure> {
+/// The canary's questions, the stale-KV and the boundary probes: what the compared prompts gave
+/// and what the probes found, or the first that failed.
+async fn ask(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRun) -> Result<[String; 2], Failure> {
     let mut prompts = prompts::prompts(run.prompts, run.page_size, run.max_prompt_tokens, run.vocab);
     if let Some(b) = run.boundary.filter(|b| b.full) {
         // The whole window, less the answer: served, and the same everywhere.
@@ -316,13 +316,14 @@ async fn ask(http: &reqwest::Client, key: Option<&DeploymentKey>, run: &CanaryRu
         Some(r) => format!(", equal to serving revision {}'s where they fit its window of {}", r.revision, r.context_window),
         None => String::new(),
     };
-    Ok(format!(
-        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}{stale}{probed}",
+    let summary = format!(
+        "{} prompts ({} tokens) x {} generated tokens through {}: all gave the same tokens{compared}",
         prompts.len(),
         lengths.join(", "),
         run.max_tokens,
         run.target.describe()
-    ))
+    );
+    Ok([summary, format!("{stale}{probed}")])
 }
 
 /// The stale-KV probe on every unit: `fillers` other prompts of the longest length fill its pool
