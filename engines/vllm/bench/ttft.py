@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.dirname(HERE)
 
 
-def post(port: int, body: dict, stream: bool = False):
+def post(port: int, body: dict):
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
     return urllib.request.urlopen(req, timeout=600)
 
@@ -67,8 +67,8 @@ def start(args, role: str, port: int, side_port: int, verified: bool, secret_fil
     return proc
 
 
-def ttft(prefill: int, decode: int, prompt: list[int]) -> float:
-    base = {"model": ARGS.model, "prompt": prompt, "temperature": 0}
+def ttft(model: str, prefill: int, decode: int, prompt: list[int]) -> float:
+    base = {"model": model, "prompt": prompt, "temperature": 0}
     t0 = time.perf_counter()
     with post(prefill, dict(base, max_tokens=1, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False})) as r:
         params = json.loads(r.read())["kv_transfer_params"]
@@ -87,8 +87,8 @@ def pair(args, verified: bool, secret_file: str, workdir: str) -> dict[int, list
         rng = random.Random(7)
         out = {}
         for n in args.lengths:
-            ttft(18710, 18720, [rng.randrange(3, 500) for _ in range(n)])  # warm-up at this length
-            out[n] = [ttft(18710, 18720, [rng.randrange(3, 500) for _ in range(n)]) for _ in range(args.reps)]
+            ttft(args.model, 18710, 18720, [rng.randrange(3, 500) for _ in range(n)])  # warm-up at this length
+            out[n] = [ttft(args.model, 18710, 18720, [rng.randrange(3, 500) for _ in range(n)]) for _ in range(args.reps)]
             print(f"{'verified' if verified else 'unverified'} {n} tokens: " + ", ".join(f"{t * 1e3:.0f}" for t in out[n]) + " ms", file=sys.stderr)
         return out
     finally:
@@ -120,13 +120,12 @@ def digest_throughput(reps: int = 5) -> tuple[float, str]:
 
 
 def main():
-    global ARGS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a Llama in transformers' layout (tests/engines/models.sh hf DIR writes the tiny one)")
     parser.add_argument("--lengths", default="1024,8000", help="prompt lengths, comma-separated (the tiny model's window is 8192)")
     parser.add_argument("--reps", type=int, default=11, help="timed requests per length and setup")
     parser.add_argument("--kv-bytes", type=int, default=256 << 20, help="--kv-cache-memory-bytes of each vLLM")
-    ARGS = args = parser.parse_args()
+    args = parser.parse_args()
     args.lengths = [int(n) for n in args.lengths.split(",")]
     workdir = tempfile.mkdtemp(prefix="kvgate-vllm-bench-")
     secret_file = os.path.join(workdir, "secret")

@@ -145,6 +145,7 @@ class KvgateConnector(KVConnectorBase_V1):
         # Worker side.
         self._layers: list = []
         self._block_dims: list[int] = []
+        self._block_bytes = 0
         self._rank = 0
         self._step_seal: dict[str, SealJob] = {}
         self._verify: dict[str, VerifyJob] = {}
@@ -160,6 +161,7 @@ class KvgateConnector(KVConnectorBase_V1):
         self._rank = get_tensor_model_parallel_rank()
         self._layers = [kv_caches[name] for name in sorted(kv_caches)]
         self._block_dims = [_block_dim(t, self._num_blocks) for t in self._layers]
+        self._block_bytes = sum(t.numel() * t.element_size() // t.shape[d] for t, d in zip(self._layers, self._block_dims))
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(connector_metadata, KvgateMetadata)
@@ -205,7 +207,7 @@ class KvgateConnector(KVConnectorBase_V1):
                 reason = self._check(job)
                 if reason is None:
                     self._counts["verified"] += len(job.block_ids)
-                    self._counts["bytes"] += len(job.block_ids) * self._block_bytes()
+                    self._counts["bytes"] += len(job.block_ids) * self._block_bytes
                 else:
                     self._refuse(req_id, reason, results)
         return results
@@ -224,9 +226,6 @@ class KvgateConnector(KVConnectorBase_V1):
         results.failed_recving.add(req_id)
         self._counts["mismatch"][reason] = self._counts["mismatch"].get(reason, 0) + 1
         log.error("kvgate: refused the KV handoff of request %s: %s; no token is decoded from it", req_id, reason)
-
-    def _block_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() // t.shape[d] for t, d in zip(self._layers, self._block_dims))
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         inner = self._inner.build_connector_worker_meta()

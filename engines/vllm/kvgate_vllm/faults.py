@@ -79,9 +79,11 @@ class Faults:
 
     def after_load(self, connector, req_id, job):
         if self.name == "corrupt" and job.block_ids and self._due(req_id):
+            import torch
+
             t, d = connector._layers[0], connector._block_dims[0]
             block = t.select(d, job.block_ids[0])
-            flat = block.reshape(-1).view(__import__("torch").uint8)
+            flat = block.reshape(-1).view(torch.uint8)
             flat[0] ^= 1
             block.copy_(flat.view(block.dtype).reshape(block.shape))
         elif self.name == "unsent" and req_id in self.saved:

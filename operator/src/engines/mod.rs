@@ -106,8 +106,12 @@ impl InferenceDeploymentSpec {
     /// Whether the deployment has a handoff Secret: kvgate's workers always, an engine's roles
     /// when they verify their KV handoffs.
     pub fn handoff_secret(&self) -> bool {
-        let engine = self.engine();
-        engine.integrity() || [Role::Prefill, Role::Decode].into_iter().any(|role| engine.verifies_handoff(self, role))
+        self.engine().integrity() || self.engine_verifies_handoffs()
+    }
+
+    /// Whether any role runs kvgate's verifying connector inside the engine.
+    pub fn engine_verifies_handoffs(&self) -> bool {
+        [Role::Prefill, Role::Decode].into_iter().any(|role| self.engine().verifies_handoff(self, role))
     }
 
     /// The roles rendered for every revision (the gate verifies every pod of them).

@@ -72,7 +72,7 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
     if d.spec.handoff_secret() {
         ensure_secret(ctx, d, &ns, plan.recreate_secret).await?;
     }
-    if !integrity && [Role::Prefill, Role::Decode].into_iter().any(|role| d.spec.engine().verifies_handoff(&d.spec, role)) {
+    if d.spec.engine_verifies_handoffs() {
         ensure_connector(ctx, d, &ns).await?;
     }
     if integrity {

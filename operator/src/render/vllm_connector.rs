@@ -33,13 +33,19 @@ const FILES: [(&str, &str); 6] = [
 pub const PYTHON_DIR: &str = "/opt/kvgate/python";
 const VOLUME: &str = "kvgate-vllm-connector";
 
-/// `NAME-vllm-connector-DIGEST8`: the ConfigMap holding the package.
-pub fn config_map_name(d: &InferenceDeployment) -> String {
+/// The package's digest, hashed once per process (every reconcile of a verifying deployment
+/// names the ConfigMap).
+static DIGEST8: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let mut h = blake3::Hasher::new();
     for (file, text) in FILES {
         h.update(file.as_bytes()).update(&[0]).update(text.as_bytes()).update(&[0]);
     }
-    format!("{}-vllm-connector-{}", name(d), &h.finalize().to_hex()[..8])
+    h.finalize().to_hex()[..8].to_string()
+});
+
+/// `NAME-vllm-connector-DIGEST8`: the ConfigMap holding the package.
+pub fn config_map_name(d: &InferenceDeployment) -> String {
+    format!("{}-vllm-connector-{}", name(d), *DIGEST8)
 }
 
 /// The ConfigMap, owned by the deployment (created once per digest, never rewritten).
