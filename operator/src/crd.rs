@@ -966,6 +966,10 @@ pub struct RefusedRevision {
     pub reason: RefusalReason,
     /// With the pod and both numbers, e.g. `prefill pod x measured 681280 tokens < contextWindow 1048576`.
     pub message: String,
+    /// It served and was rolled back in its bake (phase RolledBack); a revision refused before
+    /// it served (phase Refused) leaves it out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rolled_back: bool,
 }
 
 /// A bake in progress.

@@ -283,7 +283,7 @@ mod tests {
         let m = Metrics::new();
         let refused = InferenceDeploymentStatus {
             phase: Some(Phase::Refused),
-            refused_revision: Some(RefusedRevision { revision: "r".into(), reason: RefusalReason::CanaryFailed, message: "m".into() }),
+            refused_revision: Some(RefusedRevision { revision: "r".into(), reason: RefusalReason::CanaryFailed, message: "m".into(), rolled_back: false }),
             ..Default::default()
         };
         let mut refused = refused;

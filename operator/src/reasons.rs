@@ -25,6 +25,7 @@ pub enum Reason {
     // Degraded
     ServingPodsVerified,
     ServingPodUnverified,
+    HandoffMismatchesCounted,
     NoServingRevision,
     // PrefillWithinHandoffTimeout
     WithinHandoffTimeout,
@@ -36,6 +37,7 @@ pub enum Reason {
     BakeComplete,
     RolledBack,
     RolloutRefused,
+    HandoffCountersQuiet,
     // InferencePoolReady
     Applied,
     #[strum(serialize = "CRDNotInstalled")]
@@ -66,6 +68,7 @@ pub enum EventAction {
     RolloutGate,
     IntegrityCanary,
     Bake,
+    IntegrityWatch,
     HostPathPolicy,
     InferencePool,
     Reconcile,

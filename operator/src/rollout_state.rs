@@ -39,7 +39,7 @@ pub enum Phase {
     // The spec's revision serves.
     Available,
     // The spec's revision serves, but a serving pod is out of the Service (it fails the gate
-    // or cannot start): condition Degraded says which and why.
+    // or cannot start), or counted KV that moved wrong: condition Degraded says which and why.
     Degraded,
     // A baked revision broke handoffs and the previous one serves again.
     RolledBack,

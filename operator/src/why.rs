@@ -117,6 +117,7 @@ pub fn advice(d: &InferenceDeployment, status: &InferenceDeploymentStatus) -> St
         Some("HandoffIntegrityViolation") => "a pod counted KV that moved wrong (the counters are named above): fix the transfer path (network, the engine's KV connector, its lease) and apply again; the previous revision keeps serving".into(),
         Some("HostPathNotAllowed") => "use a persistentVolumeClaim instead of the hostPath the message names, or have the operator's administrator allow the directory (chart value allowedHostPaths)".into(),
         Some("ServingPodUnverified") => "the pod named above no longer holds the window (it restarted smaller, or with other fingerprints): restore its memory or flags, or delete it so its Deployment replaces it; the other pods keep serving".into(),
+        Some("HandoffMismatchesCounted") => "each handoff counted above was refused, never decoded from, but its request failed: look at the named pod's transfer path (its node's network, the KV connector's log: kubectl logs POD), or delete the pod so its Deployment replaces it; the condition clears once its counters hold still".into(),
         Some("PodsCannotStart") => "the pod's own reason is named above (image pull, missing Secret, scheduling): kubectl describe pod NAME".into(),
         Some("IntegrityCanary") => "nothing yet: the integrity canary runs before any pod takes traffic".into(),
         Some(_) => "nothing yet: the pods are starting and measuring their pools (a pod that never reports keeps the gate waiting: kubectl logs POD)".into(),
@@ -177,6 +178,7 @@ mod tests {
                 revision: "r1".into(),
                 reason: RefusalReason::KVPoolBelowContextWindow,
                 message: "prefill pod llm-prefill-r1-0 measured 681280 tokens < contextWindow 1048576".into(),
+                rolled_back: false,
             }),
             conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
                 type_: ROLLOUT_REFUSED.into(),

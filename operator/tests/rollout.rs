@@ -425,6 +425,57 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
     assert!(failed >= 1 && ok >= 10, "{ok} served, {failed} failed: the fault never hit, or nothing was served");
 }
 
+/// After it serves (the first revision: no bake), a revision whose prefill starts corrupting
+/// pages: decode refuses each one, the operator reads decode's counter and the deployment is
+/// Degraded naming the engine, role, pod and counter, with a Warning Event; the pod stays in
+/// the Service (its gate is untouched) and no answer carries wrong tokens. With the traffic
+/// stopped, the counters hold still for the quiet window (bakeSeconds, 5 s here) and the
+/// deployment is Available again with a Normal Event.
+#[test]
+fn a_serving_pod_that_counts_bad_handoffs_degrades_the_deployment_until_its_counters_hold_still() {
+    let (cp, _) = env();
+    let ns = cp.restricted_namespace("watch");
+    // No serving probes: their reference prompt would meet the corrupt pages too and take the
+    // pair out (ServingPodUnverified), which is another feature's proof.
+    let spec = format!("{}  rollout: {{ bakeSeconds: 5, boundaryProbe: {{ servingEverySeconds: 0 }} }}\n", tiny("watch", 256, 1024, 1024, ""));
+    apply_yaml(cp, &ns, &with_image(&spec, &kvgate_testenv::images::faulty_worker("corrupt-after-100")));
+    eventually(cp, &ns, "Available", LONG, || infd(cp, &ns, "watch")["status"]["phase"] == "Available");
+    let router = router_endpoints(cp, &ns, "watch").pop().expect("a ready router");
+    let prompt = "Every answer must be the one the verified revision gives. ".repeat(2);
+    let (status, body) = complete(&router, &prompt, 8).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let reference = completion_text(&body).unwrap();
+
+    let traffic = Traffic::start(&ns, "watch", &prompt, 4);
+    let mut degraded = serde_json::Value::Null;
+    eventually(cp, &ns, "Degraded by decode's counter", LONG, || {
+        degraded = infd(cp, &ns, "watch");
+        degraded["status"]["phase"] == "Degraded"
+    });
+    let answers = traffic.stop().answers;
+    assert_eq!(degraded["status"]["reason"], "HandoffMismatchesCounted", "{degraded}");
+    let message = condition(&degraded, "Degraded").and_then(|c| c["message"].as_str()).unwrap_or_default().to_string();
+    assert!(
+        message.starts_with("serving revision ")
+            && message.contains("handoffs that did not verify: kvgate decode pod watch-decode-")
+            && message.contains("checksum 0 -> "),
+        "{message}"
+    );
+    eventually(cp, &ns, "a HandoffMismatchesCounted Event", Duration::from_secs(30), || events(cp, &ns, "HandoffMismatchesCounted") >= 1);
+    // Still in: the decode pod's gate stays True and it is Ready.
+    let decode = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/component=decode"])["items"][0].clone();
+    let gate = decode["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "kvgate.dev/kv-pool-verified").cloned().unwrap_or_default();
+    assert_eq!(gate["status"], "True", "{decode}");
+    let (ok, failed) = never_wrong(&answers, &reference);
+    assert!(failed >= 1 && ok >= 10, "{ok} served, {failed} failed: the fault never hit, or nothing was served");
+
+    // Quiet: Available again, said once.
+    eventually(cp, &ns, "Available once the counters held still", LONG, || infd(cp, &ns, "watch")["status"]["phase"] == "Available");
+    let d = infd(cp, &ns, "watch");
+    assert_eq!(condition(&d, "Degraded").map(|c| (c["status"].clone(), c["reason"].clone())), Some(("False".into(), "ServingPodsVerified".into())), "{d}");
+    eventually(cp, &ns, "a HandoffCountersQuiet Event", Duration::from_secs(30), || events(cp, &ns, "HandoffCountersQuiet") >= 1);
+}
+
 #[test]
 fn invalid_specs_are_rejected_naming_the_field_and_get_shows_the_columns() {
     let (cp, _) = env();

@@ -127,7 +127,11 @@ fn vllm_pd(cp: &ControlPlane, window: u64, prefill: &[&str], decode: &[&str]) ->
 /// on its own. A decode pool below the window is refused naming decode, then a prefill pool
 /// below it naming prefill; with both large enough the revision is Available, answers through
 /// the Service what a whole vLLM answers alone, and decode computed none of those prompts: their
-/// KV came from prefill.
+/// KV came from prefill; kvgate's connector sealed every block prefill sent and decode verified
+/// each. Then each transport fault of the connector's test switch (a changed byte, a block of
+/// another request, a block never sent, a transfer past its lease) on its own revision is
+/// refused by the canary from decode's counter, and a revision that goes bad after its canary
+/// is rolled back in its bake; no answer is built on bad KV.
 #[test]
 fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl() {
     let (cp, _) = env();
@@ -210,41 +214,66 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     // real vLLM prefill (`metric` fails if not), and still 0.
     assert_eq!(metric(&prefill, "vllm:nixl_num_notifications_after_expiry_total", ""), 0.0, "decode never read blocks prefill had freed");
 
-    // A revision whose decode receives one byte changed in one block (the connector's test-only
-    // fault): refused by its canary, naming the counter, while the good revision serves on.
+    // What the good revision answers a probe prompt, alone.
     let probe: Vec<u32> = (0..300u32).map(|i| (i * 11 + 7) % 500 + 3).collect();
     let probe_body = serde_json::json!({ "model": "/models/tiny", "prompt": probe, "max_tokens": 6, "temperature": 0, "return_token_ids": true }).to_string();
     let reference = request("POST", &format!("http://{prefill}/v1/completions"), Some(&probe_body)).unwrap().1;
     let reference = serde_json::from_str::<serde_json::Value>(&reference).unwrap()["choices"][0]["token_ids"].clone();
-    let faulty = |after: u32, bake: u64| {
+    // A revision with one of the connector's test-only faults on `role`, from handoff `after` on.
+    let faulty = |fault: &str, role: &str, after: u32, bake: u64, lease: Option<u64>| {
         let mut d: serde_json::Value = serde_json::from_str(&vllm_pd(cp, 2048, &holds, &holds)).unwrap();
-        let env = d["spec"]["decode"]["container"]["env"].as_array_mut().unwrap();
-        env.push(serde_json::json!({ "name": "KVGATE_VLLM_FAULT", "value": "corrupt" }));
+        let env = d["spec"][role]["container"]["env"].as_array_mut().unwrap();
+        env.push(serde_json::json!({ "name": "KVGATE_VLLM_FAULT", "value": fault }));
         env.push(serde_json::json!({ "name": "KVGATE_VLLM_FAULT_AFTER", "value": after.to_string() }));
+        if let Some(lease) = lease {
+            for r in ["prefill", "decode"] {
+                let args = d["spec"][r]["container"]["args"].as_array_mut().unwrap();
+                let at = args.iter().position(|a| a == "--kv-transfer-config").unwrap();
+                let mut connector: serde_json::Value = serde_json::from_str(args[at + 1].as_str().unwrap()).unwrap();
+                connector["kv_connector_extra_config"]["kv_lease_duration"] = lease.into();
+                args[at + 1] = connector.to_string().into();
+            }
+        }
         d["spec"]["rollout"]["bakeSeconds"] = bake.into();
         d.to_string()
     };
-    let earlier = infd(cp, &ns, "vllm-pd")["status"]["refusedRevision"]["revision"].clone();
-    apply_yaml(cp, &ns, &faulty(0, 0));
-    eventually(cp, &ns, "the faulty revision refused", LONG, || {
-        let d = infd(cp, &ns, "vllm-pd");
-        d["status"]["refusedRevision"]["revision"].is_string() && d["status"]["refusedRevision"]["revision"] != earlier
-    });
-    let d = infd(cp, &ns, "vllm-pd");
-    let refused = &d["status"]["refusedRevision"];
-    assert_eq!(refused["reason"], "HandoffIntegrityViolation", "{d}");
-    let message = refused["message"].as_str().unwrap();
-    assert!(message.contains("vllm pod vllm-pd-decode-") && message.contains("(decode): checksum 0 -> "), "{message}");
-    assert_eq!(d["status"]["currentRevision"], rev.as_str(), "the good revision still serves: {d}");
     let ask = |at: &str, body: &str| request("POST", &format!("http://{at}/v1/completions"), Some(body)).unwrap();
-    let (status, answer) = ask(&service_endpoints(cp, &ns, "vllm-pd")[0], &probe_body);
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&answer).unwrap()["choices"][0]["token_ids"], reference);
+    // Each fault of the transport, on its own revision: refused by the canary naming decode's
+    // counter and its reason, while the good revision serves on and answers what it answered.
+    // `late` holds a finished transfer until prefill's lease ran out: a lease of 30 s (not
+    // 120), so the canary's first request (120 s at most) meets it.
+    let mut refused = serde_json::Value::Null;
+    for (fault, role, reason, lease) in [
+        ("corrupt", "decode", "checksum", None),
+        ("foreign", "prefill", "checksum", None),
+        ("unsent", "decode", "checksum", None),
+        ("late", "decode", "timeout", Some(30)),
+    ] {
+        let earlier = infd(cp, &ns, "vllm-pd")["status"]["refusedRevision"]["revision"].clone();
+        apply_yaml(cp, &ns, &faulty(fault, role, 0, 0, lease));
+        eventually(cp, &ns, &format!("the revision with fault {fault} refused"), LONG, || {
+            let d = infd(cp, &ns, "vllm-pd");
+            d["status"]["refusedRevision"]["revision"].is_string() && d["status"]["refusedRevision"]["revision"] != earlier
+        });
+        let d = infd(cp, &ns, "vllm-pd");
+        refused = d["status"]["refusedRevision"].clone();
+        assert_eq!(
+            (refused["reason"].as_str(), refused["rolledBack"].as_bool(), d["status"]["phase"].as_str()),
+            (Some("HandoffIntegrityViolation"), None, Some("Refused")),
+            "{fault}: {d}"
+        );
+        let message = refused["message"].as_str().unwrap();
+        assert!(message.contains("vllm pod vllm-pd-decode-") && message.contains(&format!("(decode): {reason} 0 -> ")), "{fault}: {message}");
+        assert_eq!(d["status"]["currentRevision"], rev.as_str(), "{fault}: the good revision still serves: {d}");
+        let (status, answer) = ask(&service_endpoints(cp, &ns, "vllm-pd")[0], &probe_body);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&answer).unwrap()["choices"][0]["token_ids"], reference);
+    }
 
     // A revision that goes bad after its canary (the fault after 12 handoffs per decode pod):
     // promoted, then rolled back in its bake from decode's own counter; no answer carries
     // tokens built on the bad KV (each is the reference's, or an error).
-    apply_yaml(cp, &ns, &faulty(12, 600));
+    apply_yaml(cp, &ns, &faulty("corrupt", "decode", 12, 600, None));
     let mut baking = serde_json::Value::Null;
     eventually(cp, &ns, "the revision that goes bad promoted and baking", LONG, || {
         baking = infd(cp, &ns, "vllm-pd");
@@ -277,6 +306,7 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     let rolled = &d["status"]["refusedRevision"];
     assert_eq!((rolled["revision"].as_str(), rolled["reason"].as_str()), (Some(promoted.as_str()), Some("HandoffIntegrityViolation")), "{d}");
     assert!(rolled["message"].as_str().unwrap().contains("checksum"), "{rolled}");
+    assert_eq!(rolled["rolledBack"], true, "{rolled}");
     assert!(failed >= 1, "{served} served, {failed} failed: the fault never hit");
 }
 

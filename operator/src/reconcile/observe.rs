@@ -56,10 +56,13 @@ pub struct World {
     pub router_ready: Option<i32>,
     pub pods: Vec<WorkerPod>,
     /// The deployment's KV pods' integrity counters (`engines::integrity`), summed by name;
-    /// scraped only while a promotion or a bake may need them (`decide`'s `Plan::scrape`).
+    /// scraped once a revision serves (`decide`'s `Plan::scrape`).
     pub mismatches: Option<BTreeMap<String, u64>>,
     /// The same counters of each pod that counted any, by pod name.
     pub mismatches_by_pod: BTreeMap<String, crate::engines::integrity::Counts>,
+    /// Pods whose counters grew and have not held still for the quiet window since: what grew
+    /// (`tasks::counter_watch`), by pod name.
+    pub integrity_violations: BTreeMap<String, Vec<String>>,
     /// Some pod of the deployment did not answer the last scrape (a promotion's baseline must
     /// cover every pod; a bake judges on whatever answered).
     pub mismatches_partial: bool,
@@ -189,6 +192,7 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> (World, 
         pods: workers,
         mismatches: None,
         mismatches_by_pod: BTreeMap::new(),
+        integrity_violations: BTreeMap::new(),
         mismatches_partial: false,
         canary,
         stuck,
@@ -202,6 +206,7 @@ pub fn world(ctx: &Context, d: &InferenceDeployment, revision: &str) -> (World, 
         let name = |ip: &str| world.pods.iter().find(|p| p.ip.as_deref() == Some(ip)).map(|p| p.name.clone());
         world.mismatches_by_pod =
             c.by_pod.iter().filter(|(_, n)| crate::engines::integrity::total(n) > 0).filter_map(|((ip, _), n)| Some((name(ip)?, n.clone()))).collect();
+        world.integrity_violations = c.violations.iter().filter_map(|((ip, _), grown)| Some((name(ip)?, grown.clone()))).collect();
     }
     (world, reads)
 }

@@ -60,8 +60,8 @@ pub async fn reconcile(cached: &InferenceDeployment, ctx: &Context) -> Result<Ac
     if let Some(run) = &plan.canary {
         ctx.canaries.start(&owner, &uid, run, key());
     }
-    if let Some(targets) = &plan.scrape {
-        ctx.scrapes.want(&owner, &uid, targets.clone(), d.spec.engine().integrity_counters(&d.spec));
+    if let Some((targets, pace)) = &plan.scrape {
+        ctx.scrapes.want(&owner, &uid, targets.clone(), d.spec.engine().integrity_counters(&d.spec), *pace);
     }
     match &plan.serving_probe {
         Some(run) => ctx.serving_probes.want(&owner, &uid, run, key()),

@@ -1,10 +1,12 @@
 //! Work a reconcile must not wait for, run in the background: reading pods' capacity reports
-//! (`probes`), scraping mismatch counters during promotions and bakes (`scrapes`), and the
-//! integrity canary (`canaries`), and the probes on serving pods (`serving_probes`). A reconcile reads their latest results and asks for more; each
+//! (`probes`), scraping the KV pods' integrity counters (`scrapes`; fast during promotions and
+//! bakes, slower while a revision serves), the integrity canary (`canaries`), and the probes on
+//! serving pods (`serving_probes`). A reconcile reads their latest results and asks for more; each
 //! task wakes the reconcile of its InferenceDeployment (`Trigger`) when it has something new, so
 //! no reconcile pass ever blocks on a pod.
 
 pub mod canaries;
+mod counter_watch;
 pub mod probes;
 pub mod scrapes;
 pub mod serving_probes;

@@ -1,8 +1,10 @@
-//! The deployment's integrity counters, scraped in the background while a promotion or a bake
-//! needs them: every `EVERY`, every KV pod's counters of its engine (`engines::integrity`:
-//! kvgate's `kvgate_handoff_mismatch_total` by reason; a disaggregated vLLM's NIXL failures and
-//! reads after expiry too), kept by pod. A change wakes the reconcile (a bake rolls back within one scrape of a mismatch); a
-//! deployment nobody asked about for `IDLE` is no longer scraped. The counters are a part of the
+//! The deployment's integrity counters, scraped in the background: every KV pod's counters of
+//! its engine (`engines::integrity`: kvgate's `kvgate_handoff_mismatch_total` by reason; a
+//! disaggregated vLLM's connector mismatches, NIXL failures and reads after expiry too), kept by
+//! pod, with each pod's violation in progress (`counter_watch`). Twice a second while a promotion
+//! or a bake needs them (a bake rolls back within one scrape of a mismatch), every
+//! `SERVING_EVERY` while a revision just serves. A change wakes the reconcile; a deployment
+//! nobody asked about for `IDLE` is no longer scraped. The counters are a part of the
 //! deployment's index entry, the loop its `scrape` task.
 
 use std::collections::BTreeMap;
@@ -13,6 +15,7 @@ use futures::future::join_all;
 use kube::runtime::reflector::ObjectRef;
 
 use super::Trigger;
+use super::counter_watch::CounterWatch;
 use crate::crd::InferenceDeployment;
 use crate::engines::integrity::{self, Counter, Counts};
 use crate::index::Index;
@@ -21,9 +24,21 @@ use crate::scrape;
 /// Every pod's `/metrics` is a few hundred bytes of text: cheap enough to read twice a second
 /// while a bake lasts, and a rollback follows a mismatch within about half a second.
 pub const EVERY: Duration = Duration::from_millis(500);
+/// While a revision serves with no bake: a violation is reported within five seconds, and a
+/// hundred pods cost twenty small reads a second.
+pub const SERVING_EVERY: Duration = Duration::from_secs(5);
 /// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
 pub const TASK: &str = "scrape";
-const IDLE: Duration = Duration::from_secs(10);
+/// Longer than the slowest requeue of a settled deployment (30 s), which asks again each pass.
+const IDLE: Duration = Duration::from_secs(60);
+
+/// How a deployment's counters are read: how often, and how long a pod's counters must hold
+/// still after they grew before its violation ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    pub every: Duration,
+    pub quiet: Duration,
+}
 
 /// A pod's address and the port of its `/metrics`.
 pub type Endpoint = (String, u16);
@@ -33,6 +48,8 @@ pub type Endpoint = (String, u16);
 pub struct Counters {
     pub by_pod: BTreeMap<Endpoint, Counts>,
     pub complete: bool,
+    /// Each pod in a violation: what grew since it started (`counter_watch`).
+    pub violations: BTreeMap<Endpoint, Vec<String>>,
 }
 
 impl Counters {
@@ -49,13 +66,37 @@ impl Counters {
 struct Scraped {
     targets: Vec<Endpoint>,
     counters: &'static [Counter],
+    pace: Pace,
     latest: Option<BTreeMap<Endpoint, Counts>>,
+    watches: BTreeMap<Endpoint, CounterWatch>,
     wanted: Instant,
 }
 
 impl Default for Scraped {
     fn default() -> Self {
-        Scraped { targets: Vec::new(), counters: &[], latest: None, wanted: Instant::now() }
+        let pace = Pace { every: EVERY, quiet: Duration::from_secs(300) };
+        Scraped { targets: Vec::new(), counters: &[], pace, latest: None, watches: BTreeMap::new(), wanted: Instant::now() }
+    }
+}
+
+impl Scraped {
+    /// Takes the reads of one round (the pods that answered) and ends the violations that held
+    /// still; forgets the pods no longer asked about.
+    fn take(&mut self, by_pod: &BTreeMap<Endpoint, Counts>, now: Instant) {
+        self.watches.retain(|ep, _| self.targets.contains(ep));
+        for (ep, counts) in by_pod {
+            match self.watches.get_mut(ep) {
+                Some(w) => w.read(counts.clone(), now, self.pace.quiet),
+                None => {
+                    self.watches.insert(ep.clone(), CounterWatch::new(counts.clone()));
+                }
+            }
+        }
+        self.watches.values_mut().for_each(|w| w.expire(now, self.pace.quiet));
+    }
+
+    fn violations(&self) -> BTreeMap<Endpoint, Vec<String>> {
+        self.watches.iter().map(|(ep, w)| (ep.clone(), w.grown())).filter(|(_, g)| !g.is_empty()).collect()
     }
 }
 
@@ -75,40 +116,50 @@ impl Scrapes {
         let mut targets = targets.to_vec();
         targets.sort();
         let found = self.index.with(owner_uid, |entry| {
-            let by_pod = entry.get::<Scraped>()?.latest.as_ref()?;
-            Some(Counters { by_pod: by_pod.clone(), complete: by_pod.keys().eq(targets.iter()) })
+            let s = entry.get::<Scraped>()?;
+            let by_pod = s.latest.as_ref()?;
+            Some(Counters { by_pod: by_pod.clone(), complete: by_pod.keys().eq(targets.iter()), violations: s.violations() })
         });
         found.flatten()
     }
 
-    /// Keeps `counters` of `targets` (the deployment's KV pods) scraped.
-    pub fn want(self: &Arc<Self>, owner: &ObjectRef<InferenceDeployment>, owner_uid: &str, mut targets: Vec<Endpoint>, counters: &'static [Counter]) {
+    /// Keeps `counters` of `targets` (the deployment's KV pods) scraped at `pace`.
+    pub fn want(
+        self: &Arc<Self>,
+        owner: &ObjectRef<InferenceDeployment>,
+        owner_uid: &str,
+        mut targets: Vec<Endpoint>,
+        counters: &'static [Counter],
+        pace: Pace,
+    ) {
         targets.sort();
         self.index.with(owner_uid, |entry| {
             if !entry.running(TASK, "") {
                 entry.spawn(TASK, "", self.clone().run(owner.clone(), owner_uid.to_string()));
             }
             let s = entry.part::<Scraped>();
-            (s.targets, s.counters, s.wanted) = (targets, counters, Instant::now());
+            (s.targets, s.counters, s.pace, s.wanted) = (targets, counters, pace, Instant::now());
         });
     }
 
     async fn run(self: Arc<Self>, owner: ObjectRef<InferenceDeployment>, uid: String) {
         loop {
             let targets = self.index.with(&uid, |entry| match entry.get::<Scraped>() {
-                Some(s) if s.wanted.elapsed() < IDLE => Some((s.targets.clone(), s.counters)),
+                Some(s) if s.wanted.elapsed() < IDLE => Some((s.targets.clone(), s.counters, s.pace.every)),
                 _ => {
                     entry.drop_part::<Scraped>();
                     None
                 }
             });
-            let Some(Some((targets, counters))) = targets else { return };
+            let Some(Some((targets, counters, every))) = targets else { return };
             let reads = join_all(targets.iter().map(|(ip, port)| scrape::metrics(&self.http, ip, *port))).await;
             let by_pod: BTreeMap<Endpoint, Counts> =
                 targets.iter().zip(reads).filter_map(|(target, text)| Some((target.clone(), integrity::read(&text.ok()?, counters)))).collect();
             let changed = self.index.with(&uid, |entry| {
                 let s = entry.part::<Scraped>();
-                let changed = s.latest.as_ref() != Some(&by_pod);
+                let violations = s.violations();
+                s.take(&by_pod, Instant::now());
+                let changed = s.latest.as_ref() != Some(&by_pod) || s.violations() != violations;
                 if !by_pod.is_empty() || targets.is_empty() {
                     s.latest = Some(by_pod);
                 }
@@ -119,7 +170,7 @@ impl Scrapes {
                 Some(true) => self.trigger.reconcile(&owner),
                 Some(false) => {}
             }
-            tokio::time::sleep(EVERY).await;
+            tokio::time::sleep(every).await;
         }
     }
 }

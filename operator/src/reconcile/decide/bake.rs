@@ -1,9 +1,11 @@
 //! Step 3: the bake window after a promotion. The previous revision's Deployments stay, at their
 //! size, while the new revision serves; any increase of the deployment's integrity counters
 //! (kvgate's handoff mismatches, a disaggregated engine's own: `engines::integrity`) beyond
-//! `spec.rollout.maxHandoffMismatches` rolls back to the previous revision.
+//! `spec.rollout.maxHandoffMismatches` rolls back to the previous revision. The counters are
+//! read while a revision serves too, more slowly (`counters_wanted`).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -12,6 +14,7 @@ use crate::crd::{BakeStatus, InferenceDeploymentStatus};
 use crate::engines::integrity::{self, Counts, total};
 use crate::reasons::{EventAction, Reason};
 use crate::rollout_state::RollbackReason;
+use crate::tasks::scrapes::{self, Pace};
 
 /// Whether a promotion of this deployment bakes: its engine counts KV that moved wrong (kvgate's
 /// workers, a disaggregated vLLM) to judge it on; an engine that moves no KV between pods has no
@@ -20,16 +23,26 @@ pub(super) fn bakes(d: &crate::crd::InferenceDeployment) -> bool {
     d.spec.rollout.bake_seconds > 0 && !d.spec.engine().integrity_counters(&d.spec).is_empty()
 }
 
-/// Whether the deployment's integrity counters must be read (scraped in the background) after
-/// this pass: during a bake, and when a promotion over a serving revision may start one (its
-/// baseline). Engines without counters are never scraped.
-pub(super) fn counters_wanted(i: &Inputs<'_>, r: &Rollout) -> bool {
-    if !bakes(i.d) {
-        return false;
+/// How the deployment's integrity counters are read after this pass: fast during a bake and
+/// when a promotion over a serving revision may start one (its baseline), slower while a
+/// revision just serves (a serving pod whose counters grow makes the deployment Degraded:
+/// `gates`). Engines without counters are never scraped.
+pub(super) fn counters_wanted(i: &Inputs<'_>, r: &Rollout) -> Option<Pace> {
+    if i.d.spec.engine().integrity_counters(&i.d.spec).is_empty() || r.serving.is_none() {
+        return None;
     }
     let canary_done = i.d.spec.rollout.canary.prompts == 0 || r.canary.as_ref().is_some_and(|c| c.revision == i.revision && c.passed);
     let promotable = r.serving.as_deref().is_some_and(|s| s != i.revision) && canary_done;
-    r.bake.is_some() || promotable
+    let fast = bakes(i.d) && (r.bake.is_some() || promotable);
+    Some(Pace { every: if fast { scrapes::EVERY } else { scrapes::SERVING_EVERY }, quiet: quiet(i.d) })
+}
+
+/// How long a serving pod's counters must hold still after they grew before the deployment is
+/// no longer Degraded for them: the bake's window (the time a revision is trusted on), 300 s
+/// when the bake is off, at most an hour.
+pub fn quiet(d: &crate::crd::InferenceDeployment) -> Duration {
+    let s = d.spec.rollout.bake_seconds;
+    Duration::from_secs(if s == 0 { 300 } else { s.min(3600) })
 }
 
 /// Starts a bake at a promotion over a serving revision; judges the bake in progress.
@@ -66,6 +79,7 @@ pub(super) fn advance(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &mut 
             r.serving = Some(b.previous.clone());
             r.serving_window = Some(b.previous_context_window);
             r.refuse(&b.revision, reason.into(), &message);
+            r.refused.as_mut().expect("just refused").rolled_back = true;
             r.rollback = Some(reason);
             r.scale_to_zero |= b.revision == i.revision;
             r.bake = None;

@@ -2,7 +2,11 @@
 //! the `kvgate.dev/kv-pool-verified` condition its verdict calls for (written only when it
 //! changes); verified candidate pods stay `False` while the canary is pending; a serving pod
 //! that no longer passes (restarted smaller, other fingerprints) is out at once, and the
-//! deployment is `Degraded` until it passes again.
+//! deployment is `Degraded` until it passes again. A serving pod whose integrity counters grow
+//! (a handoff it refused, a transfer its engine failed) makes the deployment `Degraded` too,
+//! until they hold still for the quiet window (`bake::quiet`), but stays in: each such handoff
+//! was refused, not decoded from, and taking pods out on a counter the peer may have caused (a
+//! decode counts what a bad prefill sent) would turn one bad link into an outage.
 
 use std::collections::BTreeMap;
 
@@ -67,6 +71,8 @@ pub(super) struct Gates {
     pub shown: Verification,
     /// Why each serving pod that fails the gate fails it.
     pub unverified: Vec<String>,
+    /// Each serving pod whose integrity counters grew: engine, role, pod and what grew.
+    pub integrity: Vec<String>,
     pub events: Vec<Announcement>,
 }
 
@@ -83,19 +89,37 @@ pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout
     // Serving pods are read again on every pass: one that restarted smaller, or with other
     // fingerprints, has just had its gate set False (out of the Service's endpoints).
     let unverified = if r.serving.is_some() { failures(&shown_verdicts) } else { Vec::new() };
+    let integrity = if r.serving.is_some() { violations(i, &shown) } else { Vec::new() };
     let mut events = Vec::new();
     let was = prev.conditions.iter().find(|c| c.type_ == conditions::DEGRADED && c.status == "True");
-    let stuck: Vec<String> = i.world.stuck.iter().filter(|s| s.revision.as_deref() == Some(shown.as_str())).map(|s| s.describe()).collect();
-    if !unverified.is_empty() && r.serving.is_some() {
-        if was.map(|c| c.message.as_str()) != Some(degraded_message(&shown, &unverified, &stuck).as_str()) {
-            events.push(warning(
-                Reason::ServingPodUnverified,
-                EventAction::RolloutGate,
-                format!("serving revision {shown}: {}; out of the Service's endpoints until it passes again", unverified.join("; ")),
-            ));
-        }
-    } else if was.is_some_and(|c| c.reason == Reason::ServingPodUnverified.as_str()) {
+    // Each finding is announced when the condition did not say it yet.
+    let said = |found: &[String]| was.is_some_and(|c| found.iter().all(|f| c.message.contains(f.as_str())));
+    let said_before = |reason: Reason| was.is_some_and(|c| c.reason == reason.as_str());
+    if !unverified.is_empty() && !said(&unverified) {
+        events.push(warning(
+            Reason::ServingPodUnverified,
+            EventAction::RolloutGate,
+            format!("serving revision {shown}: {}; out of the Service's endpoints until it passes again", unverified.join("; ")),
+        ));
+    } else if unverified.is_empty() && said_before(Reason::ServingPodUnverified) {
         events.push(normal(Reason::ServingPodsVerified, EventAction::RolloutGate, format!("every pod of serving revision {shown} passes the gate again")));
+    }
+    let quiet = super::bake::quiet(i.d).as_secs();
+    if !integrity.is_empty() && !said(&integrity) {
+        events.push(warning(
+            Reason::HandoffMismatchesCounted,
+            EventAction::IntegrityWatch,
+            format!(
+                "serving revision {shown}: {}; each was refused, not decoded from; Degraded until the counters hold still for {quiet} s",
+                integrity.join("; ")
+            ),
+        ));
+    } else if integrity.is_empty() && was.is_some_and(|c| c.message.contains(UNVERIFIED_HANDOFFS)) {
+        events.push(normal(
+            Reason::HandoffCountersQuiet,
+            EventAction::IntegrityWatch,
+            format!("the integrity counters of serving revision {shown}'s pods held still for {quiet} s"),
+        ));
     }
     // Advisory: a window the prefill pods cannot prefill before the handoff deadline is said
     // once, when it becomes so (the condition keeps saying it).
@@ -106,7 +130,16 @@ pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout
             events.push(warning(Reason::PrefillSlowerThanHandoffTimeout, EventAction::RolloutGate, message));
         }
     }
-    Gates { pod_gates, shown: shown_pods, unverified, events }
+    Gates { pod_gates, shown: shown_pods, unverified, integrity, events }
+}
+
+/// The serving pods in an integrity violation, as `vllm decode pod NAME: checksum 0 -> 2`.
+fn violations(i: &Inputs<'_>, serving: &str) -> Vec<String> {
+    let engine = i.d.spec.engine.as_str();
+    i.world
+        .pods_of(serving)
+        .filter_map(|p| Some(format!("{engine} {} pod {}: {}", p.role.as_str(), p.name, i.world.integrity_violations.get(&p.name)?.join(", "))))
+        .collect()
 }
 
 /// The gate on one revision's pods: the verdict per pod and for the revision.
@@ -176,11 +209,21 @@ fn conditions_for<'w>(pods: impl Iterator<Item = &'w WorkerPod>, verdicts: &[Pod
         .collect()
 }
 
-/// The `Degraded` condition's message: the serving revision, why each pod fails the gate, and
-/// which cannot start.
-pub fn degraded_message(serving: &str, unverified: &[String], stuck: &[String]) -> String {
-    let problems: Vec<&str> = unverified.iter().chain(stuck).map(String::as_str).collect();
-    format!("serving revision {serving}: {}; those pods take no traffic", problems.join("; "))
+/// How the `Degraded` condition's message introduces the pods that counted KV that moved wrong.
+const UNVERIFIED_HANDOFFS: &str = "handoffs that did not verify";
+
+/// The `Degraded` condition's message: the serving revision, why each pod fails the gate,
+/// which cannot start, and which counted KV that moved wrong.
+pub fn degraded_message(serving: &str, unverified: &[String], stuck: &[String], integrity: &[String]) -> String {
+    let mut parts = Vec::new();
+    let out: Vec<&str> = unverified.iter().chain(stuck).map(String::as_str).collect();
+    if !out.is_empty() {
+        parts.push(format!("{}; those pods take no traffic", out.join("; ")));
+    }
+    if !integrity.is_empty() {
+        parts.push(format!("{UNVERIFIED_HANDOFFS}: {}", integrity.join("; ")));
+    }
+    format!("serving revision {serving}: {}", parts.join("; "))
 }
 
 /// Whether the slowest prefill pod, at the rate it measured, prefills a prompt of the whole

@@ -88,8 +88,9 @@ pub struct Plan {
     pub unverified: Vec<String>,
     /// A rollback decided now: counted once under this reason.
     pub rollback: Option<RollbackReason>,
-    /// The worker pods whose mismatch counters are scraped after this pass (`None`: none).
-    pub scrape: Option<Vec<crate::tasks::scrapes::Endpoint>>,
+    /// The worker pods whose integrity counters are scraped after this pass, and how
+    /// (`None`: none).
+    pub scrape: Option<(Vec<crate::tasks::scrapes::Endpoint>, crate::tasks::scrapes::Pace)>,
     /// A pod cannot find the deployment's handoff Secret (someone deleted it): create it again.
     pub recreate_secret: bool,
 }
@@ -159,7 +160,7 @@ impl Rollout {
 
     /// Records a refusal decided now: kept in status, counted once.
     fn refuse(&mut self, rev: &str, reason: RefusalReason, message: &str) {
-        self.refused = Some(RefusedRevision { revision: rev.into(), reason, message: message.into() });
+        self.refused = Some(RefusedRevision { revision: rev.into(), reason, message: message.into(), rolled_back: false });
         self.refused_now = Some(reason);
     }
 }
@@ -191,6 +192,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
         canary_running: r.canary_run.is_some(),
         canary: r.canary.clone(),
         unverified: gates.unverified.clone(),
+        integrity: gates.integrity.clone(),
         candidate_stuck: if r.refused(i.revision) { Vec::new() } else { stuck(i.revision) },
         serving_stuck: r.serving.as_deref().map(stuck).unwrap_or_default(),
         router_stuck: i.world.stuck.iter().filter(|s| s.revision.is_none()).map(|s| s.describe()).collect(),
@@ -200,7 +202,7 @@ pub fn decide(i: Inputs<'_>) -> Plan {
     r.events.extend(pool_event(&prev, &status, &observed));
     let settled = (r.serving.as_deref() == Some(i.revision) && r.bake.is_none()) || r.refused(i.revision);
     let serving_probe = canary::serving(&i, &r);
-    let scrape = bake::counters_wanted(&i, &r).then(|| i.world.counter_endpoints(&i.d.spec));
+    let scrape = bake::counters_wanted(&i, &r).map(|pace| (i.world.counter_endpoints(&i.d.spec), pace));
     Plan {
         workers: workloads.workers,
         delete: workloads.delete,

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, DEGRADED, PREFILL_WITHIN_DEADLINE, PROGRESSING, ROLLOUT_REFUSED};
 use crate::crd::{BakeStatus, CanaryStatus, InferenceDeployment, InferenceDeploymentStatus, RefusedRevision, RoleStatus};
 use crate::gate::{RevisionVerdict, Role};
-use crate::rollout_state::{Phase, RefusalReason};
+use crate::rollout_state::Phase;
 
 use crate::reconcile::inference_pool::{self, PoolCondition};
 
@@ -42,6 +42,8 @@ pub struct Observed {
     pub canary: Option<CanaryStatus>,
     /// Why each serving pod that no longer passes the gate fails it.
     pub unverified: Vec<String>,
+    /// Each serving pod whose integrity counters grew.
+    pub integrity: Vec<String>,
     /// Pods that cannot start, described with their own reason and message: the candidate's,
     /// the serving revision's, the router's.
     pub candidate_stuck: Vec<String>,
@@ -153,10 +155,12 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     };
     conditions::set(&mut conds, ROLLOUT_REFUSED, refused_now.is_some(), reason, message, generation, &o.now);
 
-    let degraded = o.serving.is_some() && !(o.unverified.is_empty() && o.serving_stuck.is_empty());
+    let degraded = o.serving.is_some() && !(o.unverified.is_empty() && o.serving_stuck.is_empty() && o.integrity.is_empty());
+    let found = |s: &str| degraded_message(s, &o.unverified, &o.serving_stuck, &o.integrity);
     let (degraded_reason, message) = match &o.serving {
-        Some(s) if !o.unverified.is_empty() => (Reason::ServingPodUnverified, degraded_message(s, &o.unverified, &o.serving_stuck)),
-        Some(s) if !o.serving_stuck.is_empty() => (Reason::PodsCannotStart, degraded_message(s, &o.unverified, &o.serving_stuck)),
+        Some(s) if !o.unverified.is_empty() => (Reason::ServingPodUnverified, found(s)),
+        Some(s) if !o.serving_stuck.is_empty() => (Reason::PodsCannotStart, found(s)),
+        Some(s) if !o.integrity.is_empty() => (Reason::HandoffMismatchesCounted, found(s)),
         Some(s) => (Reason::ServingPodsVerified, format!("every pod of serving revision {s} passes the gate")),
         None => (Reason::NoServingRevision, "no revision serves yet".to_string()),
     };
@@ -175,10 +179,11 @@ pub fn compute(d: &InferenceDeployment, prev: &InferenceDeploymentStatus, o: &Ob
     }
 
     let phase = match refused_now {
-        Some(r) if r.reason == RefusalReason::HandoffIntegrityViolation => Phase::RolledBack,
+        Some(r) if r.rolled_back => Phase::RolledBack,
         Some(_) => Phase::Refused,
         None if o.bake.is_some() && rolled_out => Phase::Baking,
-        // Serving, with a serving pod out of the Service (all of a role's, even).
+        // Serving, with a serving pod out of the Service (all of a role's, even), or one whose
+        // integrity counters grew.
         None if rolled_out && degraded => Phase::Degraded,
         None if rolled_out && available => Phase::Available,
         None if o.canary_running => Phase::Canary,

@@ -437,6 +437,7 @@ fn a_promotion_bakes_beside_the_previous_revision_and_mismatches_roll_it_back() 
     assert!(plan.delete.is_empty() && plan.status.bake.is_none());
     assert_eq!(plan.events.iter().map(|e| (e.reason.as_str(), e.warning)).collect::<Vec<_>>(), [("RolledBack", true)]);
     assert_eq!(condition(&plan, ROLLOUT_REFUSED), (true, "HandoffIntegrityViolation".into()));
+    assert!(refused.rolled_back, "it served: RolledBack, not Refused");
     // Not counted or announced twice.
     let plan = pass_at(&mut d, "r2", &world, 1_033);
     assert_eq!((plan.rollback, plan.events.len(), phase(&plan)), (None, 0, "RolledBack"));
@@ -504,18 +505,25 @@ fn serving_pods_are_probed_and_one_a_probe_caught_is_out_and_degraded() {
 }
 
 #[test]
-fn the_counters_are_scraped_only_while_a_promotion_or_a_bake_needs_them_and_a_partial_scrape_is_no_baseline() {
-    // Serving r1 and nothing in flight: no scrape.
+fn the_counters_are_scraped_fast_for_a_promotion_or_a_bake_slowly_while_serving_and_a_partial_scrape_is_no_baseline() {
+    use crate::tasks::scrapes::{EVERY, SERVING_EVERY};
+    let quiet = std::time::Duration::from_secs(60);
+    // Serving r1 and nothing in flight: every KV pod, at the serving pace.
     let (mut d, world) = serving_r1();
     d.spec.rollout.bake_seconds = 60;
-    assert_eq!(pass(&mut d, "r1", &world).scrape, None);
+    let (targets, pace) = pass(&mut d, "r1", &world).scrape.expect("a serving revision's counters are watched");
+    assert_eq!((targets.len(), pace.every, pace.quiet), (3, SERVING_EVERY, quiet), "{targets:?}");
+    // Nothing serves yet: nothing to watch.
+    let mut fresh = deployment(WINDOW);
+    assert_eq!(pass(&mut fresh, "r1", &World::default()).scrape, None);
 
     // r2 verified and ready over r1: its baseline is wanted from every worker pod of both.
     let (mut d, mut world) = bake_from_r1(4096);
     world.mismatches = None;
     let plan = pass_at(&mut d.clone(), "r2", &world, 1_000);
-    let scraped = plan.scrape.expect("counters wanted before a promotion that bakes");
+    let (scraped, pace) = plan.scrape.expect("counters wanted before a promotion that bakes");
     assert_eq!(scraped.len(), world.pods.iter().filter(|p| p.role.holds_kv()).count(), "{scraped:?}");
+    assert_eq!(pace.every, EVERY, "a promotion's baseline and its bake are read twice a second");
     assert_eq!(plan.status.current_revision.as_deref(), Some("r1"), "no promotion before the baseline is read");
 
     // A scrape that missed a pod is no baseline either; a whole one is.
@@ -525,7 +533,7 @@ fn the_counters_are_scraped_only_while_a_promotion_or_a_bake_needs_them_and_a_pa
     world.mismatches_partial = false;
     let plan = pass_at(&mut d, "r2", &world, 1_000);
     assert_eq!((plan.status.current_revision.as_deref(), phase(&plan)), (Some("r2"), "Baking"));
-    assert!(plan.scrape.is_some(), "a bake is judged on the counters");
+    assert_eq!(plan.scrape.map(|(_, pace)| pace.every), Some(EVERY), "a bake is judged on the counters");
 
     // An external engine has no counters: nothing is ever scraped.
     let mut engine = InferenceDeployment::for_test(serde_json::json!({
@@ -614,7 +622,7 @@ fn a_disaggregated_vllm_is_canaried_and_baked_on_its_engines_counters() {
     vllm_revision(&mut world, &d, "r2");
     let plan = through_canary(&mut d, "r2", &mut world, 1_000);
     assert_eq!((phase(&plan), plan.status.current_revision.as_deref()), ("Baking", Some("r2")), "{:?}", plan.status);
-    let scraped = plan.scrape.expect("a bake is judged on the engine's counters");
+    let (scraped, _) = plan.scrape.expect("a bake is judged on the engine's counters");
     assert_eq!(scraped.len(), 4, "both revisions' KV pods: {scraped:?}");
 
     // r2's decode counts NIXL failures and blocks the connector refused: r1 serves again.
@@ -628,6 +636,63 @@ fn a_disaggregated_vllm_is_canaried_and_baked_on_its_engines_counters() {
     assert_eq!(refused.reason, RefusalReason::HandoffIntegrityViolation);
     assert!(refused.message.contains("pod llm-decode-r2-0: checksum 2, late 1, vllm:nixl_num_failed_transfers_total 3"), "{}", refused.message);
     assert_eq!(plan.events.iter().map(|e| (e.reason.as_str(), e.warning)).collect::<Vec<_>>(), [("RolledBack", true)]);
+}
+
+/// After its bake, a serving pod whose counters grow makes the deployment Degraded, naming the
+/// engine, role, pod and counter, with one Warning Event; the pod stays in (its gate is not
+/// touched: each such handoff was refused), and when the counters held still the condition
+/// clears with a Normal Event.
+#[test]
+fn a_serving_pod_whose_integrity_counters_grow_degrades_the_deployment_until_they_hold_still() {
+    let mut d = vllm_pd();
+    let mut world = World::default();
+    vllm_revision(&mut world, &d, "r1");
+    let plan = through_canary(&mut d, "r1", &mut world, 1_000);
+    assert_eq!(phase(&plan), "Available");
+    world = world_with_conditions(&world, &plan);
+
+    world.integrity_violations = BTreeMap::from([("llm-decode-r1-0".to_string(), vec!["checksum 0 -> 2".to_string()])]);
+    let plan = pass_at(&mut d, "r1", &world, 1_100);
+    assert_eq!((phase(&plan), plan.status.reason.as_deref()), ("Degraded", Some("HandoffMismatchesCounted")));
+    let c = plan.status.conditions.iter().find(|c| c.type_ == conditions::DEGRADED).unwrap();
+    assert_eq!(c.message, "serving revision r1: handoffs that did not verify: vllm decode pod llm-decode-r1-0: checksum 0 -> 2");
+    assert!(plan.pod_gates.is_empty(), "no pod leaves the Service: {:?}", plan.pod_gates);
+    assert_eq!(plan.status.current_revision.as_deref(), Some("r1"));
+    let events: Vec<_> = plan.events.iter().map(|e| (e.reason.as_str(), e.warning, e.note.as_str())).collect();
+    assert_eq!(
+        events,
+        [(
+            "HandoffMismatchesCounted",
+            true,
+            "serving revision r1: vllm decode pod llm-decode-r1-0: checksum 0 -> 2; each was refused, not decoded from; Degraded until the counters hold still for 60 s"
+        )]
+    );
+    // Said once; more growth on the same pod is said again.
+    assert!(pass_at(&mut d, "r1", &world, 1_101).events.is_empty());
+    world.integrity_violations.insert("llm-decode-r1-0".into(), vec!["checksum 0 -> 3".into()]);
+    assert_eq!(pass_at(&mut d, "r1", &world, 1_102).events.len(), 1);
+    // A pod of no serving revision is not the deployment's concern here.
+    world.integrity_violations = BTreeMap::from([("llm-decode-r9-0".to_string(), vec!["checksum 0 -> 1".to_string()])]);
+    let plan = pass_at(&mut d, "r1", &world, 1_200);
+    assert_eq!((phase(&plan), condition(&plan, conditions::DEGRADED)), ("Available", (false, "ServingPodsVerified".into())));
+    assert_eq!(plan.events.iter().map(|e| (e.reason.as_str(), e.warning)).collect::<Vec<_>>(), [("HandoffCountersQuiet", false)]);
+}
+
+/// A candidate its canary refused for counted mismatches never served: Refused, not RolledBack.
+#[test]
+fn a_canary_refusal_on_the_counters_is_refused_not_rolled_back() {
+    let (mut d, mut world) = serving_r1();
+    revision(&mut world, &d, "r2", Ok(report(8192, "l")), true);
+    d.spec.rollout.canary.prompts = 2;
+    world.canary = Some(CanaryStatus {
+        revision: "r2".into(),
+        passed: false,
+        message: "no integrity counter moved: decode pod llm-decode-r2-0 checksum 0 -> 1".into(),
+        reason: Some(RefusalReason::HandoffIntegrityViolation),
+    });
+    let plan = pass(&mut d, "r2", &world);
+    let refused = plan.status.refused_revision.clone().expect("refused");
+    assert_eq!((refused.reason, refused.rolled_back, phase(&plan)), (RefusalReason::HandoffIntegrityViolation, false, "Refused"));
 }
 
 #[test]
