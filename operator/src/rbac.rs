@@ -26,9 +26,10 @@ pub const WATCHED_NAMESPACES: &[(&str, &str, &[&str])] = &[
     // (`keys`). Never read, listed, watched or overwritten: create alone cannot see or change
     // anyone's Secret.
     ("", "secrets", &["create"]),
-    // kvgate's vLLM connector (`render::vllm_connector`): a ConfigMap created once per digest,
-    // immutable; never read, listed or overwritten.
-    ("", "configmaps", &["create"]),
+    // kvgate's vLLM connector (`render::vllm_connector`): a ConfigMap per deployment and
+    // digest, immutable, in a store like the objects above (applied again if someone deletes
+    // it).
+    ("", "configmaps", &["create", "list", "patch", "watch"]),
     // The rollout gate: pods watched (their store), their readiness-gate condition patched.
     ("", "pods", &["list", "watch"]),
     ("", "pods/status", &["patch"]),

@@ -203,6 +203,54 @@ fn an_engine_loads_a_hub_model_with_a_token_and_the_pod_fields_platforms_need() 
     assert!(refused["message"].as_str().unwrap().starts_with(r#"spec.server.volumes[weights].hostPath "/etc" may not be mounted"#), "{refused}");
 }
 
+/// examples/vllm-pd.yaml as a user applies it: the operator renders kvgate's connector around
+/// the NixlConnector each role names (the package from a ConfigMap it owns, the deployment's
+/// handoff Secret, the flag rewritten) without the user changing the image; a ConfigMap deleted
+/// by hand is applied again by the running operator. (The pods need GPUs and a model claim: here
+/// they never start; `make test-vllm` runs a real pair.)
+#[test]
+fn a_disaggregated_vllm_gets_kvgates_connector_and_its_configmap_back_when_deleted() {
+    let (cp, _) = env();
+    let ns = cp.namespace("connector");
+    apply_yaml(cp, &ns, &std::fs::read_to_string(repo("examples/vllm-pd.yaml")).unwrap());
+    let config_maps = || {
+        let all = get_json(cp, &["-n", &ns, "get", "configmaps", "-l", "app.kubernetes.io/instance=vllm-pd"]);
+        all["items"].as_array().cloned().unwrap_or_default()
+    };
+    eventually(cp, &ns, "the connector's ConfigMap", LONG, || config_maps().len() == 1);
+    let cm = config_maps().remove(0);
+    let name = cm["metadata"]["name"].as_str().unwrap().to_string();
+    assert!(name.starts_with("vllm-pd-vllm-connector-"), "{name}");
+    assert_eq!((cm["immutable"].as_bool(), cm["metadata"]["ownerReferences"][0]["kind"].as_str()), (Some(true), Some("InferenceDeployment")), "{cm}");
+    assert!(cm["data"]["connector.py"].as_str().is_some_and(|t| t.contains("class KvgateConnector")), "the package's files: {cm}");
+    let uid = cm["metadata"]["uid"].clone();
+    eventually(cp, &ns, "status.handoffSecret", LONG, || infd(cp, &ns, "vllm-pd")["status"]["handoffSecret"].is_string());
+    let secret = infd(cp, &ns, "vllm-pd")["status"]["handoffSecret"].as_str().unwrap().to_string();
+
+    for role in ["prefill", "decode"] {
+        let deps = get_json(cp, &["-n", &ns, "get", "deployments", "-l", &format!("app.kubernetes.io/instance=vllm-pd,app.kubernetes.io/component={role}")]);
+        let pod = &deps["items"][0]["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        let args: Vec<&str> = c["args"].as_array().unwrap().iter().filter_map(|a| a.as_str()).collect();
+        let at = args.iter().position(|a| *a == "--kv-transfer-config").expect("the flag stays");
+        let config: serde_json::Value = serde_json::from_str(args[at + 1]).unwrap();
+        assert_eq!(
+            (&config["kv_connector"], &config["kv_connector_extra_config"]["inner"]["kv_connector"], &config["kv_load_failure_policy"]),
+            (&serde_json::json!("KvgateConnector"), &serde_json::json!("NixlConnector"), &serde_json::json!("fail")),
+            "{role}: {config}"
+        );
+        assert_eq!(config["kv_connector_extra_config"]["role"], role);
+        assert_eq!(c["image"], "vllm/vllm-openai:v0.32.0", "{role}: the user's image");
+        let volumes = pod["volumes"].to_string();
+        assert!(volumes.contains(&format!("\"{name}\"")) && volumes.contains(&format!("\"{secret}\"")), "{role}: {volumes}");
+        assert!(c["env"].to_string().contains("/opt/kvgate/python"), "{role}: PYTHONPATH: {}", c["env"]);
+    }
+
+    cp.kubectl_ok(&["-n", &ns, "delete", "configmap", &name]);
+    eventually(cp, &ns, "the ConfigMap applied again", LONG, || config_maps().first().is_some_and(|c| c["metadata"]["uid"] != uid));
+    assert_eq!(config_maps()[0]["metadata"]["name"], name.as_str());
+}
+
 #[test]
 fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
     let (cp, _) = env();

@@ -82,7 +82,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: ["create"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["create"]
+  verbs: ["create", "list", "patch", "watch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]

@@ -5,7 +5,7 @@
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -73,7 +73,8 @@ pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Pl
         ensure_secret(ctx, d, &ns, plan.recreate_secret).await?;
     }
     if d.spec.engine_verifies_handoffs() {
-        ensure_connector(ctx, d, &ns).await?;
+        // Immutable, its name carrying its digest: applied once, and again only if it is gone.
+        apply(ctx, d, &stores.config_maps, &vllm_connector::config_map(d)).await?;
     }
     if integrity {
         for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
@@ -168,24 +169,6 @@ async fn status(ctx: &Context, d: &InferenceDeployment, status: &InferenceDeploy
 /// root key) unless the status this operator wrote names it. The operator cannot read Secrets:
 /// "it exists" is learnt from its own create (or the create's 409), recorded in
 /// `status.handoffSecret` by the same pass, and doubted again when a pod reports it `missing`.
-/// The ConfigMap of kvgate's vLLM connector, created once per digest (its name carries it) and
-/// never rewritten; created again after a restart of the operator (409 when it exists).
-async fn ensure_connector(ctx: &Context, d: &InferenceDeployment, ns: &str) -> Result<(), Error> {
-    let name = vllm_connector::config_map_name(d);
-    let key = format!("ConfigMap/{name}");
-    if ctx.memory.applied(d, &key, 0, Some("created")) {
-        return Ok(());
-    }
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &vllm_connector::config_map(d)).await {
-        Ok(_) => tracing::info!(configmap = name, namespace = ns, "created the vLLM connector's ConfigMap"),
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(Error::api(format!("creating ConfigMap {name}"))(e)),
-    }
-    ctx.memory.set_applied(d, key, 0, Some("created".into()));
-    Ok(())
-}
-
 async fn ensure_secret(ctx: &Context, d: &InferenceDeployment, ns: &str, missing: bool) -> Result<(), Error> {
     let name = secret::secret_name(d);
     if !missing && d.status.as_ref().and_then(|s| s.handoff_secret.as_deref()) == Some(name.as_str()) {

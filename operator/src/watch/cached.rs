@@ -4,7 +4,7 @@
 //! held most of the operator's memory.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
 use serde::Serialize;
@@ -63,6 +63,16 @@ impl Cached for ServiceAccount {
         self.metadata.labels = None;
         self.secrets = None;
         self.image_pull_secrets = None;
+    }
+}
+
+/// kvgate's vLLM connector package: the reconcile reads only that it exists (its digest, of
+/// the files it was applied with, is kept beside it).
+impl Cached for ConfigMap {
+    fn trim(&mut self) {
+        self.metadata.labels = None;
+        self.data = None;
+        self.binary_data = None;
     }
 }
 

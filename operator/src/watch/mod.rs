@@ -18,7 +18,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -42,6 +42,8 @@ pub struct Stores {
     pub service_accounts: Store<ServiceAccount>,
     pub roles: Store<Role>,
     pub role_bindings: Store<RoleBinding>,
+    /// kvgate's vLLM connector package, one per deployment that verifies handoffs inside vLLM.
+    pub config_maps: Store<ConfigMap>,
     /// Of every kind above that the operator applies, what it owns of each object, digested.
     pub digests: Arc<Digests>,
     /// The optional InferencePools: watched from the first pass that syncs one, not waited for.
@@ -61,6 +63,7 @@ impl Stores {
             service_accounts: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
             roles: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
             role_bindings: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
+            config_maps: watch(api_for(client, namespace), &managed, d, trigger, controller_of, |_| {}),
             digests,
             inference_pools: Arc::new(Pools::new(client, namespace, trigger)),
         }
@@ -68,15 +71,16 @@ impl Stores {
 
     /// Once every watch has listed what exists.
     pub async fn ready(&self) -> anyhow::Result<()> {
-        let (a, b, c, d, e, f) = futures::join!(
+        let (a, b, c, d, e, f, g) = futures::join!(
             self.deployments.wait_until_ready(),
             self.pods.wait_until_ready(),
             self.services.wait_until_ready(),
             self.service_accounts.wait_until_ready(),
             self.roles.wait_until_ready(),
             self.role_bindings.wait_until_ready(),
+            self.config_maps.wait_until_ready(),
         );
-        a.and(b).and(c).and(d).and(e).and(f).map_err(|e| anyhow::anyhow!("a watch stopped before its first list: {e}"))
+        a.and(b).and(c).and(d).and(e).and(f).and(g).map_err(|e| anyhow::anyhow!("a watch stopped before its first list: {e}"))
     }
 }
 
