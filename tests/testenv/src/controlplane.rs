@@ -122,7 +122,7 @@ impl ControlPlane {
         let dir = std::env::temp_dir().join(format!("{DIR_PREFIX}{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir)?;
         let certs = certs::generate(&dir)?;
-        let (client, peer, secure, kcm_port, scheduler_port) = (free_port(), free_port(), free_port(), free_port(), free_port());
+        let (client, peer, secure) = (free_port(), free_port(), free_port());
         let server = format!("https://127.0.0.1:{secure}");
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_text(&server, &certs))?;
@@ -208,8 +208,10 @@ impl ControlPlane {
                 &format!("--kubeconfig={admin}"),
                 &format!("--authentication-kubeconfig={admin}"),
                 &format!("--authorization-kubeconfig={admin}"),
-                "--bind-address=127.0.0.1",
-                &format!("--secure-port={kcm_port}"),
+                // No HTTPS endpoint (nothing reads its health or metrics): a port picked at the
+                // start and bound seconds later was taken meanwhile by one of the apiserver's
+                // own connections once (CI: "bind: address already in use").
+                "--secure-port=0",
                 "--leader-elect=false",
                 &format!("--service-account-private-key-file={}", path(&cp.certs.sa_key)),
                 &format!("--root-ca-file={}", path(&cp.certs.ca)),
@@ -232,8 +234,7 @@ impl ControlPlane {
                 &format!("--kubeconfig={admin}"),
                 &format!("--authentication-kubeconfig={admin}"),
                 &format!("--authorization-kubeconfig={admin}"),
-                "--bind-address=127.0.0.1",
-                &format!("--secure-port={scheduler_port}"),
+                "--secure-port=0",
                 "--leader-elect=false",
                 "--v=1",
             ]),
