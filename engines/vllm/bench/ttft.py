@@ -98,25 +98,47 @@ def pair(args, verified: bool, secret_file: str, workdir: str) -> dict[int, list
             p.wait(timeout=60)
 
 
-def digest_throughput(reps: int = 5) -> tuple[float, str]:
+def lanes_seconds(layers, ids, reps: int = 5) -> float:
+    """The fastest of `reps` computations of the lanes of blocks `ids` in every layer."""
+    from kvgate_vllm import digest
+
+    keys = digest.Keys.from_secret(secrets.token_bytes(32))
+    digest.block_lanes_torch(keys, layers, [1] * len(layers), ids)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        digest.block_lanes_torch(keys, layers, [1] * len(layers), ids)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def digest_throughput() -> tuple[float, str]:
     """GB/s of block digests over blocks of a Llama-3-8B layout (32 layers of 16-token blocks,
     8 KV heads of 128, K and V, bf16), 256 blocks per call, on the GPU when there is one."""
     import torch
 
     sys.path.insert(0, PACKAGE)
-    from kvgate_vllm import digest
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    keys = digest.Keys.from_secret(secrets.token_bytes(32))
     layers = [torch.randn(2, 512, 16, 8, 128, dtype=torch.bfloat16, device=device) for _ in range(32)]
     ids = list(range(0, 512, 2))
-    digest.block_lanes_torch(keys, layers, [1] * 32, ids)
-    start = time.perf_counter()
-    for _ in range(reps):
-        digest.block_lanes_torch(keys, layers, [1] * 32, ids)
-    seconds = (time.perf_counter() - start) / reps
     size = sum(t.numel() * t.element_size() for t in layers) * len(ids) / 512
-    return size / seconds / 1e9, device
+    return size / lanes_seconds(layers, ids) / 1e9, device
+
+
+def prompt_lanes_ms(model: str, tokens: int) -> float:
+    """Milliseconds of one side's lanes for a prompt of `tokens` in `model`'s own KV layout
+    (its layers and KV heads, vLLM's CPU blocks of 128 tokens, bf16): what the connector
+    computes per handoff on prefill and again on decode."""
+    import torch
+
+    sys.path.insert(0, PACKAGE)
+    with open(os.path.join(model, "config.json")) as f:
+        config = json.load(f)
+    heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    blocks = -(-tokens // 128)
+    layers = [torch.randn(2, blocks + 1, 128, heads, head_dim, dtype=torch.bfloat16) for _ in range(config["num_hidden_layers"])]
+    return lanes_seconds(layers, list(range(1, blocks + 1))) * 1e3
 
 
 def main():
@@ -142,6 +164,9 @@ def main():
         pm, vm, pl, vl = (f(x) * 1e3 for f, x in ((statistics.median, plain), (statistics.median, verified), (min, plain), (min, verified)))
         print(f"| {n} | {pm:.0f} / {pl:.0f} | {vm:.0f} / {vl:.0f} | {vm / pm:.2f}x / {vl / pl:.2f}x |")
     print(f"\ndigest throughput ({device}, Llama-3-8B block layout): {gbps:.2f} GB/s of KV")
+    # The engines are stopped by now: this is the connector's arithmetic alone, per side.
+    for n in args.lengths:
+        print(f"lanes of a {n}-token prompt in the bench model's layout (one side, cpu): {prompt_lanes_ms(args.model, n):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 //! no reconcile pass ever blocks on a pod.
 
 pub mod canaries;
-mod counter_watch;
+pub(crate) mod counter_watch;
 pub mod probes;
 pub mod scrapes;
 pub mod serving_probes;

@@ -94,14 +94,13 @@ pub(super) fn plan(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &Rollout
     let was = prev.conditions.iter().find(|c| c.type_ == conditions::DEGRADED && c.status == "True");
     // Each finding is announced when the condition did not say it yet.
     let said = |found: &[String]| was.is_some_and(|c| found.iter().all(|f| c.message.contains(f.as_str())));
-    let said_before = |reason: Reason| was.is_some_and(|c| c.reason == reason.as_str());
     if !unverified.is_empty() && !said(&unverified) {
         events.push(warning(
             Reason::ServingPodUnverified,
             EventAction::RolloutGate,
             format!("serving revision {shown}: {}; out of the Service's endpoints until it passes again", unverified.join("; ")),
         ));
-    } else if unverified.is_empty() && said_before(Reason::ServingPodUnverified) {
+    } else if unverified.is_empty() && was.is_some_and(|c| c.reason == Reason::ServingPodUnverified.as_str()) {
         events.push(normal(Reason::ServingPodsVerified, EventAction::RolloutGate, format!("every pod of serving revision {shown} passes the gate again")));
     }
     let quiet = super::bake::quiet(i.d).as_secs();

@@ -12,6 +12,7 @@ use crate::conditions::{self, AVAILABLE, CAPACITY_VERIFIED, PROGRESSING, ROLLOUT
 pub(super) use crate::gate::{self, Measured, Role};
 pub(super) use crate::reconcile::observe::{NoReport, OwnedDeployment, WorkerPod, World};
 use crate::render::workers;
+use crate::tasks::counter_watch::CounterWatch;
 
 pub(super) const WINDOW: u64 = 2048;
 
@@ -651,22 +652,25 @@ fn a_serving_pod_whose_integrity_counters_grow_degrades_the_deployment_until_the
     assert_eq!(phase(&plan), "Available");
     world = world_with_conditions(&world, &plan);
 
-    world.integrity_violations = BTreeMap::from([("llm-decode-r1-0".to_string(), vec!["checksum 0 -> 2".to_string()])]);
+    // Decode's /metrics as a real pair wrote them, clean and then with counts, read as the
+    // scrape reads them.
+    let counters = d.spec.engine().integrity_counters(&d.spec);
+    let read = |body: &str| crate::engines::integrity::read(body, counters);
+    let (t0, quiet) = (std::time::Instant::now(), std::time::Duration::from_secs(60));
+    let mut watch = CounterWatch::new(read(include_str!("../../engines/testdata/vllm-metrics-2048.txt")));
+    watch.read(read(include_str!("../../engines/testdata/vllm-decode-metrics-integrity.txt")), t0, quiet);
+    assert_eq!(watch.grown(), ["checksum 0 -> 2", "late 0 -> 1", "vllm:nixl_num_failed_transfers_total 0 -> 3"]);
+    world.integrity_violations = BTreeMap::from([("llm-decode-r1-0".to_string(), watch.grown())]);
     let plan = pass_at(&mut d, "r1", &world, 1_100);
     assert_eq!((phase(&plan), plan.status.reason.as_deref()), ("Degraded", Some("HandoffMismatchesCounted")));
     let c = plan.status.conditions.iter().find(|c| c.type_ == conditions::DEGRADED).unwrap();
-    assert_eq!(c.message, "serving revision r1: handoffs that did not verify: vllm decode pod llm-decode-r1-0: checksum 0 -> 2");
+    let found = "vllm decode pod llm-decode-r1-0: checksum 0 -> 2, late 0 -> 1, vllm:nixl_num_failed_transfers_total 0 -> 3";
+    assert_eq!(c.message, format!("serving revision r1: handoffs that did not verify: {found}"));
     assert!(plan.pod_gates.is_empty(), "no pod leaves the Service: {:?}", plan.pod_gates);
     assert_eq!(plan.status.current_revision.as_deref(), Some("r1"));
-    let events: Vec<_> = plan.events.iter().map(|e| (e.reason.as_str(), e.warning, e.note.as_str())).collect();
-    assert_eq!(
-        events,
-        [(
-            "HandoffMismatchesCounted",
-            true,
-            "serving revision r1: vllm decode pod llm-decode-r1-0: checksum 0 -> 2; each was refused, not decoded from; Degraded until the counters hold still for 60 s"
-        )]
-    );
+    let events: Vec<_> = plan.events.iter().map(|e| (e.reason.as_str(), e.warning, e.note.clone())).collect();
+    let note = format!("serving revision r1: {found}; each was refused, not decoded from; Degraded until the counters hold still for 60 s");
+    assert_eq!(events, [("HandoffMismatchesCounted", true, note)]);
     // Said once; more growth on the same pod is said again.
     assert!(pass_at(&mut d, "r1", &world, 1_101).events.is_empty());
     world.integrity_violations.insert("llm-decode-r1-0".into(), vec!["checksum 0 -> 3".into()]);
