@@ -83,6 +83,11 @@ fn a_cache_that_holds_the_window_is_available_and_answers_through_the_service() 
 /// `examples/vllm-pd.yaml` on these CPUs: each role's container swapped for the test image with
 /// the tiny model, `prefill` and `decode` the flags of each role's KV pool, one pod per role.
 fn vllm_pd(cp: &ControlPlane, window: u64, prefill: &[&str], decode: &[&str]) -> String {
+    vllm_pd_leased(cp, window, prefill, decode, 120)
+}
+
+/// `vllm_pd` whose connector holds each request's KV for decode `lease` seconds.
+fn vllm_pd_leased(cp: &ControlPlane, window: u64, prefill: &[&str], decode: &[&str], lease: u64) -> String {
     let mut d: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(repo("examples/vllm-pd.yaml")).unwrap()).unwrap();
     d["spec"]["contextWindow"] = window.into();
     d["spec"]["model"] = serde_json::json!({ "path": "tiny", "volume": { "hostPath": models(cp).display().to_string() } });
@@ -106,7 +111,7 @@ fn vllm_pd(cp: &ControlPlane, window: u64, prefill: &[&str], decode: &[&str]) ->
         let at = args.iter().position(|a| a == "--kv-transfer-config").unwrap();
         let mut connector: serde_json::Value = serde_json::from_str(args[at + 1].as_str().unwrap()).unwrap();
         connector["kv_buffer_device"] = "cpu".into();
-        connector["kv_connector_extra_config"] = serde_json::json!({ "num_threads": 1, "kv_lease_duration": 120 });
+        connector["kv_connector_extra_config"] = serde_json::json!({ "num_threads": 1, "kv_lease_duration": lease });
         // One process per server (engine and worker in the API server's): each process of a
         // vLLM polls, and two of them per role starve the others on two cores.
         let mut args: Vec<String> = BASE_FLAGS.map(String::from).to_vec();
@@ -220,20 +225,11 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     let reference = request("POST", &format!("http://{prefill}/v1/completions"), Some(&probe_body)).unwrap().1;
     let reference = serde_json::from_str::<serde_json::Value>(&reference).unwrap()["choices"][0]["token_ids"].clone();
     // A revision with one of the connector's test-only faults on `role`, from handoff `after` on.
-    let faulty = |fault: &str, role: &str, after: u32, bake: u64, lease: Option<u64>| {
-        let mut d: serde_json::Value = serde_json::from_str(&vllm_pd(cp, 2048, &holds, &holds)).unwrap();
+    let faulty = |fault: &str, role: &str, after: u32, bake: u64, lease: u64| {
+        let mut d: serde_json::Value = serde_json::from_str(&vllm_pd_leased(cp, 2048, &holds, &holds, lease)).unwrap();
         let env = d["spec"][role]["container"]["env"].as_array_mut().unwrap();
         env.push(serde_json::json!({ "name": "KVGATE_VLLM_FAULT", "value": fault }));
         env.push(serde_json::json!({ "name": "KVGATE_VLLM_FAULT_AFTER", "value": after.to_string() }));
-        if let Some(lease) = lease {
-            for r in ["prefill", "decode"] {
-                let args = d["spec"][r]["container"]["args"].as_array_mut().unwrap();
-                let at = args.iter().position(|a| a == "--kv-transfer-config").unwrap();
-                let mut connector: serde_json::Value = serde_json::from_str(args[at + 1].as_str().unwrap()).unwrap();
-                connector["kv_connector_extra_config"]["kv_lease_duration"] = lease.into();
-                args[at + 1] = connector.to_string().into();
-            }
-        }
         d["spec"]["rollout"]["bakeSeconds"] = bake.into();
         d.to_string()
     };
@@ -244,10 +240,10 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     // 120), so the canary's first request (120 s at most) meets it.
     let mut refused = serde_json::Value::Null;
     for (fault, role, reason, lease) in [
-        ("corrupt", "decode", "checksum", None),
-        ("foreign", "prefill", "checksum", None),
-        ("unsent", "decode", "checksum", None),
-        ("late", "decode", "timeout", Some(30)),
+        ("corrupt", "decode", "checksum", 120),
+        ("foreign", "prefill", "checksum", 120),
+        ("unsent", "decode", "checksum", 120),
+        ("late", "decode", "timeout", 30),
     ] {
         let earlier = infd(cp, &ns, "vllm-pd")["status"]["refusedRevision"]["revision"].clone();
         apply_yaml(cp, &ns, &faulty(fault, role, 0, 0, lease));
@@ -273,7 +269,7 @@ fn a_disaggregated_vllm_is_gated_role_by_role_and_answers_with_kv_moved_by_nixl(
     // A revision that goes bad after its canary (the fault after 12 handoffs per decode pod):
     // promoted, then rolled back in its bake from decode's own counter; no answer carries
     // tokens built on the bad KV (each is the reference's, or an error).
-    apply_yaml(cp, &ns, &faulty("corrupt", "decode", 12, 600, None));
+    apply_yaml(cp, &ns, &faulty("corrupt", "decode", 12, 600, 120));
     let mut baking = serde_json::Value::Null;
     eventually(cp, &ns, "the revision that goes bad promoted and baking", LONG, || {
         baking = infd(cp, &ns, "vllm-pd");

@@ -83,10 +83,11 @@ impl Scraped {
     /// Takes the reads of one round (the pods that answered) and ends the violations that held
     /// still; forgets the pods no longer asked about.
     fn take(&mut self, by_pod: &BTreeMap<Endpoint, Counts>, now: Instant) {
-        self.watches.retain(|ep, _| self.targets.contains(ep));
+        // `want` keeps the targets sorted.
+        self.watches.retain(|ep, _| self.targets.binary_search(ep).is_ok());
         for (ep, counts) in by_pod {
             match self.watches.get_mut(ep) {
-                Some(w) => w.read(counts.clone(), now, self.pace.quiet),
+                Some(w) => w.read(counts.clone(), now),
                 None => {
                     self.watches.insert(ep.clone(), CounterWatch::new(counts.clone()));
                 }

@@ -78,9 +78,7 @@ pub(super) fn advance(i: &Inputs<'_>, prev: &InferenceDeploymentStatus, r: &mut 
             let reason = RollbackReason::HandoffIntegrityViolation;
             r.serving = Some(b.previous.clone());
             r.serving_window = Some(b.previous_context_window);
-            r.refuse(&b.revision, reason.into(), &message);
-            r.refused.as_mut().expect("just refused").rolled_back = true;
-            r.rollback = Some(reason);
+            r.roll_back(&b.revision, reason, &message);
             r.scale_to_zero |= b.revision == i.revision;
             r.bake = None;
             r.events.push(warning(Reason::RolledBack, EventAction::Bake, format!("revision {} rolled back: {message}", b.revision)));

@@ -163,6 +163,14 @@ impl Rollout {
         self.refused = Some(RefusedRevision { revision: rev.into(), reason, message: message.into(), rolled_back: false });
         self.refused_now = Some(reason);
     }
+
+    /// Records a rollback of `rev`, which served: refused for the same reason, marked rolled
+    /// back (phase RolledBack), counted once as a rollback.
+    fn roll_back(&mut self, rev: &str, reason: RollbackReason, message: &str) {
+        self.refuse(rev, reason.into(), message);
+        self.refused.as_mut().expect("refuse sets it").rolled_back = true;
+        self.rollback = Some(reason);
+    }
 }
 
 pub fn decide(i: Inputs<'_>) -> Plan {
