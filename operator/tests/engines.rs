@@ -304,14 +304,15 @@ fn engine_specs_that_make_no_sense_are_refused_naming_the_field() {
     assert!(!ok && err.contains("spec.engine is immutable"), "{err}");
 }
 
-/// `examples/sglang-pd-incident.yaml` as the engine tests run it: each container (SGLang needs
-/// CUDA) swapped for `tests/engines/sglang_server_info.py`, which answers SGLang's
-/// `/get_server_info` for the same flags with `--max-total-tokens` as the pool a GPU measured;
-/// one pod per role, the model on the tests' hostPath.
-fn sglang_pd(cp: &ControlPlane, name: &str, prefill_pool: u64, decode_pool: u64, canary: bool) -> String {
+/// An SGLang PD example (`examples/sglang-pd-incident.yaml`, `examples/sglang-pd.yaml`) as the
+/// engine tests run it: each container (SGLang needs CUDA) swapped for
+/// `tests/engines/sglang_server_info.py`, which answers SGLang's `/get_server_info` for the same
+/// flags with `--max-total-tokens` as the pool a GPU measured; one pod per role, the model on
+/// the tests' hostPath.
+fn sglang_pd(cp: &ControlPlane, example: &str, name: &str, prefill_pool: u64, decode_pool: u64, canary: bool) -> String {
     let dir = models(cp);
     std::fs::copy(repo("tests/engines/sglang_server_info.py"), dir.join("sglang_server_info.py")).unwrap();
-    let mut d: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(repo("examples/sglang-pd-incident.yaml")).unwrap()).unwrap();
+    let mut d: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(repo(example)).unwrap()).unwrap();
     d["metadata"]["name"] = name.into();
     d["spec"]["model"]["volume"] = serde_json::json!({ "hostPath": dir.display().to_string() });
     for (role, pool) in [("prefill", prefill_pool), ("decode", decode_pool), ("router", 1)] {
@@ -342,9 +343,12 @@ fn sglang_pd(cp: &ControlPlane, name: &str, prefill_pool: u64, decode_pool: u64,
 fn the_incidents_disaggregated_sglang_is_refused_naming_its_prefill_pool() {
     let (cp, op) = env();
     let ns = models_namespace(cp, "sglang-pd");
-    apply_yaml(cp, &ns, &sglang_pd(cp, "incident", 681_280, 2_000_000, true));
-    apply_yaml(cp, &ns, &sglang_pd(cp, "small-decode", 2_000_000, 500_000, true));
-    apply_yaml(cp, &ns, &sglang_pd(cp, "holds", 1_048_576, 1_048_576, false));
+    let incident = "examples/sglang-pd-incident.yaml";
+    apply_yaml(cp, &ns, &sglang_pd(cp, incident, "incident", 681_280, 2_000_000, true));
+    apply_yaml(cp, &ns, &sglang_pd(cp, incident, "small-decode", 2_000_000, 500_000, true));
+    // examples/sglang-pd.yaml, sized to pass: the pools its first comment estimates.
+    let sized = "examples/sglang-pd.yaml";
+    apply_yaml(cp, &ns, &sglang_pd(cp, sized, "holds", 400_000, 400_000, false));
     let refused = |name: &str, role: &str, numbers: &str| {
         eventually(cp, &ns, &format!("{name} refused"), LONG, || condition_true(&infd(cp, &ns, name), "RolloutRefused"));
         let d = infd(cp, &ns, name);
@@ -389,7 +393,7 @@ fn the_incidents_disaggregated_sglang_is_refused_naming_its_prefill_pool() {
     eventually(cp, &ns, "the revision's Services gone", LONG, || {
         get_json(cp, &["-n", &ns, "get", "services", "-l", "app.kubernetes.io/instance=holds"])["items"].as_array().is_some_and(|a| a.is_empty())
     });
-    apply_yaml(cp, &ns, &sglang_pd(cp, "holds", 1_048_576, 1_048_576, false));
+    apply_yaml(cp, &ns, &sglang_pd(cp, sized, "holds", 400_000, 400_000, false));
     eventually(cp, &ns, "holds Available again", LONG, || infd(cp, &ns, "holds")["status"]["phase"] == "Available");
 }
 
@@ -521,7 +525,9 @@ fn every_example_passes_the_api_servers_validation() {
         checked.push(entry.file_name().to_string_lossy().into_owned());
     }
     checked.sort();
-    for want in ["gguf.yaml", "llamacpp.yaml", "sglang-gpu.yaml", "sglang-pd-incident.yaml", "tenants.yaml", "tiny.yaml", "vllm-pd.yaml", "vllm.yaml"] {
+    for want in
+        ["gguf.yaml", "llamacpp.yaml", "sglang-gpu.yaml", "sglang-pd-incident.yaml", "sglang-pd.yaml", "tenants.yaml", "tiny.yaml", "vllm-pd.yaml", "vllm.yaml"]
+    {
         assert!(checked.iter().any(|c| c == want), "{want} not among {checked:?}");
     }
 }
