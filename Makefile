@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: soak run demo test test-deps test-vllm test-vllm-deps lint generate bench fuzz controlplane tools images images-docker dev-cluster
+.PHONY: soak run demo test test-deps test-vllm test-vllm-deps lint generate bench fuzz controlplane tools images images-docker push dev-cluster
 
 ## Serve the tiny model on http://127.0.0.1:8080 (OpenAI-compatible API).
 run:
@@ -108,6 +108,12 @@ tools:
 images:
 	$(CARGO) build --release --locked -p kvgate-worker -p kvgate-operator
 	bash scripts/images.sh $(if $(filter 0,$(IMAGE_ARCHIVES)),--no-archives)
+
+## Pushes the images (make images) and the chart (an OCI artifact, charts/kvgate) to your registry:
+## make push REGISTRY=registry.example.com/kvgate [INSECURE=1 for plain HTTP]; scripts/push.sh.
+push: images
+	@test -n "$(REGISTRY)" || { echo "make push needs REGISTRY=host[:port]/path, e.g. make push REGISTRY=registry.example.com/kvgate"; exit 2; }
+	bash scripts/push.sh $(REGISTRY) $(if $(filter 1,$(INSECURE)),--insecure)
 
 ## The same images from images/*.Dockerfile where docker or podman exists (and the -cuda worker).
 ENGINE ?= $(shell command -v docker || command -v podman)

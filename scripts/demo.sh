@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make demo: a local control plane and two nodes, the CRDs and the Helm chart, the tiny example
+# make demo: a local control plane, two nodes and an image registry; kvgate's images and chart
+# pushed there as `make push` does and the chart installed from it; the tiny example
 # (Available, answering a completion), the incident example (refused with both numbers) and
 # llama.cpp's real server split into slots smaller than its declared window (refused with
 # llama.cpp's own numbers), and kvgate's own workers serving that same GGUF file with 8-bit KV.
@@ -25,15 +26,15 @@ step "dependencies: Debian packages for the node agent and the images (scripts/t
 bash scripts/test-deps.sh --demo
 step "the control plane from the Kubernetes Go modules (first time about 30 minutes on 2 cores)"
 bash tests/controlplane/build.sh
-step "helm and the CNI plugins"
-bash tests/tools/build.sh --helm-only
+step "helm, the registry and the CNI plugins"
+bash tests/tools/build.sh --demo
 bash tests/cni/build.sh
 step "cargo build of the worker, the operator and the dev cluster"
 cargo build -q -p kvgate-worker -p kvgate-operator -p kvgate-testenv
 kubeconfig=target/dev-cluster/kubeconfig
 rm -f "$kubeconfig"
-step "the dev cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and two nodes (node agents, each in a network namespace of its own) running pods under runc"
-target/debug/kvgate-dev-cluster --forward demo/tiny --forward engines/tiny-gguf &
+step "the dev cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, an image registry and two nodes (node agents, each in a network namespace of its own) pulling images from it and running pods under runc"
+target/debug/kvgate-dev-cluster --forward engines/tiny-gguf &
 cluster=$!
 stop() {
   kill "$cluster" 2>/dev/null || true
@@ -52,8 +53,15 @@ kubectl() { target/controlplane/bin/kubectl "$@"; }
 models=$PWD/target/dev-cluster/models
 mkdir -p "$models"
 bash tests/engines/models.sh gguf "$models/tiny.gguf" >/dev/null
-step "helm install kvgate charts/kvgate -n kvgate-system --create-namespace (the CRD comes with it)"
-$helm install kvgate charts/kvgate -n kvgate-system --create-namespace --wait --timeout 120s
+# The registry as this machine reaches it (a relay to 127.0.0.1), and as the nodes do.
+registry=$(cat target/dev-cluster/registry)/kvgate
+node_registry=$(cat target/dev-cluster/registry-for-nodes)/kvgate
+chart_version=$(sed -n 's/^version: *//p' charts/kvgate/Chart.yaml)
+step "make push REGISTRY=$registry INSECURE=1: the images (here the debug builds the cluster runs) and the chart"
+HELM=$helm bash scripts/push.sh "$registry" --from target/images-debug --insecure
+step "helm install kvgate oci://$registry/charts/kvgate --set registry=$node_registry (the CRD comes with it)"
+$helm install kvgate "oci://$registry/charts/kvgate" --version "$chart_version" --plain-http --set registry="$node_registry" \
+  -n kvgate-system --create-namespace --wait --timeout 120s
 kubectl wait --for=condition=Established crd/inferencedeployments.kvgate.dev --timeout=30s
 step "helm test kvgate -n kvgate-system"
 $helm test kvgate -n kvgate-system
@@ -66,8 +74,21 @@ kubectl -n demo wait --for=jsonpath='{.status.phase}'=Available infd/tiny --time
 kubectl -n demo wait --for=jsonpath='{.status.phase}'=Refused infd/incident --timeout=180s
 step "kubectl -n demo get infd"
 kubectl -n demo get infd
-step "a completion through tiny's router (relayed to 127.0.0.1)"
-port=$(cat target/dev-cluster/forward/demo.tiny)
+step "kubectl -n demo port-forward svc/tiny :80, and a completion through it"
+forward_log=target/dev-cluster/port-forward.log
+kubectl -n demo port-forward svc/tiny :80 >"$forward_log" 2>&1 &
+forward=$!
+stop() {
+  kill "$forward" "$cluster" 2>/dev/null || true
+  wait "$cluster" 2>/dev/null || true
+}
+port=''
+for _ in $(seq 60); do
+  port=$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$forward_log")
+  [ -n "$port" ] && break
+  sleep 0.5
+done
+[ -n "$port" ] || { echo "kubectl port-forward did not start:"; cat "$forward_log"; exit 1; }
 echo "curl http://127.0.0.1:$port/v1/completions -d '{\"prompt\":\"Hello\",\"max_tokens\":8,\"temperature\":0}'"
 curl -s --retry 20 --retry-all-errors --retry-delay 1 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hello","max_tokens":8,"temperature":0}'; echo
 step "kubectl -n demo logs -l app.kubernetes.io/instance=tiny,app.kubernetes.io/component=prefill --tail=3 (through the API server and the node agent's kubelet port)"

@@ -294,6 +294,33 @@ fn the_values_platform_teams_expect_render_as_documented() {
     assert!(!ok && err.contains("digest"), "{err}");
 }
 
+/// One `registry` value moves every image the chart renders (the operator, the worker image it
+/// gives InferenceDeployments, the `helm test` pod) to the registry `make push` filled.
+#[test]
+fn one_registry_value_points_every_image_at_your_registry() {
+    let version = env!("CARGO_PKG_VERSION");
+    let docs = render(None, &["registry=registry.example.com:5443/team/kvgate"]);
+    let mut images: Vec<String> = Vec::new();
+    for d in &docs {
+        for c in d["spec"]["template"]["spec"]["containers"].as_array().into_iter().chain(d["spec"]["containers"].as_array()).flatten() {
+            images.push(c["image"].as_str().unwrap().to_string());
+            images.extend(c["args"].as_array().into_iter().flatten().filter_map(|a| a.as_str()?.strip_prefix("--worker-image=")).map(str::to_string));
+        }
+    }
+    let want = [
+        format!("registry.example.com:5443/team/kvgate/kvgate-operator:{version}"),
+        format!("registry.example.com:5443/team/kvgate/kvgate-worker:{version}"),
+        format!("registry.example.com:5443/team/kvgate/kvgate-operator:{version}"),
+    ];
+    assert_eq!(images.iter().collect::<BTreeSet<_>>(), want.iter().collect::<BTreeSet<_>>(), "every image: {images:?}");
+    assert_eq!(images.len(), 3, "the operator, its worker image and the test pod: {images:?}");
+    // A URL or a trailing slash is refused by the values schema, naming the value.
+    for bad in ["https://registry.example.com/kvgate", "registry.example.com/kvgate/"] {
+        let (ok, _, err) = helm(None, &["template", "kv", &chart(), "--set", &format!("registry={bad}")]);
+        assert!(!ok && err.contains("registry"), "{bad}: {err}");
+    }
+}
+
 type Rules = BTreeMap<(String, String), BTreeSet<String>>;
 
 /// A role's rules without `resourceNames`, as (group, resource) -> verbs.
@@ -344,21 +371,71 @@ fn the_chart_grants_exactly_the_permissions_the_operator_uses() {
     }
 }
 
+/// `scripts/push.sh` (what `make push` runs) with the test images: the operator and worker images
+/// and the chart to the world's registry; the chart's version.
+fn push_to_the_worlds_registry() -> String {
+    kvgate_testenv::registry::shared().unwrap();
+    let out = Command::new("bash")
+        .arg(repo("scripts/push.sh"))
+        .arg(format!("{}/kvgate", kvgate_testenv::registry::local()))
+        .arg("--from")
+        .arg(kvgate_testenv::images::debug_layouts().unwrap())
+        .arg("--insecure")
+        .env("HELM", helm_bin())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "scripts/push.sh failed:\n{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(repo("charts/kvgate/Chart.yaml")).unwrap()).unwrap();
+    let version = chart["version"].as_str().unwrap().to_string();
+    for pushed in ["kvgate-operator:", "kvgate-worker:", &format!("charts/kvgate:{version}")] {
+        assert!(said.lines().any(|l| l.starts_with("pushed ") && l.contains(pushed)), "push.sh said:\n{said}");
+    }
+    version
+}
+
 #[test]
 fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cleans_up() {
     let cp = cluster();
     let release_ns = cp.restricted_namespace("kvgate-system");
     let chart = chart();
+    // As on a cluster of your own: `make push` to a registry, the chart installed from it, and
+    // every image it renders pulled from it by the nodes (plain HTTP: the world's registry).
+    let chart_version = push_to_the_worlds_registry();
+    let registry = format!("{}/kvgate", kvgate_testenv::registry::host());
+    let from_registry = format!("oci://{}/kvgate/charts/kvgate", kvgate_testenv::registry::local());
     // The CRD was applied from crds/ (as the other tests need it): adopt it as the chart README's
     // upgrade notes say, so the release owns (and upgrades) it from now on.
     let crd = "crd/inferencedeployments.kvgate.dev";
     cp.kubectl_ok(&["label", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite"]);
     cp.kubectl_ok(&["annotate", crd, "meta.helm.sh/release-name=kvgate", &format!("meta.helm.sh/release-namespace={release_ns}"), "--overwrite"]);
-    let (ok, notes, warnings) = helm(Some(cp), &["install", "kvgate", &chart, "-n", &release_ns, "--wait", "--timeout", "120s"]);
+    let (ok, notes, warnings) = helm(
+        Some(cp),
+        &[
+            "install",
+            "kvgate",
+            &from_registry,
+            "--version",
+            &chart_version,
+            "--plain-http",
+            "--set",
+            &format!("registry={registry}"),
+            "-n",
+            &release_ns,
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    );
     assert!(ok, "helm install failed:\n{notes}\n{warnings}");
     // A clean install: nothing in the chart (the CRD's schema formats included) makes the API
     // server or helm warn.
-    assert!(!warnings.contains("Warning") && !notes.contains("Warning"), "helm install warned:\n{warnings}\n{notes}");
+    assert!(!warnings.contains("Warning") && !notes.contains("Warning") && !warnings.contains("WARN"), "helm install warned:\n{warnings}\n{notes}");
+    let version = env!("CARGO_PKG_VERSION");
+    let op = get_json(cp, &["-n", &release_ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate-operator"])["items"][0].clone();
+    assert_eq!(op["spec"]["containers"][0]["image"], format!("{registry}/kvgate-operator:{version}"));
+    let pulled = op["status"]["containerStatuses"][0]["imageID"].as_str().unwrap_or_default().to_string();
+    assert!(pulled.starts_with(&format!("{registry}/kvgate-operator@sha256:")), "the operator's image was pulled from the registry: imageID {pulled}");
     let owned = get_json(cp, &["get", crd]);
     assert_eq!(owned["metadata"]["annotations"]["helm.sh/resource-policy"], "keep", "{}", owned["metadata"]);
     // `helm test`: the operator image's `check` finds the operator pods through the Service's
@@ -378,6 +455,30 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     eventually(cp, &ns, "tiny Available and incident Refused by the chart's operator", Duration::from_secs(180), || {
         infd(cp, &ns, "tiny")["status"]["phase"] == "Available" && infd(cp, &ns, "incident")["status"]["phase"] == "Refused"
     });
+    // Its workers run the worker image the chart named, pulled from the same registry.
+    let workers = get_json(cp, &["-n", &ns, "get", "pods", "-l", "app.kubernetes.io/instance=tiny"]);
+    let ids: Vec<&str> = workers["items"].as_array().unwrap().iter().filter_map(|p| p["status"]["containerStatuses"][0]["imageID"].as_str()).collect();
+    assert!(!ids.is_empty() && ids.iter().all(|id| id.starts_with(&format!("{registry}/kvgate-worker@sha256:"))), "{ids:?}");
+    // The README's next step: `kubectl port-forward svc/tiny`, and a completion through it.
+    let forward = cp.port_forward(&ns, "svc/tiny", 80).unwrap();
+    let url = format!("http://{}/v1/completions", forward.local);
+    let mut answer = None;
+    eventually(cp, &ns, "a completion through kubectl port-forward svc/tiny", Duration::from_secs(30), || {
+        answer = kvgate_testenv::http::request("POST", &url, Some(r#"{"prompt":"Hello","max_tokens":8}"#));
+        answer.as_ref().is_some_and(|(status, _)| *status == 200)
+    });
+    let (_, body) = answer.unwrap();
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["choices"][0]["text"].is_string(), "{body}\nkubectl said: {}", forward.stderr());
+    // `kubectl kvgate check` through the same forward, as from a laptop: the gate's verdict.
+    let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-kvgate"));
+    let out = Command::new(kvgate_testenv::controlplane::kubectl_path())
+        .args(["kvgate", "check", &format!("http://{}", forward.local), "--engine", "kvgate", "--window", "2048"])
+        .env("PATH", format!("{}:{}", plugin.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default()))
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.contains("passed: kvgate server"), "kubectl kvgate check through port-forward:\n{said}");
+    drop(forward);
     let msg = condition(&infd(cp, &ns, "incident"), "RolloutRefused").unwrap()["message"].as_str().unwrap().to_string();
     assert!(msg.contains("tokens < contextWindow 1048576"), "{msg}");
     // examples/llamacpp.yaml as it stands, on the chart's defaults (no host path allowed, a
@@ -413,7 +514,7 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     assert_eq!(op["items"][0]["spec"]["serviceAccountName"], "kvgate");
 
     // Upgrade to two replicas: leader election on, one leader.
-    helm_ok(Some(cp), &["upgrade", "kvgate", &chart, "-n", &release_ns, "--set", "replicaCount=2", "--wait", "--timeout", "120s"]);
+    helm_ok(Some(cp), &["upgrade", "kvgate", &chart, "-n", &release_ns, "--reuse-values", "--set", "replicaCount=2", "--wait", "--timeout", "120s"]);
     eventually(cp, &release_ns, "two operator pods and a Lease", Duration::from_secs(120), || {
         let pods = get_json(cp, &["-n", &release_ns, "get", "pods", "-l", "app.kubernetes.io/name=kvgate-operator"]);
         let lease = get_json(cp, &["-n", &release_ns, "get", "lease", "kvgate"]);

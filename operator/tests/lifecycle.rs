@@ -201,7 +201,8 @@ fn a_pod_that_cannot_start_is_named_in_status_and_a_deleted_handoff_secret_comes
     let cp = cluster();
     let ns = cp.restricted_namespace("stuck");
     let _op = Operator::start_in(cp, "operator-stuck", "lease-stuck", Some(&ns));
-    // An image no node has: the pods never start, and status says so in the pods' own words.
+    // An image the registry does not have: the pods never start, and status says so in the
+    // pods' own words (the node's pull error, then its back-off, as a kubelet alternates them).
     apply_yaml(cp, &ns, &with_image(&tiny("llm", 256, 1024, 1024, ""), "ghcr.io/kvgate/kvgate-worker-nowhere:0.1.0"));
     // Pods fail to pull one by one: wait until status names one of each role, as it must.
     eventually(cp, &ns, "Progressing naming the prefill and decode pods that cannot start", LONG, || {
@@ -212,7 +213,17 @@ fn a_pod_that_cannot_start_is_named_in_status_and_a_deleted_handoff_secret_comes
     });
     let d = infd(cp, &ns, "llm");
     let message = condition(&d, "Progressing").unwrap()["message"].as_str().unwrap().to_string();
-    assert!(message.contains("cannot start: ErrImagePull") && message.contains("llm-prefill-") && message.contains("kvgate-worker-nowhere"), "{message}");
+    assert!(
+        (message.contains("cannot start: ErrImagePull") || message.contains("cannot start: ImagePullBackOff"))
+            && message.contains("llm-prefill-")
+            && message.contains("kvgate-worker-nowhere")
+            && message.contains("manifest unknown"),
+        "{message}"
+    );
+    // The user's first question, answered with the registry's own words.
+    let (_, why) = kubectl_kvgate(cp, &["why", "llm", "-n", &ns]);
+    assert!(why.contains("waiting ImagePullBackOff: Back-off pulling image") || why.contains("waiting ErrImagePull: Failed to pull image"), "{why}");
+    assert!(why.contains("manifest unknown") && why.contains("image pull"), "{why}");
     assert_eq!(condition(&d, "Available").unwrap()["reason"], "PodsCannotStart", "{d}");
     assert_eq!(d["status"]["phase"], "Progressing", "no canary runs on pods that never started: {d}");
 

@@ -31,7 +31,7 @@ struct World {
 }
 
 fn start_node_2(cp: &ControlPlane) -> Node {
-    let images = kvgate_testenv::images::debug_table().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
+    let images = kvgate_testenv::images::node_images().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
     cp.node_agent_with(&workspace_bin("kvgate-node-agent"), "node-2", &images, &node_2_resources()).unwrap_or_else(|e| panic!("node-2: {e:#}"))
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the helm client (v3.22.0, pinned by go.mod), the chart linters (ct, kube-score,
 # kubeconform; lint/go.mod) the chart tests use, and the trace and alert backends the
-# observability tests run (Jaeger v1.76.0, jaeger/go.mod; Alertmanager v0.35.0) into
-# target/tools/bin/. With --helm-only, helm alone (what `make demo` needs).
+# observability tests run (Jaeger v1.76.0, jaeger/go.mod; Alertmanager v0.35.0) and the test
+# world's image registry (the CNCF distribution registry v3.1.2, registry/go.mod) into
+# target/tools/bin/. With --demo, helm and the registry alone (what `make demo` needs).
 # Idempotent: Go's build cache makes a second run with nothing changed take seconds.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,6 +19,7 @@ if [ -n "${TOOLS_VERSIONS_ONLY:-}" ]; then
   first_line "$out/ct" version
   first_line "$out/jaeger" version
   first_line "$out/alertmanager" --version
+  first_line "$out/registry" --version
   exit 0
 fi
 # As helm's own release build does: the Kubernetes version it assumes without a cluster
@@ -32,7 +34,13 @@ done
 with_progress "building helm (helm.sh/helm/v3/cmd/helm, Kubernetes 1.$minor from client-go $client_go)" \
   go build -trimpath -ldflags "$ldflags" -o "$out/helm" helm.sh/helm/v3/cmd/helm
 first_line "$out/helm" version --short
-[ "${1:-}" = --helm-only ] && exit 0
+# The CNCF distribution registry (what most private registries run), from its own module: the
+# test world's nodes pull their images from it (kvgate_testenv::registry).
+cd "$here/registry"
+with_progress "building registry (github.com/distribution/distribution/v3/cmd/registry v3.1.2)" \
+  go build -trimpath -ldflags "-s -w -X github.com/distribution/distribution/v3/version.version=v3.1.2" -o "$out/registry" github.com/distribution/distribution/v3/cmd/registry
+first_line "$out/registry" --version
+[ "${1:-}" = --demo ] && exit 0
 
 # The chart linters (tests/tools/lint/go.mod pins them; their own module so their dependencies
 # never move helm's): chart-testing's `ct` with its default lint and schema configuration (from

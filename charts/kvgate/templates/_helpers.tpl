@@ -15,14 +15,21 @@
 {{- end -}}
 {{- end -}}
 
-{{/* repository:tag, or repository@digest when a digest is set; the tag defaults to appVersion. */}}
+{{/* repository:tag, or repository@digest when a digest is set; the tag defaults to appVersion.
+With the `registry` value set, the repository is that registry's: REGISTRY/NAME, NAME the last part
+of the repository (kvgate-operator, kvgate-worker). Arguments: (list IMAGE .Chart .Values.registry). */}}
 {{- define "kvgate.image" -}}
 {{- $image := index . 0 -}}
 {{- $chart := index . 1 -}}
+{{- $registry := index . 2 -}}
+{{- $repository := $image.repository -}}
+{{- if $registry -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) (base $image.repository) -}}
+{{- end -}}
 {{- if $image.digest -}}
-{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- printf "%s@%s" $repository $image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $image.repository (default $chart.AppVersion $image.tag) -}}
+{{- printf "%s:%s" $repository (default $chart.AppVersion $image.tag) -}}
 {{- end -}}
 {{- end -}}
 

@@ -136,7 +136,7 @@ pub fn node_1() -> &'static kvgate_testenv::nodes::Node {
     NODE.get_or_init(|| {
         cp.kubectl_ok(&["apply", "-f", repo("crds").to_str().unwrap()]);
         cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/inferencedeployments.kvgate.dev", "--timeout=30s"]);
-        let images = kvgate_testenv::images::debug_table().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
+        let images = kvgate_testenv::images::node_images().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
         cp.node_agent(&workspace_bin("kvgate-node-agent"), "node-1", &images).unwrap_or_else(|e| panic!("node agent: {e:#}"))
     })
 }

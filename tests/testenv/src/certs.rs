@@ -14,7 +14,7 @@ pub struct Certs {
     pub server_key: PathBuf,
     pub admin_cert: PathBuf,
     pub admin_key: PathBuf,
-    /// The node agents' kubelet API (`containerLogs`): served for the node address pods and
+    /// The node agents' kubelet API (`containerLogs`, `portForward`): served for the node address pods and
     /// the API server dial, and the API server's client identity there.
     pub kubelet_cert: PathBuf,
     pub kubelet_key: PathBuf,

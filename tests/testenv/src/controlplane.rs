@@ -330,7 +330,8 @@ impl ControlPlane {
 
     /// Starts a node agent (`kvgate-node-agent` at `agent`) on a machine of its own
     /// (`fabric::Machine`), offering `resources` to the scheduler and running pods whose images
-    /// are in `images` (name, then `oci:LAYOUT:TAG` or a host binary's path; see `node::images`).
+    /// are pre-loaded in `images` (name, then `oci:LAYOUT:TAG` or a host binary's path; see
+    /// `node::images`) or pulled from the world's registry (`registry`).
     /// Returns once the Node is Ready. Its pods' files (logs, `network.json`, bundles) are under
     /// `node_dir(node)`. A node started again under a name it had gets its machine's address
     /// and pod CIDR back.
@@ -367,6 +368,8 @@ impl ControlPlane {
             args.push("--image".into());
             args.push(format!("{name}={path}"));
         }
+        // Every other image is pulled from the world's registry, ghcr.io's mirror here.
+        args.extend(crate::registry::node_flags());
         // nsenter (util-linux) execs the agent inside the machine's namespace, in the process
         // group Proc gives it: killing that group is the machine losing power.
         let mut p = Proc::spawn(node, Path::new("nsenter"), &args, &self.dir)?;

@@ -36,8 +36,7 @@ pub fn llamacpp() -> String {
 }
 
 /// Test-only worker images: the debug worker's layers under another tag whose configuration
-/// switches a fault on through the environment. The node agent maps `WORKER-<name>` to them, so
-/// a test deploys a faulty revision by naming the image (`spec.image`); no CRD field can turn a
+/// switches a fault on through the environment, pushed as `WORKER-<name>`, so a test deploys a faulty revision by naming the image (`spec.image`); no CRD field can turn a
 /// fault on, and release images are built without fault injection at all.
 pub const FAULTY_WORKERS: &[(&str, &[(&str, &str)])] = &[
     // Prefill sends KV in a layout it does not report, from the first handoff: only comparing
@@ -51,9 +50,35 @@ pub const FAULTY_WORKERS: &[(&str, &[(&str, &str)])] = &[
     ("restart-smaller", &[("KVGATE_FAULT_RESTART_SMALLER_AFTER", "40"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")]),
 ];
 
-/// The image name of a test-only faulty worker (see `FAULTY_WORKERS`).
+/// The image name of a test-only faulty worker (see `FAULTY_WORKERS`). Panics at once, saying
+/// how to fix it, when the debug worker cannot inject the fault (built without `testing`): its
+/// pods would only crash-loop, and a test would wait for a fault that never comes.
 pub fn faulty_worker(name: &str) -> String {
+    let (_, env) = FAULTY_WORKERS.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("no faulty worker image {name} in FAULTY_WORKERS"));
+    // The fault a variable names, or a fault's own variable (KVGATE_FAULT_...).
+    let needs = env.iter().filter_map(|(k, v)| match *k {
+        "KVGATE_INJECT_FAULT" => Some(*v),
+        k if k.starts_with("KVGATE_FAULT_") => Some(k),
+        _ => None,
+    });
+    let bin = root().join("target/debug/kvgate-worker");
+    for fault in needs {
+        assert!(
+            knows(&bin, fault),
+            "{} cannot inject {fault} for the image {name}: it was built without the `testing` feature (`cargo build --workspace` \
+             builds it so); build it with `cargo build -p kvgate-worker --features testing` (make test and make bench do)",
+            bin.display()
+        );
+    }
     format!("{WORKER}-{name}:{}", tag())
+}
+
+/// Whether the worker binary at `bin` holds `fault` (a fault's name or its variable): only a
+/// `testing` build parses them, so only its binary contains them.
+fn knows(bin: &Path, fault: &str) -> bool {
+    let Ok(bytes) = std::fs::read(bin) else { return false };
+    let needle = fault.as_bytes();
+    bytes.windows(needle.len()).any(|w| w == needle)
 }
 
 fn root() -> PathBuf {
@@ -122,22 +147,46 @@ fn build() -> anyhow::Result<PathBuf> {
     Ok(out)
 }
 
-/// Image-table entries mapping both kvgate images to their debug layouts (`NAME=oci:DIR:TAG`).
-/// The test-only faulty workers (`FAULTY_WORKERS`) and the llama.cpp image come with them, and
-/// the vLLM image when it was built.
-pub fn debug_table() -> anyhow::Result<Vec<(String, String)>> {
+/// Makes the test world's images available to its nodes, as a cluster's images are: kvgate's
+/// debug images, the test-only faulty workers and the llama.cpp image are pushed to the world's
+/// registry (`registry`; once per process, only what changed is sent), which node agents pull
+/// from as the mirror of `ghcr.io`. Returns the node agents' table of pre-loaded images: the vLLM
+/// image when it was built (6.5 GB: on the node already, as `kind load` leaves an image, rather
+/// than sent through the registry every run).
+pub fn node_images() -> anyhow::Result<Vec<(String, String)>> {
+    static PUSHED: OnceLock<Result<(), String>> = OnceLock::new();
     let dir = debug_layouts()?;
-    let layout = |image: &str| dir.join("oci").join(image).display().to_string();
-    let mut table: Vec<(String, String)> = [(WORKER, "kvgate-worker"), (OPERATOR, "kvgate-operator")]
-        .iter()
-        .map(|(name, image)| (name.to_string(), format!("oci:{}:{}", layout(image), tag())))
-        .collect();
-    for (name, _) in FAULTY_WORKERS {
-        table.push((format!("{WORKER}-{name}"), format!("oci:{}:{}-{name}", layout("kvgate-worker"), tag())));
-    }
-    table.push((LLAMACPP.to_string(), format!("oci:{}:{}", layout("llamacpp"), tag())));
+    PUSHED.get_or_init(|| push(&dir).map_err(|e| format!("{e:#}"))).clone().map_err(anyhow::Error::msg)?;
+    let mut table = Vec::new();
     if vllm_built() {
-        table.push((VLLM.to_string(), format!("oci:{}:{}", layout("vllm"), tag())));
+        table.push((VLLM.to_string(), format!("oci:{}:{}", dir.join("oci/vllm").display(), tag())));
     }
     Ok(table)
+}
+
+fn push(dir: &Path) -> anyhow::Result<()> {
+    let registry = crate::registry::shared()?;
+    registry.push(dir, &["kvgate-worker", "kvgate-operator", "llamacpp"])?;
+    let worker = dir.join("oci/kvgate-worker");
+    for (name, _) in FAULTY_WORKERS {
+        registry.push_tag(&worker, &format!("{}-{name}", tag()), &format!("kvgate-worker-{name}"), tag())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_without_the_faults_is_told_apart() {
+        let dir = std::env::temp_dir().join(format!("kvgate-knows-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (testing, release) = (dir.join("testing"), dir.join("release"));
+        std::fs::write(&testing, b"\x7fELF...corrupt-page\0KVGATE_FAULT_RESTART_SMALLER_AFTER\0").unwrap();
+        std::fs::write(&release, b"\x7fELF...KVGATE_INJECT_FAULT\0").unwrap();
+        assert!(knows(&testing, "corrupt-page") && knows(&testing, "KVGATE_FAULT_RESTART_SMALLER_AFTER"));
+        assert!(!knows(&release, "corrupt-page") && !knows(&dir.join("missing"), "corrupt-page"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -49,7 +49,13 @@ fn the_tools_script_prints_versions_of_binaries_that_keep_writing() {
         "tests/tools/build.sh",
         "TOOLS_BIN",
         "TOOLS_VERSIONS_ONLY",
-        &[("helm", "v3.22.0+g"), ("ct", "Version: v3.14.0"), ("jaeger", r#"{"gitVersion":"v1.76.0"}"#), ("alertmanager", "alertmanager, version 0.35.0")],
+        &[
+            ("helm", "v3.22.0+g"),
+            ("ct", "Version: v3.14.0"),
+            ("jaeger", r#"{"gitVersion":"v1.76.0"}"#),
+            ("alertmanager", "alertmanager, version 0.35.0"),
+            ("registry", "github.com/distribution/distribution/v3 v3.1.2"),
+        ],
     );
 }
 

@@ -118,7 +118,12 @@ fn kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> String {
     .unwrap()
 }
 
-const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: { name: w, labels: { app: w } }\nspec:\n  containers:\n  - name: worker\n    image: ghcr.io/kvgate/kvgate-worker:test\n    args: [local, --colocated, --listen=0.0.0.0:8082, --context-window=64, --kv-pool-tokens=256]\n    ports: [{ name: http, containerPort: 8082 }]\n    readinessProbe: { httpGet: { path: /readyz, port: http }, periodSeconds: 1 }\n---\napiVersion: v1\nkind: Service\nmetadata: { name: w }\nspec:\n  selector: { app: w }\n  ports: [{ port: 80, targetPort: http }]\n";
+/// The dev cluster's worker image, pulled from its registry (the mirror of ghcr.io).
+const POD: &str = concat!(
+    "apiVersion: v1\nkind: Pod\nmetadata: { name: w, labels: { app: w } }\nspec:\n  containers:\n  - name: worker\n    image: ghcr.io/kvgate/kvgate-worker:",
+    env!("CARGO_PKG_VERSION"),
+    "\n    args: [local, --colocated, --listen=0.0.0.0:8082, --context-window=64, --kv-pool-tokens=256]\n    ports: [{ name: http, containerPort: 8082 }]\n    readinessProbe: { httpGet: { path: /readyz, port: http }, periodSeconds: 1 }\n---\napiVersion: v1\nkind: Service\nmetadata: { name: w }\nspec:\n  selector: { app: w }\n  ports: [{ port: 80, targetPort: http }]\n"
+);
 
 #[test]
 fn a_world_running_and_a_killed_world_leave_the_hosts_network_as_it_was() {

@@ -20,8 +20,11 @@ static AGENT: OnceLock<Node> = OnceLock::new();
 fn cluster() -> &'static ControlPlane {
     let cp = ControlPlane::shared();
     AGENT.get_or_init(|| {
-        let table = kvgate_testenv::images::debug_table().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
-        let (worker, operator) = (table[0].1.clone(), table[1].1.clone());
+        // The same images pushed to the world's registry (pulled by reference) and pre-loaded.
+        kvgate_testenv::images::node_images().unwrap_or_else(|e| panic!("the kvgate images: {e:#}"));
+        let dir = kvgate_testenv::images::debug_layouts().unwrap();
+        let layout = |image: &str| format!("oci:{}:{}", dir.join("oci").join(image).display(), kvgate_testenv::images::tag());
+        let (worker, operator) = (layout("kvgate-worker"), layout("kvgate-operator"));
         let kubectl = kvgate_testenv::controlplane::kubectl_path().display().to_string();
         let python = which("python3").display().to_string();
         // The worker image runs under runc; the tools have no image and run as host processes.
@@ -259,21 +262,64 @@ fn a_pod_with_an_unmet_readiness_gate_is_never_ready() {
 }
 
 #[test]
-fn exits_are_restarted_and_unknown_images_fail_clearly() {
+fn exits_are_restarted() {
     let cp = cluster();
     let ns = cp.namespace("restart");
     apply(
         cp,
         &ns,
-        "apiVersion: v1\nkind: Pod\nmetadata: { name: crasher }\nspec:\n  containers:\n  - name: c\n    image: kvgate/worker:test\n    args: [\"--no-such-flag\"]\n---\napiVersion: v1\nkind: Pod\nmetadata: { name: nosuch }\nspec:\n  containers:\n  - name: c\n    image: example.com/not-here:1\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: { name: crasher }\nspec:\n  containers:\n  - name: c\n    image: kvgate/worker:test\n    args: [\"--no-such-flag\"]\n",
     );
     eventually(cp, "a restart", Duration::from_secs(60), || {
         json(cp, &["-n", &ns, "get", "pod", "crasher"])["status"]["containerStatuses"][0]["restartCount"].as_i64().unwrap_or(0) >= 1
     });
-    eventually(cp, "ErrImagePull", Duration::from_secs(30), || {
-        let s = json(cp, &["-n", &ns, "get", "pod", "nosuch"]);
-        let w = &s["status"]["containerStatuses"][0]["state"]["waiting"];
-        w["reason"] == "ErrImagePull" && w["message"].as_str().unwrap_or("").contains("not-here")
+}
+
+fn waiting(cp: &ControlPlane, ns: &str, pod: &str) -> (String, String) {
+    let w = &json(cp, &["-n", ns, "get", "pod", pod])["status"]["containerStatuses"][0]["state"]["waiting"];
+    (w["reason"].as_str().unwrap_or_default().to_string(), w["message"].as_str().unwrap_or_default().to_string())
+}
+
+/// Images not pre-loaded are pulled by reference from the registry they name, as a kubelet's
+/// runtime pulls them: the world's registry by its address, and ghcr.io through the mirror the
+/// agent was given. One the registry lacks waits in ErrImagePull / ImagePullBackOff with the
+/// registry's answer, and runs once it is pushed, with no change to the pod.
+#[test]
+fn images_are_pulled_by_reference_and_a_missing_one_backs_off_until_it_is_pushed() {
+    let cp = cluster();
+    let ns = cp.namespace("pull");
+    let (host, tag) = (kvgate_testenv::registry::host(), kvgate_testenv::images::tag());
+    let missing = format!("pulled-late-{}", std::process::id());
+    let pod = |name: &str, image: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {name} }}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {image}\n    args: [--version]\n"
+        )
+    };
+    apply(cp, &ns, &pod("direct", &format!("{host}/kvgate/kvgate-operator:{tag}")));
+    apply(cp, &ns, &pod("mirrored", &format!("ghcr.io/kvgate/kvgate-operator:{tag}")));
+    apply(cp, &ns, &pod("late", &format!("{host}/kvgate/kvgate-operator:{missing}")));
+    for (name, repository) in [("direct", format!("{host}/kvgate/kvgate-operator")), ("mirrored", "ghcr.io/kvgate/kvgate-operator".to_string())] {
+        eventually(cp, &format!("{name}: the pulled operator image printing its version"), Duration::from_secs(60), || {
+            json(cp, &["-n", &ns, "get", "pod", name])["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+        });
+        assert_eq!(container_log(cp, &ns, name, "c").trim(), format!("kvgate-operator {tag}"));
+        let id = json(cp, &["-n", &ns, "get", "pod", name])["status"]["containerStatuses"][0]["imageID"].as_str().unwrap().to_string();
+        assert!(id.starts_with(&format!("{repository}@sha256:")), "{name}: imageID {id}");
+    }
+    eventually(cp, "ErrImagePull naming the registry's answer", Duration::from_secs(30), || {
+        let (reason, message) = waiting(cp, &ns, "late");
+        reason == "ErrImagePull"
+            && message.contains(&format!("Failed to pull image \"{host}/kvgate/kvgate-operator:{missing}\""))
+            && message.contains("manifest unknown")
+    });
+    eventually(cp, "ImagePullBackOff between tries", Duration::from_secs(30), || {
+        let (reason, message) = waiting(cp, &ns, "late");
+        reason == "ImagePullBackOff" && message.starts_with("Back-off pulling image") && message.contains("manifest unknown")
+    });
+    let dir = kvgate_testenv::images::debug_layouts().unwrap();
+    kvgate_testenv::registry::shared().unwrap().push_tag(&dir.join("oci/kvgate-operator"), tag, "kvgate-operator", &missing).unwrap();
+    eventually(cp, "the late image pulled once pushed, and run", Duration::from_secs(90), || {
+        json(cp, &["-n", &ns, "get", "pod", "late"])["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
     });
 }
 
@@ -497,4 +543,71 @@ fn a_writable_root_is_an_overlay_of_the_image_in_the_agents_own_mounts_and_goes_
     let uid = json(cp, &["-n", &ns, "get", "pod", "w"])["metadata"]["uid"].as_str().unwrap().to_string();
     let root = cp.node_dir("node-1").join(&uid).join("bundles/worker/rootfs").display().to_string();
     assert!(agents().iter().any(|(point, fs, _)| *point == root && fs == "overlay"), "{:?}", agents());
+}
+
+/// An HTTP/1.1 exchange over a fresh connection to `addr`: the status and the body's bytes, or
+/// `None` when the connection closed without an answer.
+fn exchange(addr: std::net::SocketAddr, method: &str, body: &[u8]) -> Option<(u16, Vec<u8>)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(s, "{method} / HTTP/1.1\r\nHost: pod\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len()).ok()?;
+    s.write_all(body).ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let status = std::str::from_utf8(&out[..split]).ok()?.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, out[split + 4..].to_vec()))
+}
+
+/// A server on the pod's loopback only (what a port-forward reaches and a Service cannot):
+/// GET answers 1 MiB of a known pattern, POST answers its body reversed.
+const LOOPBACK_SERVER: &str = r#"
+import http.server
+BIG = bytes(i % 251 for i in range(1 << 20))
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self, body):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self.answer(BIG)
+    def do_POST(self):
+        self.answer(self.rfile.read(int(self.headers["Content-Length"]))[::-1])
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
+"#;
+
+/// `kubectl port-forward` through the API server to the node agent, as to a kubelet: a port on
+/// the pod's own loopback, a megabyte each way in many SPDY frames, connections side by side,
+/// and a port nothing listens on reported by kubectl with the node's reason.
+#[test]
+fn kubectl_port_forward_reaches_a_pods_loopback_both_ways() {
+    let cp = cluster();
+    let ns = cp.namespace("forward");
+    apply(cp, &ns, &python_pod("pf", "256Mi", "1", LOOPBACK_SERVER));
+    eventually(cp, "the pod running", Duration::from_secs(60), || json(cp, &["-n", &ns, "get", "pod", "pf"])["status"]["phase"] == "Running");
+    let forward = cp.port_forward(&ns, "pod/pf", 8000).unwrap();
+    let big: Vec<u8> = (0..1usize << 20).map(|i| (i % 251) as u8).collect();
+    let mut answer = None;
+    eventually(cp, "a GET through the forward", Duration::from_secs(30), || {
+        answer = exchange(forward.local, "GET", b"");
+        answer.is_some()
+    });
+    assert_eq!(answer.map(|(s, b)| (s, b.len(), b == big)), Some((200, big.len(), true)), "kubectl said: {}", forward.stderr());
+    let upload: Vec<u8> = (0..300_000usize).map(|i| (i * 7 % 256) as u8).collect();
+    let (status, echoed) = exchange(forward.local, "POST", &upload).unwrap();
+    assert_eq!(status, 200);
+    assert!(echoed.iter().eq(upload.iter().rev()), "the upload came back reversed, whole ({} of {} bytes)", echoed.len(), upload.len());
+    let side_by_side: Vec<_> = (0..4).map(|_| std::thread::spawn(move || exchange(forward.local, "GET", b"").map(|(s, b)| (s, b.len())))).collect();
+    for t in side_by_side {
+        assert_eq!(t.join().unwrap(), Some((200, 1 << 20)));
+    }
+    let closed = cp.port_forward(&ns, "pod/pf", 9999).unwrap();
+    assert_eq!(exchange(closed.local, "GET", b""), None, "nothing listens on 9999");
+    eventually(cp, "kubectl printing the node's reason", Duration::from_secs(10), || closed.stderr().contains("failed to connect to localhost:9999"));
+    assert!(closed.stderr().contains("Connection refused"), "{}", closed.stderr());
 }

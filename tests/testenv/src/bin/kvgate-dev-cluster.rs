@@ -2,7 +2,8 @@
 //! in the foreground, for people.
 //! Everything runs in a network namespace of its own; the host reaches it only through relays on
 //! 127.0.0.1: the API server (the kubeconfig written to `target/dev-cluster/kubeconfig` points
-//! there) and, with `--forward NAMESPACE/SERVICE`, a Service's ready pods. Ctrl-C stops it all.
+//! there), the image registry its nodes pull from, and, with `--forward NAMESPACE/SERVICE`, a
+//! Service's ready pods. Ctrl-C stops it all.
 
 use std::io;
 use std::net::SocketAddr;
@@ -21,8 +22,11 @@ const USAGE: &str = "usage: kvgate-dev-cluster [--nodes N] [--out DIR] [--forwar
 Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler in a network namespace of
 their own and N nodes (default 2, at most 32: node-1, node-2, ...), each a node agent in a network
 namespace of its own with its own pod bridge and pod CIDR (198.18.I.0/24), all joined by a fabric
-(198.19.0.0/24) through the control plane's namespace; relays the API server to 127.0.0.1 (kubeconfig: DIR/kubeconfig, written once all is up)
-and each --forward Service to a free port on 127.0.0.1 (written to DIR/forward/NAMESPACE.SERVICE).
+(198.19.0.0/24) through the control plane's namespace. The nodes pull images from a registry there (198.19.0.1:5000, also
+their mirror of ghcr.io), which holds kvgate's images built from target/debug. Relays the API server to 127.0.0.1
+(kubeconfig: DIR/kubeconfig, written once all is up), the registry (its address in DIR/registry, the nodes' in
+DIR/registry-for-nodes; push with scripts/push.sh ADDRESS/kvgate --insecure) and each --forward Service to a free port
+on 127.0.0.1 (written to DIR/forward/NAMESPACE.SERVICE).
 DIR is target/dev-cluster unless --out says otherwise.";
 
 #[tokio::main]
@@ -52,8 +56,9 @@ async fn main() -> anyhow::Result<()> {
     }
     let agent = std::env::current_exe()?.with_file_name("kvgate-node-agent");
     let cp = tokio::task::spawn_blocking(ControlPlane::start).await??;
-    // The images the chart and the operator name: OCI images of these binaries, run by runc.
-    let images = tokio::task::spawn_blocking(kvgate_testenv::images::debug_table).await??;
+    // The images the chart and the operator name: OCI images of these binaries, pushed to the
+    // world's registry (which nodes pull ghcr.io's images from) and run by runc.
+    let images = tokio::task::spawn_blocking(kvgate_testenv::images::node_images).await??;
     let mut started = Vec::new();
     for i in 1..=nodes {
         started.push(cp.node_agent(&agent, &format!("node-{i}"), &images)?);
@@ -63,6 +68,11 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(out.join("forward"))?;
     let api: SocketAddr = cp.server.trim_start_matches("https://").parse()?;
     let api_relay = Relay::start(0, Arc::new(move || Ok(api)))?;
+    // The registry from the host too: `make push REGISTRY=127.0.0.1:PORT/kvgate INSECURE=1`.
+    let registry: SocketAddr = kvgate_testenv::registry::local().parse()?;
+    let registry_relay = Relay::start(0, Arc::new(move || Ok(registry)))?;
+    std::fs::write(out.join("registry"), registry_relay.addr.to_string())?;
+    std::fs::write(out.join("registry-for-nodes"), kvgate_testenv::registry::host())?;
     let client = cp.client().await?;
     for spec in &forwards {
         let (ns, svc) = spec.split_once('/').ok_or_else(|| anyhow::anyhow!("--forward {spec}: expected NAMESPACE/SERVICE"))?;
@@ -75,9 +85,11 @@ async fn main() -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&cp.kubeconfig)?.replace(&cp.server, &format!("https://{}", api_relay.addr));
     std::fs::write(&kubeconfig, text)?;
     println!(
-        "kvgate dev cluster is up: API server https://{}, nodes {} (images ghcr.io/kvgate/kvgate-worker and -operator built from target/debug, run by runc)",
+        "kvgate dev cluster is up: API server https://{}, nodes {}, registry {} (nodes pull it as {}, and ghcr.io/kvgate/kvgate-worker and -operator from it: built from target/debug, run by runc)",
         api_relay.addr,
-        started.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ")
+        started.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", "),
+        registry_relay.addr,
+        kvgate_testenv::registry::host(),
     );
     println!("  export KUBECONFIG={}", kubeconfig.canonicalize()?.display());
     println!("  kubectl get nodes");
@@ -89,6 +101,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(&kubeconfig);
     let _ = std::fs::remove_dir_all(out.join("forward"));
+    let _ = std::fs::remove_file(out.join("registry"));
+    let _ = std::fs::remove_file(out.join("registry-for-nodes"));
     drop(started);
     drop(cp);
     println!("stopped");

@@ -24,7 +24,8 @@ async fn run(private: Result<(), String>) -> anyhow::Result<()> {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "usage: kvgate-node-agent --kubeconfig PATH --server URL --ca-file PATH --kubelet-cert PATH --kubelet-key PATH --node-ip IP --pod-cidr CIDR\n\
-             \x20      [--cpu N] [--memory QUANTITY] [--ephemeral-storage QUANTITY] [--heartbeat-seconds N] [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=oci:LAYOUT:TAG | NAME=PATH]...\n\n\
+             \x20      [--cpu N] [--memory QUANTITY] [--ephemeral-storage QUANTITY] [--heartbeat-seconds N] [--cni-bin DIR] [--node-name NAME] [--dir DIR] [--image NAME=oci:LAYOUT:TAG | NAME=PATH]...\n\
+             \x20      [--insecure-registry HOST:PORT]... [--registry-mirror REGISTRY=MIRROR]...\n\n\
              Runs the pods kube-scheduler binds to this node (it binds none itself). Run it in the node's own network namespace\n\
              (kvgate_testenv::fabric): --node-ip is the node's address there (its InternalIP), --pod-cidr the range its pods get\n\
              addresses from (behind a bridge holding the range's first address). --cpu, --memory and --ephemeral-storage are the\n\
@@ -32,7 +33,13 @@ async fn run(private: Result<(), String>) -> anyhow::Result<()> {
              --server is the API server as pods reach it; --cni-bin holds the CNI plugins bridge, host-local and loopback (default target/cni/bin, from `make tools`).\n\
              --image maps an image name (matched with or without its tag) to an OCI image layout and tag (`make images`, scripts/images.sh), run as\n\
              OCI containers by runc (unpacked under DIR/images, state under DIR/runc), or to a host binary run as a process in the pod's namespaces.\n\
-             --kubelet-cert/--kubelet-key serve the kubelet API (containerLogs, for `kubectl logs`) on a port advertised in the Node's status;\n\
+             Any other image is pulled by reference from the registry it names (skopeo, into DIR/pulled), as a kubelet's runtime pulls\n\
+             by the container's imagePullPolicy (Always: at every start; IfNotPresent: once per node; Never: never):\n\
+             a failed pull leaves the container ErrImagePull, then ImagePullBackOff until the next try. --insecure-registry names a registry\n\
+             reached over plain HTTP (as containerd's hosts.toml allows); every other registry needs TLS.\n\
+             --registry-mirror pulls REGISTRY's images from MIRROR, repository paths unchanged (ghcr.io=198.19.0.1:5000).\n\
+             --kubelet-cert/--kubelet-key serve the kubelet API (containerLogs for `kubectl logs`, portForward for `kubectl port-forward`)\n\
+             on a port advertised in the Node's status;\n\
              only the API server's client certificate (CN kube-apiserver-kubelet-client, signed by --ca-file) is accepted there.\n\
              A container whose root is writable gets an overlay of its image (its writes in its bundle), mounted in a mount namespace\n\
              of the agent's own; without one (not root) the root is a copy of the image. Pods' /etc/resolv.conf names the node's\n\
@@ -41,7 +48,8 @@ async fn run(private: Result<(), String>) -> anyhow::Result<()> {
         return Ok(());
     }
     let need = |flag: &str| arg(&args, flag).ok_or_else(|| anyhow::anyhow!("{flag} is required (see --help)"));
-    let images: Vec<String> = args.windows(2).filter(|w| w[0] == "--image").map(|w| w[1].clone()).collect();
+    let repeated = |flag: &str| -> Vec<String> { args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].clone()).collect() };
+    let images = repeated("--image");
     let kubeconfig = PathBuf::from(need("--kubeconfig")?);
     let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
@@ -54,6 +62,8 @@ async fn run(private: Result<(), String>) -> anyhow::Result<()> {
     let cfg = AgentConfig {
         node_name,
         images: ImageTable::parse(&images)?,
+        insecure_registries: repeated("--insecure-registry"),
+        registry_mirrors: repeated("--registry-mirror"),
         dir,
         server: need("--server")?,
         ca_file: PathBuf::from(need("--ca-file")?),

@@ -23,12 +23,17 @@ use super::logs::LogIndex;
 use super::network::PodNetwork;
 use super::oci_image::ImageStore;
 use super::pod::{PodRt, Runtime};
+use super::pull::Puller;
 use super::runc::Runc;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub node_name: String,
     pub images: ImageTable,
+    /// Registries (`host:port`) pulled from over plain HTTP; every other one needs TLS.
+    pub insecure_registries: Vec<String>,
+    /// `REGISTRY=MIRROR`: images of REGISTRY are pulled from MIRROR (same repository paths).
+    pub registry_mirrors: Vec<String>,
     /// Where pods' logs and kubeconfigs live.
     pub dir: PathBuf,
     /// API server URL and CA file written into pods' kubeconfigs (an address pods reach).
@@ -84,7 +89,8 @@ impl NodeAgent {
         if let Err(e) = &runc {
             tracing::warn!(error = e, "containers of OCI images will not start");
         }
-        let runtime = Runtime { images: cfg.images.clone(), store: ImageStore::new(cfg.dir.join("images")), runc };
+        let puller = Puller::new(cfg.dir.join("pulled"), cfg.insecure_registries.clone(), &cfg.registry_mirrors).map_err(anyhow::Error::msg)?;
+        let runtime = Runtime { images: cfg.images.clone(), puller, store: ImageStore::new(cfg.dir.join("images")), runc };
         Ok(NodeAgent { client, cfg, pods: HashMap::new(), network, cgroups, runtime, logs: LogIndex::default(), kubelet_port: 0 })
     }
 

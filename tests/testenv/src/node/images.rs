@@ -1,6 +1,8 @@
-//! The node agent's "registry": an explicit table from image names to OCI image layouts (run as
-//! OCI containers by runc, see `runc`) or, for tools of the agent's own tests that have no image
-//! (python3, kubectl), host binaries run as processes in the pod's namespaces.
+//! The node's pre-loaded images: a table from image names to OCI image layouts already on the
+//! node (as `kind load` or a node image leaves them; run as OCI containers by runc, see `runc`)
+//! or, for tools of the agent's own tests that have no image (python3, kubectl), host binaries
+//! run as processes in the pod's namespaces. Any other image is pulled from its registry
+//! (`pull`), as a kubelet's runtime pulls one it does not hold.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,6 +14,8 @@ pub enum Image {
     Oci { layout: PathBuf, tag: String },
     /// A binary on the host, run as a process (no root filesystem of its own).
     Host(PathBuf),
+    /// Not on the node: pulled from the registry its reference names.
+    Pull(String),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -52,12 +56,9 @@ impl ImageTable {
         Ok(ImageTable(map))
     }
 
-    pub fn resolve(&self, image: &str) -> Result<Image, String> {
-        self.0
-            .get(image)
-            .or_else(|| self.0.get(repository(image)))
-            .cloned()
-            .ok_or_else(|| format!("image {image} is not in the node agent's image table (known: {})", self.0.keys().cloned().collect::<Vec<_>>().join(", ")))
+    /// The pre-loaded image `image` names, or the reference to pull.
+    pub fn resolve(&self, image: &str) -> Image {
+        self.0.get(image).or_else(|| self.0.get(repository(image))).cloned().unwrap_or_else(|| Image::Pull(image.to_string()))
     }
 }
 
@@ -71,8 +72,8 @@ mod tests {
         assert_eq!(repository("localhost:5000/worker"), "localhost:5000/worker");
         assert_eq!(repository("worker@sha256:abc"), "worker");
         let t = ImageTable::parse(&["kvgate/worker=/bin/true".into()]).unwrap();
-        assert_eq!(t.resolve("kvgate/worker:9").unwrap(), Image::Host(PathBuf::from("/bin/true")));
-        assert!(t.resolve("nginx:1").unwrap_err().contains("kvgate/worker"));
+        assert_eq!(t.resolve("kvgate/worker:9"), Image::Host(PathBuf::from("/bin/true")));
+        assert_eq!(t.resolve("nginx:1"), Image::Pull("nginx:1".into()));
     }
 
     #[test]
@@ -81,7 +82,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("index.json"), "{}").unwrap();
         let t = ImageTable::parse(&[format!("kvgate/worker=oci:{}:0.1.0", dir.display())]).unwrap();
-        assert_eq!(t.resolve("kvgate/worker:test").unwrap(), Image::Oci { layout: dir.clone(), tag: "0.1.0".into() });
+        assert_eq!(t.resolve("kvgate/worker:test"), Image::Oci { layout: dir.clone(), tag: "0.1.0".into() });
         assert!(ImageTable::parse(&[format!("w=oci:{}", dir.display())]).unwrap_err().to_string().contains("names no tag"));
         assert!(ImageTable::parse(&["w=oci:/nonexistent:1".into()]).unwrap_err().to_string().contains("make images"));
         std::fs::remove_dir_all(dir).unwrap();

@@ -1,5 +1,6 @@
-//! The kubelet's HTTPS endpoint, as far as `kubectl logs` needs it: `GET /containerLogs/{ns}/{pod}/{container}`.
-//! The API server dials it at the Node's InternalIP and `daemonEndpoints.kubeletEndpoint.Port`,
+//! The kubelet's HTTPS endpoint, as far as `kubectl logs` and `kubectl port-forward` need it:
+//! `GET /containerLogs/{ns}/{pod}/{container}` and `/portForward/{ns}/{pod}` (an upgrade to
+//! SPDY/3.1, `port_forward`). The API server dials it at the Node's InternalIP and `daemonEndpoints.kubeletEndpoint.Port`,
 //! verifies the serving certificate against the cluster CA (`--kubelet-certificate-authority`)
 //! and presents its own client certificate, which must be signed by that CA and name
 //! `kube-apiserver-kubelet-client`; nothing else is served.
@@ -12,10 +13,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path as UrlPath, Query, State};
-use axum::http::StatusCode;
+use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::logs::{self, LogError, LogIndex, LogRequest};
+use super::port_forward::{self, Dial};
 
 /// PEM files of the serving certificate and key, and the CA that signs clients.
 #[derive(Debug, Clone)]
@@ -42,7 +44,9 @@ pub async fn serve(addr: SocketAddr, tls: KubeletTls<'_>, index: LogIndex) -> an
     tokio::spawn(handshakes(tcp, acceptor, tx));
     let app = Router::new()
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
-        .fallback(|| async { (StatusCode::NOT_FOUND, "the kvgate node agent serves only /containerLogs\n") })
+        .route("/portForward/{ns}/{pod}", any(port_forward))
+        .route("/portForward/{ns}/{pod}/{uid}", any(port_forward_uid))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "the kvgate node agent serves only /containerLogs and /portForward\n") })
         .with_state(index);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(TlsListener { rx, local }, app).await {
@@ -133,4 +137,80 @@ async fn container_logs(
         Err(LogError::NotFound(e)) => (StatusCode::NOT_FOUND, e).into_response(),
         Err(LogError::BadRequest(e)) => (StatusCode::BAD_REQUEST, e).into_response(),
     }
+}
+
+async fn port_forward_uid(index: State<LogIndex>, UrlPath((ns, pod, _uid)): UrlPath<(String, String, String)>, req: Request) -> Response {
+    port_forward(index, UrlPath((ns, pod)), req).await
+}
+
+/// Upgrades to SPDY/3.1 with `portforward.k8s.io`, as the kubelet does, and forwards the
+/// client's streams to the pod's ports on its own loopback.
+async fn port_forward(State(index): State<LogIndex>, UrlPath((ns, pod)): UrlPath<(String, String)>, mut req: Request) -> Response {
+    let upgrade = req.headers().get(header::UPGRADE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if !upgrade.eq_ignore_ascii_case("SPDY/3.1") {
+        return (StatusCode::BAD_REQUEST, format!("port-forward needs an upgrade to SPDY/3.1, got Upgrade: {upgrade:?}\n")).into_response();
+    }
+    let offered: Vec<String> = req
+        .headers()
+        .get_all("X-Stream-Protocol-Version")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|p| p.trim().to_string())
+        .collect();
+    if !offered.iter().any(|p| p == port_forward::PROTOCOL) {
+        let why = format!("unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server supports [{}]\n", port_forward::PROTOCOL);
+        return (StatusCode::FORBIDDEN, why).into_response();
+    }
+    let Some(netns) = index.netns(&ns, &pod) else {
+        return (StatusCode::NOT_FOUND, format!("pod {ns}/{pod} is not running on this node\n")).into_response();
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let io = match on_upgrade.await {
+            Ok(io) => hyper_util::rt::TokioIo::new(io),
+            Err(e) => return tracing::debug!(error = %e, "port-forward: the upgrade did not complete"),
+        };
+        if let Err(e) = port_forward::serve(io, dial_in(ns, pod, netns)).await {
+            tracing::debug!(error = %e, "port-forward session ended");
+        }
+    });
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let headers = resp.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("SPDY/3.1"));
+    headers.insert("X-Stream-Protocol-Version", HeaderValue::from_static(port_forward::PROTOCOL));
+    resp
+}
+
+/// Connects to `localhost:PORT` inside the pod's network namespace, as a container runtime's
+/// port forward does (a server listening only on the pod's loopback is reached too).
+fn dial_in(ns: String, pod: String, netns: std::path::PathBuf) -> Dial {
+    Box::new(move |port| {
+        let (ns, pod, netns) = (ns.clone(), pod.clone(), netns.clone());
+        Box::pin(async move {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            // A thread of its own: setns moves only the calling thread, and this one ends here.
+            std::thread::spawn(move || {
+                let _ = tx.send(connect_in(&netns, port));
+            });
+            let fail = |e: String| {
+                format!("error forwarding port {port} to pod {ns}/{pod}: failed to connect to localhost:{port} inside the pod's network namespace: {e}")
+            };
+            let stream = rx.await.map_err(|e| fail(e.to_string()))?.map_err(fail)?;
+            stream.set_nonblocking(true).map_err(|e| fail(e.to_string()))?;
+            TcpStream::from_std(stream).map_err(|e| fail(e.to_string()))
+        })
+    })
+}
+
+fn connect_in(netns: &Path, port: u16) -> Result<std::net::TcpStream, String> {
+    use std::os::fd::AsRawFd;
+    let ns = std::fs::File::open(netns).map_err(|e| format!("{}: {e}", netns.display()))?;
+    // SAFETY: setns on an open namespace file; it changes only this thread, which ends after the connect.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(format!("entering {}: {}", netns.display(), std::io::Error::last_os_error()));
+    }
+    std::net::TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(5)).map_err(|e| e.to_string())
 }

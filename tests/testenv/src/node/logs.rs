@@ -49,6 +49,13 @@ impl LogIndex {
         self.0.lock().unwrap().retain(|_, e| e.uid != uid);
     }
 
+    /// The network namespace of pod `ns/pod` on this node (from its `network.json`).
+    pub fn netns(&self, ns: &str, pod: &str) -> Option<PathBuf> {
+        let text = std::fs::read(self.entry(ns, pod)?.dir.join("network.json")).ok()?;
+        let network: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        network["netns"].as_str().map(PathBuf::from)
+    }
+
     fn entry(&self, ns: &str, pod: &str) -> Option<PodEntry> {
         self.0.lock().unwrap().get(&(ns.to_string(), pod.to_string())).cloned()
     }

@@ -12,9 +12,12 @@ pub mod logs;
 pub mod network;
 pub mod oci_image;
 pub mod pod;
+pub mod port_forward;
 pub mod probes;
+pub mod pull;
 pub mod rootfs;
 pub mod runc;
+pub mod spdy;
 pub mod volumes;
 
 pub use agent::{AgentConfig, NodeAgent};

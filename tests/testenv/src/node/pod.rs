@@ -20,6 +20,7 @@ use super::cgroups::{self, PodCgroup};
 use super::images::{Image, ImageTable};
 use super::network::{self, Sandbox};
 use super::oci_image::ImageStore;
+use super::pull::Puller;
 use super::runc::Runc;
 use super::{bundle, dns, env, logs, probes, rootfs, volumes};
 
@@ -51,6 +52,9 @@ struct ContainerRt {
     /// The image's digest (`imageID` in the status), for OCI images.
     image_id: String,
     backoff_until: Option<Instant>,
+    /// Failed pulls in a row, and when the next try is due (`ImagePullBackOff` until then).
+    pull_failures: u32,
+    pull_retry_at: Option<Instant>,
     readiness: Probing,
     liveness: Probing,
 }
@@ -78,10 +82,12 @@ pub struct PodRt {
 /// Where the kubeconfig the agent writes for a pod appears inside its containers.
 const POD_KUBECONFIG: &str = "/var/run/secrets/kvgate.dev/kubeconfig";
 
-/// How containers are run: the image table, unpacked images, and runc (or why it is missing).
+/// How containers are run: the pre-loaded images, pulls, unpacked images, and runc (or why it
+/// is missing).
 #[derive(Debug)]
 pub struct Runtime {
     pub images: ImageTable,
+    pub puller: Puller,
     pub store: ImageStore,
     pub runc: Result<Runc, String>,
 }
@@ -91,6 +97,12 @@ type Launch = (Command, Option<(Runc, String)>, String);
 
 fn now() -> Time {
     Time(Timestamp::now())
+}
+
+/// The wait after `failures` failed pulls in a row: 1 s, 2 s, 4 s ... up to 30 s (the kubelet's
+/// starts at 10 s and stops at 300 s; a test world has less time to wait).
+fn pull_backoff(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.saturating_sub(1).min(5)).min(Duration::from_secs(30))
 }
 
 impl PodRt {
@@ -118,6 +130,8 @@ impl PodRt {
                 runc_id: None,
                 image_id: String::new(),
                 backoff_until: None,
+                pull_failures: 0,
+                pull_retry_at: None,
                 readiness: Probing::default(),
                 liveness: Probing::default(),
             })
@@ -168,8 +182,15 @@ impl PodRt {
         let cgroup = self.cgroup.as_ref().ok().and_then(Option::as_ref);
         let c = &mut self.containers[i];
         let (mut cmd, runc_id, image_id) = match launch {
-            Ok(l) => l,
+            Ok(l) => {
+                (c.pull_failures, c.pull_retry_at) = (0, None);
+                l
+            }
             Err((reason, message)) => {
+                if reason == "ErrImagePull" {
+                    c.pull_failures += 1;
+                    c.pull_retry_at = Some(Instant::now() + pull_backoff(c.pull_failures));
+                }
                 c.state = State::Waiting { reason: reason.into(), message };
                 return;
             }
@@ -221,7 +242,15 @@ impl PodRt {
             return Err(("CreateContainerError", message.clone()));
         }
         std::fs::metadata(&self.sandbox.netns).map_err(|e| ("CreateContainerError", format!("pod sandbox {}: {e}", self.sandbox.netns.display())))?;
-        let image = rt.images.resolve(c.spec.image.as_deref().unwrap_or("")).map_err(|e| ("ErrImagePull", e))?;
+        let reference = c.spec.image.as_deref().unwrap_or("");
+        let (image, pulled_from) = match rt.images.resolve(reference) {
+            Image::Pull(reference) => {
+                let policy = c.spec.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
+                let pulled = rt.puller.image(&reference, policy)?;
+                (Image::Oci { layout: pulled.layout, tag: pulled.tag }, Some(super::images::repository(&reference).to_string()))
+            }
+            image => (image, None),
+        };
         let config_error = |e: String| ("CreateContainerConfigError", e);
         let secrets = self.secret_env.as_ref().map_err(|e| config_error(e.clone()))?;
         let mut vars = env::build(pod, &c.spec, &self.ip.to_string(), &self.sandbox.host_ip.to_string(), secrets).map_err(config_error)?;
@@ -230,8 +259,17 @@ impl PodRt {
             vars.insert(crate::netns::WORLD.into(), world.to_string_lossy().into_owned());
         }
         match image {
-            Image::Oci { layout, tag } => self.oci_container(i, pod, rt, &layout, &tag, vars),
+            Image::Oci { layout, tag } => {
+                let (cmd, runc_id, image_id) = self.oci_container(i, pod, rt, &layout, &tag, vars)?;
+                // A pulled image is known by its repository and digest, as the kubelet reports it.
+                let image_id = match pulled_from {
+                    Some(repository) => format!("{repository}@{}", image_id.rsplit('@').next().unwrap_or_default()),
+                    None => image_id,
+                };
+                Ok((cmd, runc_id, image_id))
+            }
             Image::Host(program) => self.host_process(i, &program, vars),
+            Image::Pull(_) => unreachable!("pulled above"),
         }
     }
 
@@ -355,9 +393,19 @@ impl PodRt {
                 }
             }
             let c = &mut self.containers[i];
+            // Between failed pulls the container waits in ImagePullBackOff, as the kubelet's does.
+            if let State::Waiting { reason, message } = &c.state
+                && reason == "ErrImagePull"
+                && c.pull_retry_at.is_some_and(|t| Instant::now() < t)
+            {
+                let message = format!("Back-off pulling image \"{}\": ErrImagePull: {message}", c.spec.image.as_deref().unwrap_or(""));
+                c.state = State::Waiting { reason: "ImagePullBackOff".into(), message };
+            }
             let due = match (&c.state, c.backoff_until) {
                 (State::Waiting { reason, .. }, _) if reason == "ContainerCreating" || reason == "CreateContainerConfigError" => true,
-                (State::Waiting { reason, .. }, _) if reason == "ErrImagePull" || reason == "ImagePullBackOff" => false,
+                (State::Waiting { reason, .. }, _) if reason == "ErrImagePull" || reason == "ImagePullBackOff" => {
+                    c.pull_retry_at.is_some_and(|t| Instant::now() >= t)
+                }
                 (State::Terminated { .. }, Some(t)) => Instant::now() >= t,
                 _ => false,
             };
