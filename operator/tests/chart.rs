@@ -460,14 +460,15 @@ fn helm_install_runs_the_operator_under_its_own_service_account_and_uninstall_cl
     let ids: Vec<&str> = workers["items"].as_array().unwrap().iter().filter_map(|p| p["status"]["containerStatuses"][0]["imageID"].as_str()).collect();
     assert!(!ids.is_empty() && ids.iter().all(|id| id.starts_with(&format!("{registry}/kvgate-worker@sha256:"))), "{ids:?}");
     // The README's next step: `kubectl port-forward svc/tiny`, and a completion through it.
-    let forward = cp.port_forward(&ns, "svc/tiny", 80).unwrap();
-    let url = format!("http://{}/v1/completions", forward.local);
-    let mut answer = None;
-    eventually(cp, &ns, "a completion through kubectl port-forward svc/tiny", Duration::from_secs(30), || {
-        answer = kvgate_testenv::http::request("POST", &url, Some(r#"{"prompt":"Hello","max_tokens":8}"#));
+    // A forwarded connection that fails ends kubectl's port-forward: each try starts one.
+    let (mut forward, mut answer) = (None, None);
+    eventually(cp, &ns, "a completion through kubectl port-forward svc/tiny", Duration::from_secs(60), || {
+        let Ok(f) = cp.port_forward(&ns, "svc/tiny", 80) else { return false };
+        answer = kvgate_testenv::http::request("POST", &format!("http://{}/v1/completions", f.local), Some(r#"{"prompt":"Hello","max_tokens":8}"#));
+        forward = Some(f);
         answer.as_ref().is_some_and(|(status, _)| *status == 200)
     });
-    let (_, body) = answer.unwrap();
+    let (forward, (_, body)) = (forward.unwrap(), answer.unwrap());
     assert!(serde_json::from_str::<Value>(&body).unwrap()["choices"][0]["text"].is_string(), "{body}\nkubectl said: {}", forward.stderr());
     // `kubectl kvgate check` through the same forward, as from a laptop: the gate's verdict.
     let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-kvgate"));

@@ -59,6 +59,7 @@ fn start() -> anyhow::Result<Registry> {
     let storage = root().join("target/registry");
     let dir = storage.join("run");
     std::fs::create_dir_all(&dir)?;
+    sweep(&dir);
     let config = dir.join(format!("config-{}.yml", std::process::id()));
     // Listening on every address of the world's namespace: 127.0.0.1 for the test process, the
     // fabric's address for nodes (added once the first node starts).
@@ -77,6 +78,18 @@ fn start() -> anyhow::Result<Registry> {
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(Registry { _proc: Mutex::new(proc) })
+}
+
+/// Removes the configurations and logs of registries whose test process has exited (each is
+/// named for its process: `config-PID.yml`, `registry-PID.log`).
+fn sweep(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix("config-").or_else(|| name.strip_prefix("registry-")).and_then(|r| r.split('.').next()).and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(|pid| !crate::process::alive(pid)) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 impl Registry {
@@ -111,6 +124,23 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_files_of_registries_whose_process_exited_are_swept() {
+        let dir = std::env::temp_dir().join(format!("kvgate-registry-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (gone, mine) = (i32::MAX, std::process::id());
+        let names =
+            [format!("config-{gone}.yml"), format!("registry-{gone}.log"), format!("config-{mine}.yml"), format!("registry-{mine}.log"), "other".into()];
+        for n in &names {
+            std::fs::write(dir.join(n), "").unwrap();
+        }
+        super::sweep(&dir);
+        let mut left: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, [names[2].clone(), "other".into(), names[3].clone()]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     #[test]
     fn nodes_reach_the_registry_on_the_worlds_fabric_address() {
         assert_eq!(super::host(), "198.19.0.1:5000");

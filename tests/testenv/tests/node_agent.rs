@@ -590,13 +590,17 @@ fn kubectl_port_forward_reaches_a_pods_loopback_both_ways() {
     let ns = cp.namespace("forward");
     apply(cp, &ns, &python_pod("pf", "256Mi", "1", LOOPBACK_SERVER));
     eventually(cp, "the pod running", Duration::from_secs(60), || json(cp, &["-n", &ns, "get", "pod", "pf"])["status"]["phase"] == "Running");
-    let forward = cp.port_forward(&ns, "pod/pf", 8000).unwrap();
-    let big: Vec<u8> = (0..1usize << 20).map(|i| (i % 251) as u8).collect();
-    let mut answer = None;
-    eventually(cp, "a GET through the forward", Duration::from_secs(30), || {
-        answer = exchange(forward.local, "GET", b"");
+    // Until the server listens, a forwarded connection fails and kubectl exits ("lost
+    // connection to pod"), as it does against a kubelet: each try starts a port-forward.
+    let (mut forward, mut answer) = (None, None);
+    eventually(cp, "a GET through a kubectl port-forward", Duration::from_secs(60), || {
+        let Ok(f) = cp.port_forward(&ns, "pod/pf", 8000) else { return false };
+        answer = exchange(f.local, "GET", b"");
+        forward = Some(f);
         answer.is_some()
     });
+    let forward = forward.unwrap();
+    let big: Vec<u8> = (0..1usize << 20).map(|i| (i % 251) as u8).collect();
     assert_eq!(answer.map(|(s, b)| (s, b.len(), b == big)), Some((200, big.len(), true)), "kubectl said: {}", forward.stderr());
     let upload: Vec<u8> = (0..300_000usize).map(|i| (i * 7 % 256) as u8).collect();
     let (status, echoed) = exchange(forward.local, "POST", &upload).unwrap();
