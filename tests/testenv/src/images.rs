@@ -54,34 +54,42 @@ pub const FAULTY_WORKERS: &[(&str, &[(&str, &str)])] = &[
 /// how to fix it, when the debug worker cannot inject the fault (built without `testing`): its
 /// pods would only crash-loop, and a test would wait for a fault that never comes.
 pub fn faulty_worker(name: &str) -> String {
-    let (_, env) = FAULTY_WORKERS.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("no faulty worker image {name} in FAULTY_WORKERS"));
-    // The fault a variable names, or a fault's own variable (KVGATE_FAULT_...).
-    let needs = env.iter().filter_map(|(k, v)| match *k {
-        "KVGATE_INJECT_FAULT" => Some(*v),
-        k if k.starts_with("KVGATE_FAULT_") => Some(k),
-        _ => None,
-    });
-    let bin = root().join("target/debug/kvgate-worker");
-    for fault in needs {
-        assert!(
-            knows(&bin, fault),
-            "{} cannot inject {fault} for the image {name}: it was built without the `testing` feature (`cargo build --workspace` \
-             builds it so); build it with `cargo build -p kvgate-worker --features testing` (make test and make bench do)",
-            bin.display()
-        );
+    assert!(FAULTY_WORKERS.iter().any(|(n, _)| *n == name), "no faulty worker image {name} in FAULTY_WORKERS");
+    static CAN_INJECT: OnceLock<Result<(), String>> = OnceLock::new();
+    if let Err(why) = CAN_INJECT.get_or_init(|| can_inject(&root().join("target/debug/kvgate-worker"))) {
+        panic!("{why}");
     }
     format!("{WORKER}-{name}:{}", tag())
 }
 
-/// Whether the worker binary at `bin` holds `fault` (a fault's name or its variable): only a
-/// `testing` build parses them, so only its binary contains them.
-fn knows(bin: &Path, fault: &str) -> bool {
-    let Ok(bytes) = std::fs::read(bin) else { return false };
-    let needle = fault.as_bytes();
-    bytes.windows(needle.len()).any(|w| w == needle)
+/// Whether the worker binary at `bin` can inject every fault of `FAULTY_WORKERS` (read once per
+/// process: the debug binary is tens of MB).
+fn can_inject(bin: &Path) -> Result<(), String> {
+    let bytes = std::fs::read(bin).unwrap_or_default();
+    // The fault a variable names, or a fault's own variable (KVGATE_FAULT_...).
+    let mut needs = FAULTY_WORKERS.iter().flat_map(|(_, env)| env.iter()).filter_map(|(k, v)| match *k {
+        "KVGATE_INJECT_FAULT" => Some(*v),
+        k if k.starts_with("KVGATE_FAULT_") => Some(k),
+        _ => None,
+    });
+    match needs.find(|fault| !knows(&bytes, fault)) {
+        None => Ok(()),
+        Some(fault) => Err(format!(
+            "{} cannot inject {fault}: it was built without the `testing` feature (`cargo build --workspace` builds it so); \
+             build it with `cargo build -p kvgate-worker --features testing` (make test and make bench do)",
+            bin.display()
+        )),
+    }
 }
 
-fn root() -> PathBuf {
+/// Whether a worker binary's bytes hold `fault` (a fault's name or its variable): only a
+/// `testing` build parses them, so only its binary contains them.
+fn knows(binary: &[u8], fault: &str) -> bool {
+    binary.windows(fault.len()).any(|w| w == fault.as_bytes())
+}
+
+/// The repository's root (the workspace this crate is part of).
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -183,10 +191,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kvgate-knows-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (testing, release) = (dir.join("testing"), dir.join("release"));
-        std::fs::write(&testing, b"\x7fELF...corrupt-page\0KVGATE_FAULT_RESTART_SMALLER_AFTER\0").unwrap();
+        let every: String = FAULTY_WORKERS.iter().flat_map(|(_, env)| env.iter()).map(|(k, v)| format!("{k}\0{v}\0")).collect();
+        std::fs::write(&testing, format!("\x7fELF...{every}")).unwrap();
         std::fs::write(&release, b"\x7fELF...KVGATE_INJECT_FAULT\0").unwrap();
-        assert!(knows(&testing, "corrupt-page") && knows(&testing, "KVGATE_FAULT_RESTART_SMALLER_AFTER"));
-        assert!(!knows(&release, "corrupt-page") && !knows(&dir.join("missing"), "corrupt-page"));
+        assert_eq!(can_inject(&testing), Ok(()));
+        let why = can_inject(&release).unwrap_err();
+        assert!(why.contains("cannot inject wrong-layout") && why.contains("--features testing"), "{why}");
+        assert!(can_inject(&dir.join("missing")).is_err());
+        assert!(knows(b"..corrupt-page..", "corrupt-page") && !knows(b"..corrupt..", "corrupt-page"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::images::root;
 
 /// The unpacked wheel (a directory for `PYTHONPATH`), unpacked on first use.
 pub fn site() -> PathBuf {

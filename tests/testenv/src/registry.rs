@@ -9,13 +9,14 @@
 //! Its storage is `target/registry/`, shared by every test process (registries may share a
 //! storage backend): a blob pushed by an earlier run is not sent again.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::images::root;
 use crate::process::{Proc, tail};
 use crate::tools::tool;
 
@@ -37,10 +38,6 @@ pub fn local() -> String {
 /// The node agent's flags for this registry: reached over HTTP, and the mirror of [`MIRRORED`].
 pub fn node_flags() -> Vec<String> {
     vec!["--insecure-registry".into(), host(), "--registry-mirror".into(), format!("{MIRRORED}={}", host())]
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 pub struct Registry {

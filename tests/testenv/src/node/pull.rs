@@ -7,7 +7,7 @@
 //! registries listed as insecure are reached over plain HTTP.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 /// The node's pulled images: one OCI layout (blobs shared between images), the registries it
@@ -125,10 +125,6 @@ impl Puller {
             return Err(skopeo_error(&String::from_utf8_lossy(&out.stderr)));
         }
         Ok(Pulled { layout: self.layout.clone(), tag })
-    }
-
-    pub fn layout(&self) -> &Path {
-        &self.layout
     }
 }
 
