@@ -27,9 +27,7 @@ pub const NODE_MONITOR_GRACE_SECS: u64 = 16;
 
 /// Where `make controlplane` puts the binaries (override with `KVGATE_CONTROLPLANE_BIN`).
 pub fn bin_dir() -> PathBuf {
-    std::env::var_os("KVGATE_CONTROLPLANE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/controlplane/bin"))
+    std::env::var_os("KVGATE_CONTROLPLANE_BIN").map(PathBuf::from).unwrap_or_else(|| crate::paths::target("controlplane/bin"))
 }
 
 fn binary(name: &str) -> anyhow::Result<PathBuf> {
@@ -194,7 +192,7 @@ impl ControlPlane {
         })?;
 
         if options.crds {
-            let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
+            let crds = crate::paths::root().join("crds");
             let out = cp.kubectl(&["apply", "-f", &path(&crds)]);
             if !out.status.success() {
                 bail!("applying {}: {}", crds.display(), String::from_utf8_lossy(&out.stderr));

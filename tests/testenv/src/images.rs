@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 
 use anyhow::Context;
 
+use crate::paths::root;
+
 pub const WORKER: &str = "ghcr.io/kvgate/kvgate-worker";
 pub const OPERATOR: &str = "ghcr.io/kvgate/kvgate-operator";
 /// llama.cpp's server (`llama-server` flags), the engine test image `scripts/images.sh llamacpp`
@@ -86,11 +88,6 @@ fn can_inject(bin: &Path) -> Result<(), String> {
 /// `testing` build parses them, so only its binary contains them.
 fn knows(binary: &[u8], fault: &str) -> bool {
     binary.windows(fault.len()).any(|w| w == fault.as_bytes())
-}
-
-/// The repository's root (the workspace this crate is part of).
-pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// The tag the layouts carry: the workspace version.

@@ -20,6 +20,7 @@ pub mod netns;
 pub mod node;
 pub mod nodes;
 pub mod once_dir;
+pub mod paths;
 pub mod process;
 pub mod readme;
 pub mod registry;

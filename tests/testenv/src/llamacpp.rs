@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::images::root;
+use crate::paths::root;
 
 /// The unpacked wheel (a directory for `PYTHONPATH`), unpacked on first use.
 pub fn site() -> PathBuf {

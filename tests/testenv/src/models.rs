@@ -13,7 +13,7 @@ pub enum Format {
 
 /// Writes the tiny Llama in `format` at `path` (its parent directories made first).
 pub fn write(format: Format, path: &Path) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engines/models.sh");
+    let script = crate::paths::root().join("tests/engines/models.sh");
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{}: {e}", parent.display()));
     }

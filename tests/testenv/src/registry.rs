@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::images::root;
+use crate::paths::root;
 use crate::process::{Proc, tail};
 use crate::tools::tool;
 

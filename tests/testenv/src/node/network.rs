@@ -20,7 +20,7 @@ pub const BRIDGE: &str = "kvgate0";
 
 /// Where `make tools` builds the plugins (override with `KVGATE_CNI_BIN`).
 pub fn default_bin_dir() -> PathBuf {
-    std::env::var_os("KVGATE_CNI_BIN").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/cni/bin"))
+    std::env::var_os("KVGATE_CNI_BIN").map(PathBuf::from).unwrap_or_else(|| crate::paths::target("cni/bin"))
 }
 
 #[derive(Debug)]
