@@ -26,14 +26,16 @@ test-deps:
 ## images/vllm/requirements.txt), so these tests are not in `make test`. One test at a time: each
 ## vLLM process takes about 3 GB and, idle, busy-polls close to half a core. docs/engines.md "vLLM" has the last result.
 ## Then the cost of kvgate's connector: time to first token through a real pair with and without
-## it (engines/vllm/bench/ttft.py, in target/vllm-venv; docs/benchmarks.md keeps the table).
+## it (engines/vllm/bench/ttft.py, in target/vllm-venv; kept in bench/results/vllm-ttft.json, shown in
+## docs/benchmarks.md).
 test-vllm: test-vllm-deps controlplane tools
 	$(CARGO) build --workspace --locked
 	bash scripts/images.sh --profile debug --no-archives --offline --out target/images-debug vllm
 	$(CARGO) test -p kvgate-operator --features vllm-tests --test vllm --locked -- --test-threads=1
 	bash scripts/vllm-venv.sh
 	bash tests/engines/models.sh hf target/vllm-bench-model
-	target/vllm-venv/bin/python engines/vllm/bench/ttft.py --model target/vllm-bench-model
+	$(CARGO) xtask bench vllm-ttft -- target/vllm-venv/bin/python engines/vllm/bench/ttft.py --model target/vllm-bench-model
+	$(CARGO) xtask generate
 
 ## The vLLM image's pinned wheels (about 3 GB) and packages, downloaded once.
 test-vllm-deps: test-deps
@@ -57,23 +59,27 @@ lint:
 generate:
 	$(CARGO) xtask generate
 
-## Benchmarks (printed as a Markdown table; numbers in docs/benchmarks.md come from here).
+## Benchmarks: each runs through `cargo xtask bench NAME -- COMMAND`, which passes its tables
+## through and keeps them, with the run's commit, date, CPU and load, in bench/results/NAME.json;
+## the last step regenerates docs/benchmarks.md from them (commit both).
+BENCH = $(CARGO) xtask bench
 bench:
-	$(CARGO) bench -p kvgate-worker --bench engine
-	$(CARGO) bench -p kvgate-worker --bench handoff
-	$(CARGO) bench -p kvgate-worker --bench contention
+	$(BENCH) engine -- $(CARGO) bench -p kvgate-worker --bench engine
+	$(BENCH) handoff -- $(CARGO) bench -p kvgate-worker --bench handoff
+	$(BENCH) contention -- $(CARGO) bench -p kvgate-worker --bench contention
 	# The same GGUF file in kvgate and llama.cpp (the xllamacpp wheel of `make test-deps`).
-	$(CARGO) bench -p kvgate-worker --bench gguf
+	$(BENCH) gguf -- $(CARGO) bench -p kvgate-worker --bench gguf
 	# Traces on vs off: a real Jaeger (`make tools`).
-	$(CARGO) bench -p kvgate-worker --bench tracing
+	$(BENCH) tracing -- $(CARGO) bench -p kvgate-worker --bench tracing
 	bench/venv.sh bench/plot.py
 	$(CARGO) build --release -p kvgate-worker
-	bench/venv.sh bench/peer.py --worker target/release/kvgate-worker
-	bench/venv.sh bench/load.py --worker target/release/kvgate-worker
+	$(BENCH) peer -- bench/venv.sh bench/peer.py --worker target/release/kvgate-worker
+	$(BENCH) load -- bench/venv.sh bench/load.py --worker target/release/kvgate-worker
 	# The test images run these debug binaries: the operator, the node agent and the worker with
 	# its test faults (a bench revision goes bad after its 20th handoff).
 	$(CARGO) build -p kvgate-worker --features testing -p kvgate-testenv -p kvgate-operator
-	$(CARGO) bench -p kvgate-operator --bench operator
+	$(BENCH) operator -- $(CARGO) bench -p kvgate-operator --bench operator
+	$(CARGO) xtask generate
 
 ## The soaks, long: the mixed-abuse soak of one worker (worker/tests/abuse.rs) for ten minutes, and
 ## the cluster soak on two nodes (operator/tests/nodes.rs: load through a rollout, a rollback and a

@@ -6,8 +6,15 @@
 //! `dashboards/generate.py`) and the alert rules in the chart, the table of handoff refusal
 //! reasons in `docs/handoff-protocol.md` (from `proto/src/refusal.rs`), the values table of
 //! `charts/kvgate/README.md` (from the `# --` comments of `charts/kvgate/values.yaml`), and the
-//! CLI reference `docs/cli.md` (from the binaries' clap definitions).
+//! CLI reference `docs/cli.md` (from the binaries' clap definitions), and `docs/benchmarks.md`
+//! (from `bench/benchmarks.md.in` and the results `make bench` keeps in `bench/results/`).
+//!
+//! `cargo xtask bench NAME -- COMMAND...` runs one benchmark and keeps its results (`make bench`
+//! runs every one this way).
 
+mod bench_data;
+mod bench_page;
+mod bench_run;
 mod cli_reference;
 mod values_table;
 
@@ -45,7 +52,29 @@ fn outputs() -> anyhow::Result<Vec<(String, String)>> {
     let values = values_table::markdown(&read("charts/kvgate/values.yaml")?);
     out.push((CHART_README.into(), between(CHART_README, &read(CHART_README)?, VALUES_BEGIN, VALUES_END, &values)?));
     out.push(("docs/cli.md".into(), cli_reference::markdown()?));
+    out.push((bench_page::PAGE.into(), benchmarks_page()?));
     Ok(out)
+}
+
+/// `docs/benchmarks.md`, refused while its template states a figure of its own or a kept
+/// result goes unshown.
+fn benchmarks_page() -> anyhow::Result<String> {
+    let template = read(bench_page::TEMPLATE)?;
+    let bare = bench_page::bare_figures(&template);
+    if !bare.is_empty() {
+        bail!("measured figures written into the template instead of drawn from bench/results (use {{{{fig ...}}}}):\n{}", bare.join("\n"));
+    }
+    let (page, used) = bench_page::render(&template)?;
+    let mut kept: Vec<String> = std::fs::read_dir(bench_data::dir())
+        .context("reading bench/results")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json").map(String::from))
+        .filter(|name| !used.contains(name))
+        .collect();
+    kept.sort();
+    if !kept.is_empty() {
+        bail!("bench/results/ keeps results that {} does not show: {}", bench_page::TEMPLATE, kept.join(", "));
+    }
+    Ok(page)
 }
 
 /// `doc` (the file `path`) with the text between its markers `begin` and `end` replaced.
@@ -91,6 +120,13 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        _ => bail!("usage: cargo xtask generate | cargo xtask check"),
+        Some("bench") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            match args.split_first() {
+                Some((name, rest)) if rest.first().map(String::as_str) == Some("--") => bench_run::run(name, &rest[1..]),
+                _ => bail!("usage: cargo xtask bench NAME -- COMMAND [ARGS...]"),
+            }
+        }
+        _ => bail!("usage: cargo xtask generate | cargo xtask check | cargo xtask bench NAME -- COMMAND [ARGS...]"),
     }
 }

@@ -9,7 +9,8 @@ each setup it starts a prefill and a decode vLLM on loopback (NIXL over UCX/TCP,
 make test-vllm uses), then per prompt length sends what vLLM's router sends: the prompt to
 prefill with max_tokens 1, then to decode with prefill's kv_transfer_params, streaming, and
 times the first token decode streams back. Prompts differ every request (no prefix-cache hit).
-Prints a Markdown table; docs/benchmarks.md keeps the last one.
+Prints Markdown tables; `make test-vllm` keeps them in bench/results/vllm-ttft.json, shown in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -163,10 +164,13 @@ def main():
         plain, verified = results["plain"][n], results["verified"][n]
         pm, vm, pl, vl = (f(x) * 1e3 for f, x in ((statistics.median, plain), (statistics.median, verified), (min, plain), (min, verified)))
         print(f"| {n} | {pm:.0f} / {pl:.0f} | {vm:.0f} / {vl:.0f} | {vm / pm:.2f}x / {vl / pl:.2f}x |")
-    print(f"\ndigest throughput ({device}, Llama-3-8B block layout): {gbps:.2f} GB/s of KV")
-    # The engines are stopped by now: this is the connector's arithmetic alone, per side.
+    # The connector's arithmetic alone (the engines are stopped by now), per side.
+    print()
+    print("| the connector's arithmetic | result |")
+    print("| --- | --- |")
+    print(f"| digest throughput ({device}, Llama-3-8B block layout) | {gbps:.2f} GB/s of KV |")
     for n in args.lengths:
-        print(f"lanes of a {n}-token prompt in the bench model's layout (one side, cpu): {prompt_lanes_ms(args.model, n):.1f} ms")
+        print(f"| lanes of a {n}-token prompt in the bench model's layout (one side, cpu) | {prompt_lanes_ms(args.model, n):.1f} ms |")
 
 
 if __name__ == "__main__":
