@@ -136,18 +136,25 @@ mod wide {
     /// A group of blocks X1..Xn takes the state to (acc + X1)*H^n + X2*H^(n-1) + ... + Xn*H:
     /// the carry-less products are summed unreduced (the reduction is linear) and reduced once.
     /// Blocks left over go one at a time.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2, PCLMULQDQ and VPCLMULQDQ (`implementation()` checks before calling).
     #[target_feature(enable = "avx2,pclmulqdq,vpclmulqdq")]
     pub unsafe fn blocks(powers: &[u128; GROUP], acc: u128, bytes: &[u8]) -> u128 {
         debug_assert_eq!(bytes.len() % BLOCK, 0);
+        // SAFETY: two u128 powers (32 bytes) from `2 * j`, inside the GROUP powers; unaligned load.
         let keys: [__m256i; GROUP / 2] = std::array::from_fn(|j| unsafe { _mm256_loadu_si256(powers[2 * j..].as_ptr().cast()) });
         // Karatsuba: each key's two halves summed, for the cross terms' one product.
         let sums: [__m256i; GROUP / 2] = keys.map(|k| _mm256_xor_si256(k, _mm256_shuffle_epi32::<0x4e>(k)));
+        // SAFETY: 16 bytes of a u128 on the stack.
         let mut acc = unsafe { _mm_loadu_si128((&acc as *const u128).cast()) };
         let mut groups = bytes.chunks_exact(BLOCK * GROUP);
         for group in &mut groups {
             let at = group.as_ptr().cast::<__m256i>();
             let (mut lo, mut hi, mut mid) = (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256());
             for (j, (key, sum)) in keys.iter().zip(&sums).enumerate() {
+                // SAFETY: 32 bytes at `j * 32` of a group of `GROUP * BLOCK` bytes (j < GROUP / 2).
                 let mut x = unsafe { _mm256_loadu_si256(at.add(j)) };
                 if j == 0 {
                     x = _mm256_xor_si256(x, _mm256_zextsi128_si256(acc));
@@ -161,13 +168,16 @@ mod wide {
             let mid = _mm256_xor_si256(mid, _mm256_xor_si256(lo, hi));
             acc = reduce(fold(lo), fold(hi), fold(mid));
         }
+        // SAFETY: 16 bytes of a u128 of `powers`.
         let h = unsafe { _mm_loadu_si128((&powers[GROUP - 1] as *const u128).cast()) };
         for block in groups.remainder().chunks_exact(BLOCK) {
+            // SAFETY: a block is 16 bytes (`chunks_exact(BLOCK)`).
             let x = _mm_xor_si128(acc, unsafe { _mm_loadu_si128(block.as_ptr().cast()) });
             let mid = _mm_xor_si128(_mm_clmulepi64_si128(x, h, 0x01), _mm_clmulepi64_si128(x, h, 0x10));
             acc = reduce(_mm_clmulepi64_si128(x, h, 0x00), _mm_clmulepi64_si128(x, h, 0x11), mid);
         }
         let mut out = 0u128;
+        // SAFETY: 16 bytes into a u128 on the stack.
         unsafe { _mm_storeu_si128((&mut out as *mut u128).cast(), acc) };
         out
     }
@@ -200,6 +210,9 @@ mod wide {
         false
     }
 
+    /// # Safety
+    ///
+    /// Never called: `available()` is false off x86-64.
     pub unsafe fn blocks(_: &[u128; super::GROUP], _: u128, _: &[u8]) -> u128 {
         unreachable!("never built without VPCLMULQDQ")
     }

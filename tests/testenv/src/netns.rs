@@ -57,6 +57,11 @@ pub fn enter_before_main() {
 }
 
 /// `ip link set lo up` through the SIOCSIFFLAGS ioctl (no allocation, no child process).
+///
+/// # Safety
+///
+/// Called from the startup hook above, on the process's only thread, inside the namespace it
+/// just entered: the ioctls read and write only the `ifreq` on this stack.
 unsafe fn loopback_up() -> Result<(), i32> {
     // SAFETY: a zeroed ifreq named "lo" is a valid argument for both ioctls.
     unsafe {

@@ -14,12 +14,13 @@ static LIVE: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 /// addresses), then SIGKILL for whatever is left after two seconds.
 extern "C" fn kill_all_at_exit() {
     let Ok(pids) = LIVE.lock() else { return };
-    // SAFETY (all three blocks): signalling process groups we created.
     for pid in pids.iter() {
+        // SAFETY: signalling a process group we created; no memory is touched.
         unsafe { libc::kill(-pid, libc::SIGTERM) };
     }
     let deadline = Instant::now() + Duration::from_secs(2);
     // Reap the leaders we started (a zombie still counts as alive), then wait for their groups.
+    // SAFETY: reaping our own child (no status written: a null pointer) and probing its group.
     let alive = |pid: &i32| unsafe {
         libc::waitpid(*pid, std::ptr::null_mut(), libc::WNOHANG);
         libc::kill(-pid, 0) == 0
@@ -28,6 +29,7 @@ extern "C" fn kill_all_at_exit() {
         std::thread::sleep(Duration::from_millis(20));
     }
     for pid in pids.iter() {
+        // SAFETY: as for SIGTERM above.
         unsafe { libc::kill(-pid, libc::SIGKILL) };
     }
 }

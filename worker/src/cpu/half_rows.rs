@@ -18,9 +18,11 @@ pub(crate) fn rows_of_at<H: HalfFloat>(level: Level, x: &[f32], w: &[H], k: usiz
     assert!(x.len().is_multiple_of(k) && w.len().is_multiple_of(k) && out.len() == x.len() / k * (w.len() / k), "shapes: x {} w {} k {k}", x.len(), w.len());
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the CPU has the level's features (asserted above; `widest` checks F16C too).
         match level {
+            // SAFETY: the CPU has the level's features (asserted above; `widest` checks F16C
+            // too), and the shapes were asserted as the kernels need them.
             Level::Avx512 => unsafe { x86::rows_avx512(x, w, k, out) },
+            // SAFETY: as above.
             Level::Avx2 => unsafe { x86::rows_avx2(x, w, k, out) },
             Level::Portable => return false,
         }
@@ -47,6 +49,12 @@ mod x86 {
     const PREFETCH_AHEAD: usize = 512;
 
     /// Sixteen lanes in the level's registers.
+    ///
+    /// # Safety
+    ///
+    /// Every method needs the CPU features of the implementing level (the kernels that call them
+    /// are compiled with those features and entered only on such a CPU); `load` reads sixteen
+    /// f32 at `p` and `load_half` sixteen halves, which must be in bounds.
     trait Lanes16: Copy {
         unsafe fn zero() -> Self;
         unsafe fn load(p: *const f32) -> Self;
@@ -62,24 +70,30 @@ mod x86 {
     impl Lanes16 for Zmm {
         #[inline(always)]
         unsafe fn zero() -> Self {
+            // SAFETY: AVX-512F, the trait's contract.
             Zmm(unsafe { _mm512_setzero_ps() })
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: sixteen f32 at `p` (the caller's bounds); AVX-512F.
             Zmm(unsafe { _mm512_loadu_ps(p) })
         }
         #[inline(always)]
         unsafe fn load_half<H: HalfFloat>(p: *const H) -> Self {
+            // SAFETY: sixteen halves (32 bytes) at `p` (the caller's bounds), unaligned load.
             let raw = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+            // SAFETY: register arithmetic only; AVX-512F and F16C.
             Zmm(unsafe { if H::IS_F16 { _mm512_cvtph_ps(raw) } else { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw))) } })
         }
         #[inline(always)]
         unsafe fn mul_add(self, a: Self, b: Self) -> Self {
+            // SAFETY: register arithmetic only; AVX-512F.
             Zmm(unsafe { _mm512_add_ps(self.0, _mm512_mul_ps(a.0, b.0)) })
         }
         #[inline(always)]
         unsafe fn store(self) -> [f32; LANES] {
             let mut out = [0.0; LANES];
+            // SAFETY: `out` holds sixteen f32; AVX-512F.
             unsafe { _mm512_storeu_ps(out.as_mut_ptr(), self.0) };
             out
         }
@@ -92,10 +106,12 @@ mod x86 {
     impl Lanes16 for Ymm2 {
         #[inline(always)]
         unsafe fn zero() -> Self {
+            // SAFETY: AVX, the trait's contract.
             unsafe { Ymm2(_mm256_setzero_ps(), _mm256_setzero_ps()) }
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: sixteen f32 at `p` (the caller's bounds); AVX.
             unsafe { Ymm2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
         }
         #[inline(always)]
@@ -107,15 +123,18 @@ mod x86 {
                     if H::IS_F16 { _mm256_cvtph_ps(raw) } else { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw))) }
                 }
             };
+            // SAFETY: sixteen halves at `p` (the caller's bounds), eight at a time.
             unsafe { Ymm2(eight(p), eight(p.add(8))) }
         }
         #[inline(always)]
         unsafe fn mul_add(self, a: Self, b: Self) -> Self {
+            // SAFETY: register arithmetic only; AVX.
             unsafe { Ymm2(_mm256_add_ps(self.0, _mm256_mul_ps(a.0, b.0)), _mm256_add_ps(self.1, _mm256_mul_ps(a.1, b.1))) }
         }
         #[inline(always)]
         unsafe fn store(self) -> [f32; LANES] {
             let mut out = [0.0; LANES];
+            // SAFETY: `out` holds sixteen f32, written eight at a time; AVX.
             unsafe {
                 _mm256_storeu_ps(out.as_mut_ptr(), self.0);
                 _mm256_storeu_ps(out.as_mut_ptr().add(8), self.1);
@@ -124,19 +143,36 @@ mod x86 {
         }
     }
 
+    /// `rows_of` with AVX-512 registers.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX-512F, AVX2, FMA and F16C; `x` and `w` hold whole rows of `k` and `out`
+    /// holds `x.len() / k * (w.len() / k)` sums (what `rows_of_at` asserts).
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn rows_avx512<H: HalfFloat>(x: &[f32], w: &[H], k: usize, out: &mut [f32]) {
+        // SAFETY: the features are enabled here and the shapes are the caller's contract.
         unsafe { rows::<Zmm, H, 4>(x, w, k, out) }
     }
 
+    /// `rows_of` with AVX2 registers.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2, FMA and F16C; the shapes as for `rows_avx512`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rows_avx2<H: HalfFloat>(x: &[f32], w: &[H], k: usize, out: &mut [f32]) {
         // Sixteen registers: four weight rows against two of x fill eight pairs with sums.
+        // SAFETY: the features are enabled here and the shapes are the caller's contract.
         unsafe { rows::<Ymm2, H, 2>(x, w, k, out) }
     }
 
     /// Tiles of four weight rows (then one at a time) against up to `XR` rows of `x`: each
     /// loaded chunk of either operand feeds several sums.
+    ///
+    /// # Safety
+    ///
+    /// `V`'s CPU features; whole rows of `k` in `x` and `w`, room in `out` for every sum.
     #[inline(always)]
     unsafe fn rows<V: Lanes16, H: HalfFloat, const XR: usize>(x: &[f32], w: &[H], k: usize, out: &mut [f32]) {
         let (m, n) = (x.len() / k, w.len() / k);
@@ -147,6 +183,7 @@ mod x86 {
             while i < m {
                 let xr = (m - i).min(XR);
                 let mut sums = [[0.0f32; 4]; 4];
+                // SAFETY: rows `i..i + xr` of x and `j..j + wr` of w exist (the loops' bounds).
                 unsafe {
                     match (wr, xr) {
                         (4, 4) => tile::<V, H, 4, 4>(x, w, k, i, j, &mut sums),
@@ -169,10 +206,15 @@ mod x86 {
     }
 
     /// `sums[r][c] = w_{j+r} . x_{i+c}`.
+    ///
+    /// # Safety
+    ///
+    /// `V`'s CPU features; rows `i..i + XR` of `x` and `j..j + WR` of `w` exist.
     #[inline(always)]
     unsafe fn tile<V: Lanes16, H: HalfFloat, const WR: usize, const XR: usize>(x: &[f32], w: &[H], k: usize, i: usize, j: usize, sums: &mut [[f32; 4]; 4]) {
         let whole = k / LANES * LANES;
         let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        // SAFETY: `V`'s features are the caller's contract.
         let mut acc = [[unsafe { V::zero() }; XR]; WR];
         let mut at = 0;
         while at < whole {
@@ -197,6 +239,7 @@ mod x86 {
             for c in 0..XR {
                 let xr = &x[(i + c) * k + whole..(i + c + 1) * k];
                 let tail: f32 = xr.iter().zip(wr).map(|(a, b)| a * b.to_f32()).sum();
+                // SAFETY: `V`'s features are the caller's contract.
                 sums[r][c] = reduce(unsafe { acc[r][c].store() }) + tail;
             }
         }

@@ -101,6 +101,7 @@ macro_rules! multiversion {
                 match level {
                     // SAFETY: the CPU reported this level's features (asserted above).
                     $crate::cpu::Level::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
                     $crate::cpu::Level::Avx2 => return unsafe { avx2($($arg),*) },
                     $crate::cpu::Level::Portable => {}
                 }

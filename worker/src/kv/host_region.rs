@@ -21,6 +21,7 @@ pub struct HostRegion {
 // SAFETY: the region is plain memory owned by this value; who may touch which bytes is decided
 // by the store that carves it into pages (one lock per page).
 unsafe impl Send for HostRegion {}
+// SAFETY: as for Send.
 unsafe impl Sync for HostRegion {}
 
 impl HostRegion {

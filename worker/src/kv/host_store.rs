@@ -21,6 +21,7 @@ pub struct PageWords {
 // SAFETY: a `PageWords` covers its own stretch of the store's region, which no other page
 // overlaps and which outlives it; it is only reached through its page's lock.
 unsafe impl Send for PageWords {}
+// SAFETY: as for Send.
 unsafe impl Sync for PageWords {}
 
 impl Deref for PageWords {
