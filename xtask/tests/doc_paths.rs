@@ -1,5 +1,5 @@
 //! The docs stay true to the repository: every path `docs/architecture.md` (with its "Where
-//! things are" table) names exists; the README stays short and every relative link of the docs
+//! things are" table) names exists, and it names every top-level module of every crate; the README stays short and every relative link of the docs
 //! leads somewhere; and every `kubectl get infd` table they show has the CRD's columns.
 
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ fn named_paths(text: &str) -> Vec<String> {
     text.split('`')
         .skip(1)
         .step_by(2)
-        .filter(|p| ["operator/", "worker/", "proto/", "telemetry/", "xtask/", "docs/"].iter().any(|r| p.starts_with(r)))
+        .filter(|p| ["operator/", "worker/", "proto/", "telemetry/", "heap/", "tests/", "engines/", "xtask/", "docs/"].iter().any(|r| p.starts_with(r)))
         .filter(|p| !p.contains(' '))
         .map(str::to_string)
         .collect()
@@ -34,6 +34,41 @@ fn every_path_the_maps_name_exists() {
     assert!(named.len() >= 40, "the maps name {} paths: {named:?}", named.len());
     let missing: Vec<&String> = named.iter().filter(|p| !root().join(p).exists()).collect();
     assert!(missing.is_empty(), "named but not in the repository: {missing:?}");
+}
+
+/// Every crate's source directory: the architecture page names each module in it.
+const CRATES: [&str; 7] = ["operator/src", "worker/src", "proto/src", "telemetry/src", "heap/src", "tests/testenv/src", "xtask/src"];
+
+/// The top-level modules of a crate, as the page may name them: `dir/name.rs` for a file,
+/// `dir/name/` for a directory (a module with both is named by either).
+fn modules(dir: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::fs::read_dir(root().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name != "lib.rs" && name != "main.rs")
+        .filter_map(|name| match name.strip_suffix(".rs") {
+            Some(stem) => Some((format!("{dir}/{name}"), format!("{dir}/{stem}/"))),
+            None if root().join(dir).join(&name).is_dir() => Some((format!("{dir}/{name}/"), format!("{dir}/{name}.rs"))),
+            None => None,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_architecture_page_names_every_module_of_every_crate() {
+    let architecture = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let named = named_paths(&architecture);
+    let mut missing = Vec::new();
+    for dir in CRATES {
+        let modules = modules(dir);
+        assert!(modules.len() >= 2, "{dir} has no modules: the crates moved");
+        // A directory is named by itself or by any path inside it.
+        let is_named = |p: &String| named.iter().any(|n| n == p || (p.ends_with('/') && n.starts_with(p.as_str())));
+        missing.extend(modules.into_iter().filter(|(a, b)| !is_named(a) && !is_named(b)).map(|(a, _)| a));
+    }
+    assert!(missing.is_empty(), "docs/architecture.md does not name these modules (one line each, in their crate's table): {missing:#?}");
 }
 
 /// The README stays a page a newcomer reads once (issue 63: at most 2,500 words; the rest lives
