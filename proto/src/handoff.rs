@@ -33,10 +33,10 @@ pub const PAGE_SEAL_LEN: usize = TAG_LEN + MAC_LEN;
 pub use crate::handoff_id::HandoffId;
 pub use crate::tenant_tag::TenantTag;
 
-/// One page of KV on its way from prefill to decode, whole: the protocol's reference encoding
-/// for tests, fuzzing and forging peers (feature `testing`). The worker's sender writes the same
-/// bytes straight from the pool, and its receiver reads a page's head before its payload.
-#[cfg(any(test, feature = "testing"))]
+/// One page of KV on its way from prefill to decode, whole: the protocol's reference encoding,
+/// which tests, the fuzzer and forging peers write. The worker never builds one: its sender
+/// writes the same bytes straight from the pool, and its receiver reads a page's head before
+/// its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageFrame {
     pub handoff: HandoffId,
@@ -56,7 +56,6 @@ pub struct PageFrame {
     pub payload: Vec<u8>,
 }
 
-#[cfg(any(test, feature = "testing"))]
 impl PageFrame {
     pub fn view(&self) -> PageView<'_> {
         PageView { fields: self.fields(), tag: self.tag, payload: &self.payload, mac: self.mac }
@@ -121,7 +120,6 @@ impl PageFields {
 
 /// A page frame whose payload is borrowed: what the receiver checks in place, without copying
 /// a page it may refuse.
-#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageView<'a> {
     pub fields: PageFields,
@@ -130,7 +128,6 @@ pub struct PageView<'a> {
     pub payload: &'a [u8],
 }
 
-#[cfg(any(test, feature = "testing"))]
 impl PageView<'_> {
     pub fn to_owned(&self) -> PageFrame {
         let f = self.fields;
@@ -222,7 +219,6 @@ impl AckFrame {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
-    #[cfg(any(test, feature = "testing"))]
     Page(PageFrame),
     Commit(CommitFrame),
     Ack(AckFrame),
@@ -290,14 +286,12 @@ impl Frame {
     /// Header and body, ready for the wire, with the MAC field as it is in the frame.
     pub fn encode(&self) -> Vec<u8> {
         let payload_len = match self {
-            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => p.payload.len(),
             _ => 0,
         };
         let mut out = Vec::with_capacity(HEADER_LEN + 128 + payload_len);
         out.extend_from_slice(&frame_header(self.kind(), 0)); // body length, filled in below
         match self {
-            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => {
                 out.extend_from_slice(&p.fields().encode());
                 out.extend_from_slice(&page_seal(p.tag, &p.mac));
@@ -345,7 +339,6 @@ impl Frame {
     /// as they are.
     pub fn encode_signed(&self, key: &FrameKey) -> Vec<u8> {
         match self {
-            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => {
                 let tag = key.page_tags().tag(p.index, &p.payload);
                 let head = p.fields().header();
@@ -370,7 +363,6 @@ impl Frame {
     /// The MAC a signed frame carries.
     pub fn mac(&self) -> Option<&Mac> {
         match self {
-            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => Some(&p.mac),
             Frame::Commit(c) => Some(&c.mac),
             Frame::Ack(_) => None,
@@ -380,7 +372,6 @@ impl Frame {
     /// The tenant a page or commit frame was sealed for.
     pub fn tenant(&self) -> Option<TenantTag> {
         match self {
-            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => Some(p.tenant),
             Frame::Commit(c) => Some(c.tenant),
             Frame::Ack(_) => None,
@@ -390,7 +381,6 @@ impl Frame {
     /// The handoff a page or commit frame names.
     pub fn handoff(&self) -> Option<HandoffId> {
         match self {
-            #[cfg(any(test, feature = "testing"))]
             Frame::Page(p) => Some(p.handoff),
             Frame::Commit(c) => Some(c.handoff),
             Frame::Ack(_) => None,
@@ -402,7 +392,6 @@ impl Frame {
     /// against the payload by decode's rules).
     pub fn mac_verifies(&self, key: &FrameKey, header: &[u8; HEADER_LEN], body: &[u8]) -> bool {
         let signed = match self {
-            #[cfg(any(test, feature = "testing"))]
             Frame::Page(_) => PAGE_FIELDS_LEN + TAG_LEN,
             _ => body.len().saturating_sub(MAC_LEN),
         };
@@ -418,7 +407,6 @@ impl Frame {
     pub fn verifies(&self, key: &FrameKey, header: &[u8; HEADER_LEN], body: &[u8]) -> bool {
         self.mac_verifies(key, header, body)
             && match self {
-                #[cfg(any(test, feature = "testing"))]
                 Frame::Page(p) => key.page_tags().tag(p.index, &p.payload) == p.tag,
                 _ => true,
             }
@@ -426,7 +414,6 @@ impl Frame {
 
     fn kind(&self) -> u8 {
         match self {
-            #[cfg(any(test, feature = "testing"))]
             Frame::Page(_) => KIND_PAGE,
             Frame::Commit(_) => KIND_COMMIT,
             Frame::Ack(_) => KIND_ACK,
@@ -438,11 +425,7 @@ impl Frame {
         let mut r = Reader { b: body, at: 0 };
         let frame = match kind {
             // Checks its own length, trailing bytes included.
-            #[cfg(any(test, feature = "testing"))]
             KIND_PAGE => return Ok(Frame::Page(PageView::decode_body(body)?.to_owned())),
-            // The worker's receiver reads a page's head before its payload, never a whole page.
-            #[cfg(not(any(test, feature = "testing")))]
-            KIND_PAGE => return Err(FrameError::Malformed("a page frame is read by its head, not decoded whole")),
             KIND_COMMIT => Frame::Commit(CommitFrame {
                 handoff: HandoffId(r.u128()?),
                 tenant: TenantTag(r.bytes(16)?.try_into().unwrap()),
@@ -500,7 +483,6 @@ impl Frame {
     }
 }
 
-#[cfg(any(test, feature = "testing"))]
 impl<'a> PageView<'a> {
     /// A page body read in place. The payload length inside is checked against the body.
     pub fn decode_body(body: &'a [u8]) -> Result<PageView<'a>, FrameError> {

@@ -64,9 +64,6 @@ pub struct Transfer<'a> {
     pub model_fingerprint: &'a str,
     pub layout_fingerprint: &'a str,
     pub metrics: &'a HandoffMetrics,
-    /// False only in the benchmark that measures what the integrity checks (page tags and
-    /// MACs) cost; honoured only in a build with the `testing` feature.
-    pub integrity: bool,
 }
 
 /// Checks a reservation before anything is computed or sent: decode's tag over every field
@@ -301,22 +298,28 @@ impl Sink for KvConnection<'_> {
 }
 
 impl Transfer<'_> {
-    /// Whether page tags and MACs are computed: always, without the `testing` feature.
-    fn integrity(&self) -> bool {
-        self.integrity || !cfg!(feature = "testing")
-    }
-
     /// Sends the prompt's pages and the commit to decode's KV port, and reads its ack.
     pub async fn run(&self) -> Result<SendOutcome, SendError> {
         self.run_into(KvConnection::new(&self.reservation.kv_addr, self.metrics)).await
     }
 
     /// The same, through `sink`.
-    pub async fn run_into(&self, mut sink: impl Sink) -> Result<SendOutcome, SendError> {
+    pub async fn run_into(&self, sink: impl Sink) -> Result<SendOutcome, SendError> {
+        self.send(sink, true).await
+    }
+
+    /// `run` without page tags or MACs: what the handoff bench compares the checks against
+    /// (its decode's reservations skip the checks too). Only a `testing` build has it.
+    #[cfg(feature = "testing")]
+    pub async fn run_without_integrity(&self) -> Result<SendOutcome, SendError> {
+        self.send(KvConnection::new(&self.reservation.kv_addr, self.metrics), false).await
+    }
+
+    async fn send(&self, mut sink: impl Sink, integrity: bool) -> Result<SendOutcome, SendError> {
         let r = self.reservation;
         let layout = *self.pool.layout();
         let id = check_reservation(r, self.secret, self.prompt_tokens, self.layout_fingerprint, layout.page_size)?;
-        let key = self.integrity().then(|| self.secret.key().frame_key(id, self.tenant));
+        let key = integrity.then(|| self.secret.key().frame_key(id, self.tenant));
         let page_size = layout.page_size as u32;
         let page_bytes = layout.page_bytes();
         let n = r.pages.len();

@@ -65,10 +65,13 @@ impl HostRegion {
 }
 
 /// A region with one user, who may see it whole as bytes: a buffer that is not a pool (the
-/// handoff bench's). A pool's `HostRegion` gives out no slice of itself: its pages are reached
-/// only through the store's per-page locks, so nothing can alias a page another thread writes.
+/// handoff bench's, so a `testing` build's only). A pool's `HostRegion` gives out no slice of
+/// itself: its pages are reached only through the store's per-page locks, so nothing can alias
+/// a page another thread writes.
+#[cfg(feature = "testing")]
 pub struct HostBuffer(HostRegion);
 
+#[cfg(feature = "testing")]
 impl HostBuffer {
     /// As `HostRegion::commit`.
     pub fn commit(len: usize) -> Option<Self> {
@@ -76,6 +79,7 @@ impl HostBuffer {
     }
 }
 
+#[cfg(feature = "testing")]
 impl std::ops::Deref for HostBuffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -85,6 +89,7 @@ impl std::ops::Deref for HostBuffer {
     }
 }
 
+#[cfg(feature = "testing")]
 impl std::ops::DerefMut for HostBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above; `&mut self` rules out any other user.

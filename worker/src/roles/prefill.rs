@@ -228,7 +228,6 @@ pub(crate) async fn run(role: &PrefillRole, req: &PrefillRequest, via: &impl Via
         model_fingerprint: &role.engine.model.fingerprint,
         layout_fingerprint: &role.engine.pool.layout().fingerprint(),
         metrics: &role.metrics,
-        integrity: true,
     };
     let span = tracing::info_span!("handoff_send", pages = Empty, bytes = Empty, integrity_seconds = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
     let outcome = via.send(&transfer).instrument(span.clone()).await;
