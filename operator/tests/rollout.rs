@@ -386,24 +386,26 @@ fn a_revision_that_goes_bad_after_promotion_is_rolled_back_during_its_bake() {
     let (status, body) = complete(&router, &prompt, 8).unwrap();
     assert_eq!(status, 200, "{body}");
     let reference = completion_text(&body).unwrap();
-    // The router follows the serving revision's image, so it is replaced at the promotion and at
-    // the rollback. Four clients at once, so the router (least-loaded first) spreads them over
-    // both revisions' pods.
-    let traffic = Traffic::start(&ns, "bake", &prompt, 4);
-
     let image = kvgate_testenv::images::faulty_worker("corrupt-after-100");
     let bad = with_image(&format!("{}  rollout: {{ bakeSeconds: 600 }}\n", tiny("bake", 256, 1024, 1024, "")), &image);
     apply_yaml(cp, &ns, &bad);
-    // The status that says Baking is the one checked: a second read may already see the
-    // rollback (corrupt-after-100 under four clients reaches it in a few seconds).
-    let mut baking = serde_json::Value::Null;
-    eventually(cp, &ns, "the new revision promoted and baking", LONG, || {
-        baking = infd(cp, &ns, "bake");
-        baking["status"]["phase"] == "Baking"
-    });
+    // Baking lasts until the promoted revision's 100th handoff, which only traffic brings: the
+    // traffic starts once Baking is seen (started before, four clients reached the rollback
+    // between two reads on a loaded machine). The router follows the serving revision's image,
+    // so it is replaced at the rollback; four clients at once, so the router (least-loaded
+    // first) spreads them over the pods.
+    let baking = {
+        let mut seen = serde_json::Value::Null;
+        eventually(cp, &ns, "the new revision promoted and baking", LONG, || {
+            seen = infd(cp, &ns, "bake");
+            seen["status"]["phase"] == "Baking"
+        });
+        seen
+    };
     let promoted = baking["status"]["currentRevision"].as_str().unwrap().to_string();
     assert_ne!(promoted, good);
     assert_eq!(baking["status"]["bake"]["previous"], good.as_str(), "{baking}");
+    let traffic = Traffic::start(&ns, "bake", &prompt, 4);
     eventually(cp, &ns, "RolledBack", LONG, || infd(cp, &ns, "bake")["status"]["phase"] == "RolledBack");
     let d = infd(cp, &ns, "bake");
     assert_eq!(d["status"]["currentRevision"], good.as_str(), "the previous revision serves again: {d}");
