@@ -262,18 +262,16 @@ fn a_live_prometheus_fires_the_alerts_and_every_panel_and_rule_has_its_metrics()
     std::fs::set_permissions(&secret_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let secret = format!("--handoff-secret-file={}", secret_file.display());
     let spawn = |name: &str, args: &[String]| Proc::spawn(name, &bin, args, &cp.dir).unwrap();
-    let prefill = spawn(
+    // The fault is switched on through the environment, as the test images do.
+    let fault = [("KVGATE_INJECT_FAULT", "ignore-rejection"), ("KVGATE_ALLOW_FAULT_INJECTION", "true")].map(|(k, v)| (k.to_string(), v.to_string()));
+    let prefill = Proc::spawn_with_env(
         "incident-prefill",
-        &[
-            "prefill".into(),
-            format!("--listen=127.0.0.1:{prefill_port}"),
-            "--context-window=1024".into(),
-            "--kv-pool-tokens=128".into(),
-            "--inject-fault=ignore-rejection".into(),
-            "--allow-fault-injection".into(),
-            secret.clone(),
-        ],
-    );
+        &bin,
+        &["prefill".into(), format!("--listen=127.0.0.1:{prefill_port}"), "--context-window=1024".into(), "--kv-pool-tokens=128".into(), secret.clone()],
+        &fault,
+        &cp.dir,
+    )
+    .unwrap();
     let decode = spawn(
         "incident-decode",
         &[

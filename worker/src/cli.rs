@@ -77,8 +77,6 @@ pub struct LocalArgs {
     pub scheduler: SchedulerArgs,
     #[command(flatten)]
     pub handoff: HandoffArgs,
-    #[command(flatten)]
-    pub faults: FaultArgs,
 }
 
 #[derive(Debug, Args)]
@@ -130,8 +128,6 @@ pub struct PrefillArgs {
     pub scheduler: SchedulerArgs,
     #[command(flatten)]
     pub secret: SecretArgs,
-    #[command(flatten)]
-    pub faults: FaultArgs,
     /// At start, prefill a prompt of this many tokens and one of half as many, and report the
     /// timings (the operator compares the declared window's estimated prefill time with the
     /// handoff timeout); at most the window and the pool. 0 skips it.
@@ -289,28 +285,6 @@ pub struct HandoffArgs {
     /// between frames) before the connection is closed.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_frame_timeout_ms: u64,
-}
-
-#[derive(Debug, Args, Clone)]
-pub struct FaultArgs {
-    /// Make prefill break the handoff protocol in one named way, to prove decode or the
-    /// operator's canary catches it. Tests only: a build without the `testing` feature holds no
-    /// fault and refuses the flag at start-up (a `testing` build names the faults it knows when
-    /// given an unknown one). Test images set it through the environment (KVGATE_INJECT_FAULT
-    /// with KVGATE_ALLOW_FAULT_INJECTION=true).
-    #[arg(long, env = "KVGATE_INJECT_FAULT", requires = "allow_fault_injection")]
-    pub inject_fault: Option<String>,
-    /// Required with --inject-fault, so a fault cannot be switched on by accident.
-    #[arg(long, env = "KVGATE_ALLOW_FAULT_INJECTION")]
-    pub allow_fault_injection: bool,
-    /// Inject the fault into every Nth handoff only (1: every one), so tests can check that the
-    /// requests in between stay exact.
-    #[arg(long, env = "KVGATE_FAULT_EVERY", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub fault_every: u64,
-    /// The first N handoffs are clean; the fault starts with handoff N+1 (a worker that goes bad
-    /// under traffic, after any canary).
-    #[arg(long, env = "KVGATE_FAULT_AFTER", default_value_t = 0)]
-    pub fault_after: u64,
 }
 
 #[derive(Debug, Args)]

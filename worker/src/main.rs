@@ -46,7 +46,7 @@ async fn serve(command: Command) -> anyhow::Result<()> {
             roles::run_single(roles::router(&args, &roles::registry(), secret).await?).await
         }
         Command::Prefill(args) => {
-            roles::fault_args_check(&args.faults)?;
+            roles::fault_check()?;
             let secret = roles::secret(&args.secret, "prefill")?;
             roles::run_single(roles::prefill(&args, &roles::registry(), secret, true).await?).await
         }

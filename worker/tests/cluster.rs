@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::kv::KvClient;
-use support::{TestSecret, cluster, decode, eventually};
+use support::{TestSecret, cluster, decode, eventually, faulty_cluster};
 
 #[tokio::test]
 async fn a_prompt_prefill_can_never_hold_is_rejected_and_decode_frees_its_reservation() {
@@ -30,7 +30,7 @@ async fn a_prompt_prefill_can_never_hold_is_rejected_and_decode_frees_its_reserv
 
 #[tokio::test]
 async fn a_rejected_prompt_forwarded_anyway_is_caught_as_rejected_forwarded() {
-    let c = cluster(&["--kv-pool-tokens", "128", "--allow-fault-injection", "--inject-fault", "ignore-rejection"], &[]);
+    let c = faulty_cluster(&["--kv-pool-tokens", "128"], "ignore-rejection");
     let (status, body) = c.router.post("/v1/completions", &json!({"prompt": "y".repeat(299), "max_tokens": 4})).await;
     assert_eq!(status, 413, "{body}");
     eventually(&c.decode, r#"kvgate_handoff_mismatch_total{reason="rejected_forwarded",role="decode"}"#, 1.0).await;
@@ -42,7 +42,7 @@ async fn a_rejected_prompt_forwarded_anyway_is_caught_as_rejected_forwarded() {
 #[tokio::test]
 async fn through_a_prefill_that_forwards_what_it_rejects_honest_prompts_are_served_exactly_and_only_rejected_ones_are_caught() {
     // The incident's fault does only what it names: prompts that fit are untouched.
-    let c = cluster(&["--kv-pool-tokens", "128", "--allow-fault-injection", "--inject-fault", "ignore-rejection"], &[]);
+    let c = faulty_cluster(&["--kv-pool-tokens", "128"], "ignore-rejection");
     let reference = support::Worker::colocated(&[]);
     let honest = ["hi", "a prompt that spans a few pages of the tiny model's KV cache", &"z".repeat(100)];
     for prompt in honest {
@@ -67,7 +67,7 @@ async fn through_a_prefill_that_forwards_what_it_rejects_honest_prompts_are_serv
 
 #[tokio::test]
 async fn a_prefill_process_that_dies_mid_transfer_leaves_no_pages_behind() {
-    let mut c = cluster(&["--allow-fault-injection", "--inject-fault", "die-mid-transfer"], &[]);
+    let mut c = faulty_cluster(&[], "die-mid-transfer");
     let prompt = "a prompt that spans six pages of the tiny model's KV cache, sixteen tokens per page.....";
     assert_eq!(prompt.len() + 1, 89, "6 pages of 16");
     let (status, body) = c.router.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 4})).await;
@@ -120,9 +120,14 @@ async fn expired_and_replayed_frames_of_a_peer_are_refused_and_unused_reservatio
 
 #[tokio::test]
 async fn fault_injection_needs_its_safety_flag() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate-worker")).args(["prefill", "--inject-fault", "truncate-transfer"]).output().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate-worker"))
+        .args(["prefill", "--listen", "127.0.0.1:0"])
+        .env("KVGATE_INJECT_FAULT", "truncate-transfer")
+        .env_remove("KVGATE_ALLOW_FAULT_INJECTION")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-fault-injection"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs KVGATE_ALLOW_FAULT_INJECTION=true"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// A decode process SIGKILLed mid-generation. A non-streaming answer is held at the router until

@@ -34,7 +34,7 @@ async fn decode_tokens(w: &Worker) -> f64 {
 async fn caught(fault: &str, reason: &str, expect_in_message: &str) {
     let colocated = Worker::colocated(&[]);
     let want = colocated.complete(&prompt(), 8).await;
-    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", fault, "--fault-every", "2"]);
+    let w = Worker::local_with_fault(&[], fault, 2);
     let (status, first) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
     assert_eq!(status, 200, "{fault}: {first}");
     assert_eq!(first["choices"][0]["text"], want.as_str(), "{fault}: before the failure");
@@ -95,7 +95,7 @@ async fn a_foreign_model_fingerprint_is_refused() {
 async fn answered_whole_by_a_retry(fault: &str, flags: &[&str], retry_reason: &str) {
     let colocated = Worker::colocated(&[]);
     let want = colocated.complete(&prompt(), 8).await;
-    let w = Worker::local(&[&["--allow-fault-injection", "--inject-fault", fault, "--fault-every", "2"], flags].concat());
+    let w = Worker::local_with_fault(flags, fault, 2);
     let (status, first) = w.post("/v1/completions", &json!({"prompt": prompt(), "max_tokens": 8, "temperature": 0})).await;
     assert_eq!((status, &first["choices"][0]["text"]), (200, &Value::from(want.as_str())), "{fault}: before the failure: {first}");
     let honest_tokens = first["usage"]["completion_tokens"].as_f64().unwrap();
@@ -131,7 +131,7 @@ async fn a_transfer_that_outlives_its_reservation_is_refused_as_late_and_tried_a
 async fn disaggregated_output_equals_colocated_output_and_survives_failures() {
     let colocated = Worker::colocated(&[]);
     // Every second handoff is truncated; the ones in between must still be exact.
-    let w = Worker::local(&["--allow-fault-injection", "--inject-fault", "truncate-transfer", "--fault-every", "2"]);
+    let w = Worker::local_with_fault(&[], "truncate-transfer", 2);
     let prompts = ["Hello", "The quick brown fox jumps over the lazy dog", "a", &"long prompt ".repeat(40), "kvgate"];
     let mut failures = 0;
     for p in prompts {
@@ -172,17 +172,7 @@ async fn a_truncated_request_never_sees_the_previous_tenants_kv() {
     let secret = "SECRET-7f3a9c-ACCOUNT-4242-PASSWORD-hunter2-";
     let other = "Another customer's prompt of the same size..";
     assert_eq!(secret.len(), other.len());
-    let w = Worker::local(&[
-        "--kv-pool-tokens",
-        "64",
-        "--context-window",
-        "64",
-        "--allow-fault-injection",
-        "--inject-fault",
-        "truncate-transfer",
-        "--fault-every",
-        "2",
-    ]);
+    let w = Worker::local_with_fault(&["--kv-pool-tokens", "64", "--context-window", "64"], "truncate-transfer", 2);
     let (status, first) = w.post("/v1/completions", &json!({"prompt": secret, "max_tokens": 16, "temperature": 0})).await;
     assert_eq!(status, 200, "{first}");
     for stream in [false, true] {

@@ -21,9 +21,10 @@ struct Role {
 }
 
 impl Role {
-    fn spawn(jaeger: &Jaeger, args: &[String]) -> Role {
+    fn spawn(jaeger: &Jaeger, args: &[String], env: &[(String, String)]) -> Role {
         let mut child = Command::new(support::Worker::bin())
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .arg("--log-format=json")
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", &jaeger.otlp_endpoint)
             .env("OTEL_BSP_SCHEDULE_DELAY", "100")
@@ -81,16 +82,16 @@ struct Deployment {
     _secret: TestSecret,
 }
 
-fn deployment(jaeger: &Jaeger, prefill_args: &[&str]) -> Deployment {
+/// Router, prefill and decode; `prefill_env` may switch a prefill fault on (`support::fault_env`).
+fn deployment(jaeger: &Jaeger, prefill_env: &[(String, String)]) -> Deployment {
     let secret = TestSecret::new();
     let s = secret.arg();
-    let decode = Role::spawn(jaeger, &["decode".into(), "--listen=127.0.0.1:0".into(), "--kv-listen=127.0.0.1:0".into(), s.clone()]);
-    let mut p = vec!["prefill".to_string(), "--listen=127.0.0.1:0".into(), s.clone()];
-    p.extend(prefill_args.iter().map(|a| a.to_string()));
-    let prefill = Role::spawn(jaeger, &p);
+    let decode = Role::spawn(jaeger, &["decode".into(), "--listen=127.0.0.1:0".into(), "--kv-listen=127.0.0.1:0".into(), s.clone()], &[]);
+    let prefill = Role::spawn(jaeger, &["prefill".to_string(), "--listen=127.0.0.1:0".into(), s.clone()], prefill_env);
     let router = Role::spawn(
         jaeger,
         &["router".into(), "--listen=127.0.0.1:0".into(), format!("--prefill={}", prefill.addr()), format!("--decode={}", decode.addr()), s],
+        &[],
     );
     Deployment { router, _prefill: prefill, decode, _secret: secret }
 }
@@ -178,7 +179,7 @@ async fn a_request_through_split_roles_is_one_trace_in_jaeger_and_its_log_lines_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_handoff_refused_for_a_corrupt_page_is_an_error_span_naming_the_reason_and_decode_logs_it_under_the_trace() {
     let jaeger = jaeger();
-    let d = deployment(&jaeger, &["--inject-fault=corrupt-page", "--allow-fault-injection"]);
+    let d = deployment(&jaeger, &support::fault_env("corrupt-page", 1));
     let (status, body, traceparent, _) = complete(&d.router, &[], "a prompt long enough for several pages of the tiny model's pool").await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["error"]["code"], "kv_handoff_checksum", "{body}");
@@ -230,7 +231,7 @@ async fn follow(jaeger: &Jaeger, link: &str, vars: &[(&str, String)]) -> Vec<Str
 #[tokio::test(flavor = "multi_thread")]
 async fn the_dashboards_links_to_jaeger_find_the_refused_handoff_and_the_slow_request() {
     let jaeger = jaeger();
-    let d = deployment(&jaeger, &["--inject-fault=corrupt-page", "--allow-fault-injection"]);
+    let d = deployment(&jaeger, &support::fault_env("corrupt-page", 1));
     let from = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() - 1000;
     let (status, body, traceparent, _) = complete(&d.router, &[], "a prompt long enough for several pages of the tiny model's pool").await;
     assert_eq!(status, 502, "{body}");
@@ -281,7 +282,7 @@ fn from_file(command: &str, role: &str, file: &std::path::Path) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_readme_walk_from_a_mismatch_to_its_request_works_as_written() {
     let jaeger = jaeger();
-    let d = deployment(&jaeger, &["--inject-fault=corrupt-page", "--allow-fault-injection"]);
+    let d = deployment(&jaeger, &support::fault_env("corrupt-page", 1));
     let (status, body, traceparent, request_id) =
         complete(&d.router, &[("x-request-id", "walk-1")], "a prompt long enough for several pages of the tiny model's pool").await;
     assert_eq!((status, request_id.as_str()), (502, "walk-1"), "{body}");

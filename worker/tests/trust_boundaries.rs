@@ -1,5 +1,5 @@
 //! Trust boundaries, tried from outside as an attacker and as a heavy user would: every call,
-//! frame and body is written by hand (no `--inject-fault`). Each test reproduces one row of the
+//! frame and body is written by hand (no injected fault). Each test reproduces one row of the
 //! table in the issue that introduced it (numbers in the test names' comments), shows it refused,
 //! counted under the right metric, and harmless to honest requests running beside it.
 

@@ -24,7 +24,8 @@ pub struct Results {
 pub struct Run {
     /// The commit measured (full hash).
     pub commit: String,
-    /// Whether the tree had uncommitted changes to tracked files.
+    /// Whether the tree had uncommitted changes to tracked files (other than the results and
+    /// the page a bench run writes).
     pub dirty: bool,
     /// UTC, `YYYY-MM-DD HH:MM`.
     pub date: String,
@@ -37,7 +38,7 @@ pub struct Run {
     /// The one-minute load average before and after (`None`: not recorded).
     pub load_before: Option<f64>,
     pub load_after: Option<f64>,
-    /// Wall time of the command.
+    /// Wall time of the command, its build included.
     pub seconds: Option<f64>,
     /// Set on results that were not written by `cargo xtask bench`: where they came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]

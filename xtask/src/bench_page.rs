@@ -55,7 +55,7 @@ fn provenance(r: &Results) -> String {
         (Some(b), Some(a)) => format!("load {b:.2} before and {a:.2} after"),
         _ => "load not recorded".into(),
     };
-    let took = run.seconds.map(|s| format!(", {:.0} min", s / 60.0)).unwrap_or_default();
+    let took = run.seconds.map(|s| format!(", {:.0} min with its build", s / 60.0)).unwrap_or_default();
     let dirty = if run.dirty { " with uncommitted changes" } else { "" };
     let flags = if run.flags.is_empty() { String::new() } else { format!("; {}", run.flags.join(" ")) };
     let when = if run.date.len() > 10 { format!("{} UTC", run.date) } else { run.date.clone() };

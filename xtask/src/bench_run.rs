@@ -41,7 +41,8 @@ pub fn run(name: &str, command: &[String]) -> anyhow::Result<()> {
     }
     let Some((program, args)) = command.split_first() else { bail!("usage: cargo xtask bench NAME -- COMMAND [ARGS...]") };
     let commit = git(&["rev-parse", "HEAD"])?;
-    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    // What `make bench` itself writes (the results and the page) does not make the tree dirty.
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!docs/benchmarks.md"])?.is_empty();
     let (date, load_before, started) = (utc_now()?, load_average(), Instant::now());
     let mut child = Command::new(program).args(args).stdout(Stdio::piped()).spawn().with_context(|| format!("starting {program}"))?;
     let mut output = String::new();

@@ -1,6 +1,6 @@
 //! Network faults injected from outside the processes, as a flaky network would: a pod's link
 //! (the host end of its veth, in its node's namespace) slowed with a token bucket or cut. No
-//! process is told; no `--inject-fault` flag is involved. Faults between whole machines (a
+//! process is told; no fault injected into the worker is involved. Faults between whole machines (a
 //! shaped link, a partition) are `fabric`'s.
 
 use anyhow::Context;

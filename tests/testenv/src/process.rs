@@ -50,20 +50,26 @@ pub struct Proc {
     pub log: PathBuf,
     program: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     child: Child,
 }
 
 impl Proc {
     pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> anyhow::Result<Proc> {
+        Proc::spawn_with_env(name, program, args, &[], log_dir)
+    }
+
+    /// The same with variables added to the process's environment (kept for `restart`).
+    pub fn spawn_with_env(name: &str, program: &Path, args: &[String], env: &[(String, String)], log_dir: &Path) -> anyhow::Result<Proc> {
         let log = log_dir.join(format!("{name}.log"));
-        let child = launch(program, args, std::fs::File::create(&log)?)?;
-        Ok(Proc { name: name.into(), log, program: program.into(), args: args.to_vec(), child })
+        let child = launch(program, args, env, std::fs::File::create(&log)?)?;
+        Ok(Proc { name: name.into(), log, program: program.into(), args: args.to_vec(), env: env.to_vec(), child })
     }
 
     /// Stops the process and starts it again with the same arguments, its output appended.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.stop();
-        self.child = launch(&self.program, &self.args, std::fs::OpenOptions::new().append(true).open(&self.log)?)?;
+        self.child = launch(&self.program, &self.args, &self.env, std::fs::OpenOptions::new().append(true).open(&self.log)?)?;
         Ok(())
     }
 
@@ -119,9 +125,10 @@ impl Drop for Proc {
     }
 }
 
-fn launch(program: &Path, args: &[String], log: std::fs::File) -> anyhow::Result<Child> {
+fn launch(program: &Path, args: &[String], env: &[(String, String)], log: std::fs::File) -> anyhow::Result<Child> {
     let child = Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

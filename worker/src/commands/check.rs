@@ -12,14 +12,14 @@ pub fn run(command: &Command) -> anyhow::Result<()> {
     match command {
         Command::Local(args) => {
             tenants(&args.tenants)?;
-            super::roles::fault_args_check(&args.faults)
+            super::roles::fault_check()
         }
         Command::Router(args) => {
             tenants(&args.tenants)?;
             needs_secret(&args.secret, "router")
         }
         Command::Prefill(args) => {
-            super::roles::fault_args_check(&args.faults)?;
+            super::roles::fault_check()?;
             needs_secret(&args.secret, "prefill")
         }
         Command::Decode(args) => needs_secret(&args.handoff.secret, "decode"),

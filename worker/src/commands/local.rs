@@ -9,7 +9,7 @@ use super::roles;
 use crate::handoff::Secret;
 
 pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
-    roles::fault_args_check(&args.faults)?;
+    roles::fault_check()?;
     let registry = roles::registry();
     if args.colocated {
         return colocated(args, registry).await;
@@ -42,7 +42,6 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
             engine: args.engine.clone(),
             scheduler: args.scheduler.clone(),
             secret: args.handoff.secret.clone(),
-            faults: args.faults.clone(),
             prefill_probe_tokens: 0, // nobody reads the report of `local`'s prefill
         },
         &registry,

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use axum::extract::DefaultBodyLimit;
 
-use crate::cli::{DecodeArgs, EngineArgs, FaultArgs, LocalArgs, PrefillArgs, RouterArgs, SchedulerArgs, SecretArgs, ServeArgs};
+use crate::cli::{DecodeArgs, EngineArgs, LocalArgs, PrefillArgs, RouterArgs, SchedulerArgs, SecretArgs, ServeArgs};
 use crate::engine::Engine;
 use crate::handoff::reservations::{Limits, TableConfig};
 use crate::handoff::{HandoffMetrics, Reservations, Secret, receiver};
@@ -173,7 +173,7 @@ pub async fn prefill(args: &PrefillArgs, registry: &prometheus::Registry, secret
     let state = AppState::for_engine(engine.clone(), report, registry.clone(), &args.serve).signed_by(&secret, &args.engine);
     let ready = state.ready.clone();
     let role = PrefillRole { engine, secret: secret.clone(), metrics: HandoffMetrics::new(registry, "prefill") };
-    let routes = prefill_routes(role, &args.faults, exit_on_death)?;
+    let routes = prefill_routes(role, exit_on_death)?;
     let app = server::ops(state).merge(internal(routes, &secret, me, args.engine.context_window, registry, "prefill"));
     Ok(Started::new(bind(args.listen).await?, app, ready, summary, &args.serve, Refusals::new(registry, "prefill")))
 }
@@ -248,45 +248,44 @@ pub async fn run_single(started: Started) -> anyhow::Result<()> {
     started.serve(super::shutdown_signal()).await
 }
 
-pub fn fault_args_check(f: &FaultArgs) -> anyhow::Result<()> {
-    faults_allowed(f, cfg!(feature = "testing"))?;
+/// Faults are asked for through the environment (`handoff::faults`), and only a `testing` build
+/// has them: a release build asked for one refuses to start rather than serve honestly under a
+/// test that expects the fault.
+pub fn fault_check() -> anyhow::Result<()> {
     #[cfg(feature = "testing")]
-    injected(f)?;
+    crate::handoff::faults::Injection::from_env()?;
+    #[cfg(not(feature = "testing"))]
+    refuse_fault_in_release(std::env::var_os(RELEASE_FAULT_VAR).is_some())?;
     Ok(())
 }
 
-/// `--inject-fault` needs a build with the `testing` feature and `--allow-fault-injection`.
-fn faults_allowed(f: &FaultArgs, testing_build: bool) -> anyhow::Result<()> {
-    if f.inject_fault.is_some() && !testing_build {
-        anyhow::bail!(
-            "--inject-fault: this kvgate-worker was built without fault injection (cargo feature `testing`, which the tests and benchmarks enable; images and `make run` do not)"
-        );
-    }
-    if f.inject_fault.is_some() && !f.allow_fault_injection {
-        anyhow::bail!("--inject-fault needs --allow-fault-injection");
-    }
-    Ok(())
-}
+/// The variable a release build checks: it knows no fault, only that one was asked for.
+#[cfg(not(feature = "testing"))]
+const RELEASE_FAULT_VAR: &str = "KVGATE_INJECT_FAULT";
 
-/// The fault `--inject-fault` names, if any.
-#[cfg(feature = "testing")]
-fn injected(f: &FaultArgs) -> anyhow::Result<Option<crate::handoff::faults::Fault>> {
-    f.inject_fault.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow::anyhow!("--inject-fault: {e}"))
+#[cfg(any(test, not(feature = "testing")))]
+fn refuse_fault_in_release(asked: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !asked,
+        "KVGATE_INJECT_FAULT is set, but this kvgate-worker was built without fault injection (cargo feature `testing`, which the tests and benchmarks enable; images and `make run` do not)"
+    );
+    Ok(())
 }
 
 /// The prefill route: the honest one, or (a `testing` build asked for a fault) the one that
 /// wraps it in the fault.
 #[cfg(feature = "testing")]
-fn prefill_routes(role: PrefillRole, f: &FaultArgs, exit_on_death: bool) -> anyhow::Result<axum::Router> {
+fn prefill_routes(role: PrefillRole, exit_on_death: bool) -> anyhow::Result<axum::Router> {
     use crate::roles::prefill_faults::{self, Injector};
-    Ok(match Injector::new(injected(f)?, f.fault_every, f.fault_after, exit_on_death) {
+    Ok(match Injector::new(crate::handoff::faults::Injection::from_env()?, exit_on_death) {
         Some(injector) => prefill_faults::routes(role, injector),
         None => prefill::routes(role),
     })
 }
 
 #[cfg(not(feature = "testing"))]
-fn prefill_routes(role: PrefillRole, _: &FaultArgs, _: bool) -> anyhow::Result<axum::Router> {
+fn prefill_routes(role: PrefillRole, _: bool) -> anyhow::Result<axum::Router> {
+    fault_check()?;
     Ok(prefill::routes(role))
 }
 
@@ -295,20 +294,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn faults_need_a_testing_build_and_the_allow_flag() {
-        let args = |inject: bool, allow: bool| FaultArgs {
-            inject_fault: inject.then(|| "corrupt-page".to_string()),
-            allow_fault_injection: allow,
-            fault_every: 1,
-            fault_after: 0,
-        };
-        let release = faults_allowed(&args(true, true), false).unwrap_err().to_string();
-        assert!(release.contains("built without fault injection") && release.contains("`testing`"), "{release}");
-        assert!(faults_allowed(&args(true, false), true).unwrap_err().to_string().contains("--allow-fault-injection"));
-        assert!(faults_allowed(&args(true, true), true).is_ok());
-        assert!(faults_allowed(&args(false, false), false).is_ok(), "a release build without the flag starts");
-        let unknown = FaultArgs { inject_fault: Some("nope".into()), ..args(true, true) };
-        let message = fault_args_check(&unknown).unwrap_err().to_string();
-        assert!(message.contains("unknown fault `nope`") && message.contains("truncate-transfer"), "{message}");
+    fn a_release_build_refuses_a_fault_it_was_asked_for() {
+        let message = refuse_fault_in_release(true).unwrap_err().to_string();
+        assert!(message.contains("KVGATE_INJECT_FAULT") && message.contains("built without fault injection") && message.contains("`testing`"), "{message}");
+        assert!(refuse_fault_in_release(false).is_ok(), "a release build asked for nothing starts");
     }
 }

@@ -1,6 +1,6 @@
 //! The fault decorator (`testing` builds only): a `Sink` around decode's KV port that bends
 //! exactly the one rule its fault names, on the frames passing through it, and leaves every
-//! other frame as the honest sender sealed it. Chosen per handoff from `--inject-fault`; the
+//! other frame as the honest sender sealed it. Chosen per handoff from `KVGATE_INJECT_FAULT`; the
 //! sender itself has no fault branches.
 
 use kvgate_proto::auth::FrameKey;

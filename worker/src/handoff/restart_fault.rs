@@ -15,7 +15,7 @@ const MARKER: &str = "/tmp/kvgate-fault-started-once";
 pub fn after() -> Option<u64> {
     static AFTER_N: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *AFTER_N.get_or_init(|| {
-        let allowed = std::env::var("KVGATE_ALLOW_FAULT_INJECTION").is_ok_and(|v| v == "true");
+        let allowed = std::env::var(super::faults::ALLOW).is_ok_and(|v| v == "true");
         allowed.then(|| std::env::var(AFTER).ok()?.parse().ok()).flatten()
     })
 }

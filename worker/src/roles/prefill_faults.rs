@@ -1,4 +1,4 @@
-//! The misbehaving prefill of a `testing` build (`--inject-fault`, and the restart fault of
+//! The misbehaving prefill of a `testing` build (`KVGATE_INJECT_FAULT`, and the restart fault of
 //! `handoff/restart_fault.rs`): a route around the honest one (`prefill.rs`), chosen at
 //! start-up, that picks which handoffs get the fault and sends those through the fault
 //! decorator (`handoff/faulty.rs`). Builds without `testing` compile none of it.
@@ -16,7 +16,7 @@ use kvgate_proto::roles::PrefillRequest;
 use tracing::Instrument;
 
 use super::prefill::{self, Failed, Honest, PrefillRole, Via};
-use crate::handoff::faults::{self, Fault};
+use crate::handoff::faults::{self, Fault, Injection};
 use crate::handoff::faulty::Faulty;
 use crate::handoff::restart_fault;
 use crate::handoff::sender::{KvConnection, SendError, SendOutcome, Transfer};
@@ -34,15 +34,16 @@ pub struct Injector {
 }
 
 impl Injector {
-    /// The injector `--inject-fault` (already checked) and the restart fault ask for; `None`:
-    /// this worker is honest.
-    pub fn new(fault: Option<Fault>, every: u64, after: u64, exit_on_death: bool) -> Option<Injector> {
-        if fault.is_none() && restart_fault::after().is_none() {
+    /// The injector the environment's fault and the restart fault ask for; `None`: this
+    /// worker is honest.
+    pub fn new(injection: Option<Injection>, exit_on_death: bool) -> Option<Injector> {
+        if injection.is_none() && restart_fault::after().is_none() {
             return None;
         }
-        if let Some(f) = fault {
-            tracing::warn!(fault = ?f, "FAULT INJECTION ENABLED: this prefill worker breaks the handoff protocol on purpose");
+        if let Some(i) = injection {
+            tracing::warn!(fault = ?i.fault, every = i.every, after = i.after, "FAULT INJECTION ENABLED: this prefill worker breaks the handoff protocol on purpose");
         }
+        let (fault, every, after) = injection.map_or((None, 1, 0), |i| (Some(i.fault), i.every, i.after));
         Some(Injector { fault, every, after, handoffs: AtomicU64::new(0), exit_on_death })
     }
 }

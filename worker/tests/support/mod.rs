@@ -73,11 +73,23 @@ impl Worker {
         Worker::spawn(&full)
     }
 
+    /// `local` with a prefill fault switched on through the environment (`fault_env`).
+    pub fn local_with_fault(args: &[&str], fault: &str, every: u64) -> Worker {
+        let mut full = vec!["local", "--listen", "127.0.0.1:0"];
+        full.extend_from_slice(args);
+        Worker::spawn_with_env(&full, &fault_env(fault, every))
+    }
+
     /// Any `kvgate-worker` serving command; it reports its address on the last line of its
     /// start-up output (`... listening on http://ADDR ...`).
     pub fn spawn(args: &[&str]) -> Worker {
+        Worker::spawn_with_env(args, &[])
+    }
+
+    /// The same with variables added to its environment.
+    pub fn spawn_with_env(args: &[&str], env: &[(String, String)]) -> Worker {
         let mut cmd = Command::new(Self::bin());
-        cmd.args(args).stderr(Stdio::inherit());
+        cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stderr(Stdio::inherit());
         Worker::from_command(cmd)
     }
 
@@ -213,11 +225,29 @@ pub fn decode(args: &[&str]) -> Worker {
     Worker::spawn(&all)
 }
 
+/// The environment that makes a `testing` build's prefill commit `fault` on every `every`th
+/// handoff (`worker/src/handoff/faults.rs`; no flag switches a fault on).
+pub fn fault_env(fault: &str, every: u64) -> Vec<(String, String)> {
+    [("KVGATE_INJECT_FAULT", fault.to_string()), ("KVGATE_ALLOW_FAULT_INJECTION", "true".into()), ("KVGATE_FAULT_EVERY", every.to_string())]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
 pub fn cluster(prefill_args: &[&str], decode_args: &[&str]) -> Cluster {
     cluster_with(prefill_args, decode_args, &[])
 }
 
+/// A cluster whose prefill commits `fault` on every handoff.
+pub fn faulty_cluster(prefill_args: &[&str], fault: &str) -> Cluster {
+    cluster_of(prefill_args, &fault_env(fault, 1), &[], &[])
+}
+
 pub fn cluster_with(prefill_args: &[&str], decode_args: &[&str], router_args: &[&str]) -> Cluster {
+    cluster_of(prefill_args, &[], decode_args, router_args)
+}
+
+fn cluster_of(prefill_args: &[&str], prefill_env: &[(String, String)], decode_args: &[&str], router_args: &[&str]) -> Cluster {
     let secret = TestSecret::new();
     let arg = secret.arg();
     let with_secret = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.to_string()).chain([arg.clone()]).collect() };
@@ -225,7 +255,7 @@ pub fn cluster_with(prefill_args: &[&str], decode_args: &[&str], router_args: &[
     let decode = decode(&decode_args.iter().map(String::as_str).collect::<Vec<_>>());
     let mut p = vec!["prefill".to_string(), "--listen".into(), "127.0.0.1:0".into()];
     p.extend(with_secret(prefill_args));
-    let prefill = Worker::spawn(&p.iter().map(String::as_str).collect::<Vec<_>>());
+    let prefill = Worker::spawn_with_env(&p.iter().map(String::as_str).collect::<Vec<_>>(), prefill_env);
     let (pa, da) = (prefill.base.trim_start_matches("http://").to_string(), decode.base.trim_start_matches("http://").to_string());
     let mut r = vec!["router".to_string(), "--listen".into(), "127.0.0.1:0".into(), "--prefill".into(), pa, "--decode".into(), da];
     r.extend(with_secret(router_args));
