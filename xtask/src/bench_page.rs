@@ -36,11 +36,16 @@ impl Sources {
 
     /// `NAME` or `NAME#N`: the results and the table.
     fn table(&mut self, spec: &str) -> anyhow::Result<&Table> {
-        let (name, n) = match spec.split_once('#') {
-            Some((name, n)) => (name, n.parse().with_context(|| format!("table number {n:?}"))?),
-            None => (spec, 1),
-        };
+        let (name, n) = table_spec(spec)?;
         self.get(name)?.table(n)
+    }
+}
+
+/// `NAME` or `NAME#N` as the results' name and the table's number (1-based).
+fn table_spec(spec: &str) -> anyhow::Result<(&str, usize)> {
+    match spec.split_once('#') {
+        Some((name, n)) => Ok((name, n.parse().with_context(|| format!("table number {n:?}"))?)),
+        None => Ok((spec, 1)),
     }
 }
 
@@ -140,7 +145,7 @@ pub fn render(template: &str) -> anyhow::Result<(String, BTreeSet<String>)> {
         let at = || format!("{TEMPLATE}:{}", n + 1);
         if let Some(spec) = line.trim().strip_prefix("{{table ").and_then(|s| s.strip_suffix("}}")) {
             let spec = spec.trim();
-            let name = spec.split('#').next().unwrap_or(spec).to_string();
+            let name = table_spec(spec).with_context(at)?.0.to_string();
             let r = sources.get(&name).with_context(at)?;
             out += &if shown.insert(name.clone()) { provenance(r) } else { format!("*From the same run as the table above (`bench/results/{name}.json`).*\n") };
             out.push('\n');
