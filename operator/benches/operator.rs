@@ -2,7 +2,8 @@
 //! the gate must refuse to `RolloutRefused`, from a first handoff mismatch to a rollback, and at
 //! scale (1,000 idle and 10 serving InferenceDeployments): memory, time to every status, the
 //! requests the operator and the routers send while nothing changes (the API server's audit
-//! log), and a restart. Prints a Markdown table (docs/benchmarks.md's numbers come from here).
+//! log), a restart, and a failover to a warm and to a cold standby. Prints a Markdown table
+//! (docs/benchmarks.md's numbers come from here).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -204,6 +205,51 @@ fn main() {
         ),
     ));
     rows.push(("operator RSS after the restart and every reconcile".to_string(), format!("{:.1} MiB", rss_kib(op.proc.pid()) as f64 / 1024.0)));
+
+    // 4. Failover, warm standby against cold, side by side: a standby waits beside the leader;
+    // the leader is SIGKILLed (its Lease runs out: 15 s) and a new deployment is applied at once.
+    // From the kill: the Lease taken; from taking it: that deployment's status written (the new
+    // leader's first write) and every deployment reconciled.
+    let mut leader = op;
+    for (i, (kind, extra)) in [("warm", &[][..]), ("cold", &["--cold-standby"][..])].into_iter().enumerate() {
+        let standby = Operator::start_with(cp, &format!("operator-bench-{kind}"), "kvgate-operator", None, extra);
+        let synced = if kind == "warm" { 1.0 } else { 0.0 };
+        wait("the standby ready", Duration::from_secs(600), || standby.metric("kvgate_operator_watches_synced") == Some(synced));
+        std::thread::sleep(Duration::from_secs(10));
+        let standby_rss = rss_kib(standby.proc.pid());
+        let reconciled = |op: &Operator| op.metric(r#"kvgate_operator_reconcile_total{result="success"}"#).unwrap_or(0.0);
+        leader.proc.kill();
+        let killed = Instant::now();
+        let name = format!("failover{i}");
+        apply_yaml(cp, &idle_ns, &(tiny(&name, 256, 1024, 1024, "").replace("replicas: 1", "replicas: 0") + "  router: { replicas: 0 }\n"));
+        wait("the standby leading", Duration::from_secs(120), || standby.metric("kvgate_operator_leader") == Some(1.0));
+        let took = Instant::now();
+        let (mut first_write, mut all) = (None, None);
+        wait("the new deployment's status and every reconcile", Duration::from_secs(900), || {
+            if first_write.is_none() && infd(cp, &idle_ns, &name)["status"]["observedGeneration"].is_number() {
+                first_write = Some(took.elapsed());
+            }
+            if all.is_none() && reconciled(&standby) >= (total + 1 + i) as f64 {
+                all = Some(took.elapsed());
+            }
+            first_write.is_some() && all.is_some()
+        });
+        rows.push((
+            format!(
+                "failover, {kind} standby (its RSS while standing by): leader killed -> Lease taken; -> first write; -> {} reconcile passes",
+                total + 1 + i
+            ),
+            format!(
+                "{:.1} MiB; {:.1} s; +{:.2} s; +{:.1} s",
+                standby_rss as f64 / 1024.0,
+                (took - killed).as_secs_f64(),
+                first_write.unwrap().as_secs_f64(),
+                all.unwrap().as_secs_f64()
+            ),
+        ));
+        leader = standby;
+    }
+    drop(leader);
 
     println!("\n| operator benchmark | result |\n| --- | --- |");
     for (k, v) in rows {

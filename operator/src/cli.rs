@@ -80,6 +80,11 @@ pub struct RunArgs {
     /// Take a Lease before reconciling, so that of several replicas only one writes.
     #[arg(long)]
     pub leader_elect: bool,
+    /// With --leader-elect: a standby watches nothing until it takes the Lease (less memory, a
+    /// failover that lists every kind first). By default a standby keeps its watches and stores
+    /// current and holds back only its writes.
+    #[arg(long, requires = "leader_elect")]
+    pub cold_standby: bool,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "kvgate-operator")]
     pub lease_name: String,

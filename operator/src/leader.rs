@@ -31,6 +31,10 @@ impl Elector {
         }
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Blocks until this replica holds the Lease.
     pub async fn acquire(&self) {
         loop {

@@ -24,6 +24,7 @@ pub struct Metrics {
     pub context_window: IntGaugeVec,
     pub refused_now: IntGaugeVec,
     pub leader: IntGauge,
+    pub synced: IntGauge,
     pub canaries: IntCounterVec,
     pub canary_duration: Histogram,
     pub unverified_serving: IntGaugeVec,
@@ -100,6 +101,11 @@ impl Metrics {
         )
         .unwrap();
         let leader = IntGauge::new("kvgate_operator_leader", "1 while this replica holds the leader Lease (and reconciles)").unwrap();
+        let synced = IntGauge::new(
+            "kvgate_operator_watches_synced",
+            "1 once every watch of this replica has listed its kind (the leader, or a warm standby ready to take over)",
+        )
+        .unwrap();
         let build = IntGaugeVec::new(Opts::new("kvgate_build_info", "Build information; always 1"), &["component", "version"]).unwrap();
         build.with_label_values(&["operator", env!("CARGO_PKG_VERSION")]).set(1);
         for c in [
@@ -110,6 +116,7 @@ impl Metrics {
             Box::new(context_window.clone()),
             Box::new(refused_now.clone()),
             Box::new(leader.clone()),
+            Box::new(synced.clone()),
             Box::new(canaries.clone()),
             Box::new(canary_duration.clone()),
             Box::new(unverified_serving.clone()),
@@ -148,6 +155,7 @@ impl Metrics {
             context_window,
             refused_now,
             leader,
+            synced,
             canaries,
             canary_duration,
             unverified_serving,

@@ -4,12 +4,10 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
-use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::cli::RunArgs;
 use crate::crd::InferenceDeployment;
@@ -22,7 +20,7 @@ use crate::tasks::canaries::Canaries;
 use crate::tasks::probes::Probes;
 use crate::tasks::scrapes::Scrapes;
 use crate::tasks::serving_probes::ServingProbes;
-use crate::watch::{self, Stores};
+use crate::watch::Stores;
 use crate::{keys, lifecycle};
 
 /// The User-Agent of every request the operator sends.
@@ -70,23 +68,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let identity = args.identity.clone().unwrap_or_else(hostname);
     let elector = args.leader_elect.then(|| Elector::new(client.clone(), &own_namespace, &args.lease_name, &identity));
-    if let Some(e) = &elector {
-        tracing::info!(identity, lease = args.lease_name, "waiting for the leader Lease");
-        tokio::select! {
-            _ = e.acquire() => {}
-            _ = stopped() => return Ok(()),
-        }
-        tracing::info!(identity, "leading");
-    }
-    metrics.leader.set(1);
-
-    let (trigger, triggers) = Trigger::new();
-    let http = crate::capacity::client();
+    // A cold standby watches nothing until it leads; a warm one (the default) keeps every store
+    // current and holds back only its writers, so a failover needs no list.
     let index = Arc::new(Index::default());
     metrics.watch_index(
         index.clone(),
         &[crate::tasks::probes::TASK, crate::tasks::scrapes::TASK, crate::tasks::canaries::TASK, crate::tasks::serving_probes::TASK],
     );
+    if args.cold_standby && !lead(elector.as_ref(), &identity, stopped()).await {
+        return Ok(());
+    }
+
+    let (trigger, triggers) = Trigger::held();
+    let http = crate::capacity::client();
     let probes = Probes::new(http.clone(), trigger.clone(), index.clone());
     let pods_gone = probes.clone();
     let stores = Stores::start(&client, args.namespace.as_deref(), &trigger, move |pod| pods_gone.forget_pod(&pod.metadata.uid.clone().unwrap_or_default()));
@@ -109,32 +103,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         scrapes: Scrapes::new(http.clone(), trigger.clone(), index.clone()),
         serving_probes: ServingProbes::new(http.clone(), trigger.clone(), metrics.clone(), index.clone()),
         canaries: Canaries::new(http, trigger.clone(), metrics.clone(), index.clone()),
-        trigger,
+        trigger: trigger.clone(),
         memory: Memory::new(index.clone()),
         index,
     });
-    // Nothing is reconciled before every owned kind is listed: "not listed yet" is not "missing".
+    let deployments = lifecycle::watch(ids, ctx.clone());
+    // Nothing is reconciled before every kind is listed: "not listed yet" is not "missing".
     tokio::select! {
-        ready = stores.ready() => ready?,
+        ready = async { stores.ready().await?; deployments.wait_until_ready().await.map_err(|e| anyhow::anyhow!("the InferenceDeployment watch stopped before its first list: {e}")) } => ready?,
         _ = stopped() => return Ok(()),
     }
+    metrics.synced.set(1);
+    if !args.cold_standby && !lead(elector.as_ref(), &identity, stopped()).await {
+        return Ok(());
+    }
+    metrics.leader.set(1);
 
-    let (deployments, writer) = reflector::store();
-    let (events_ctx, events_store) = (ctx.clone(), deployments.clone());
-    let main = watcher(ids, watcher::Config::default())
-        .default_backoff()
-        .modify(watch::strip)
-        .reflect(writer)
-        .inspect_ok(move |event| match event {
-            watcher::Event::Apply(d) | watcher::Event::InitApply(d) => lifecycle::seen(&events_ctx, d),
-            watcher::Event::Delete(d) => lifecycle::deleted(&events_ctx, &events_store, d),
-            watcher::Event::InitDone => lifecycle::sweep(&events_ctx, &events_store),
-            watcher::Event::Init => {}
-        })
-        .touched_objects();
-    let controller = Controller::for_stream(main, deployments)
+    // Every deployment once now (what changed while standing by included), then as they change.
+    trigger.open();
+    let controller = Controller::for_stream(futures::stream::pending::<Result<InferenceDeployment, kube::runtime::watcher::Error>>(), deployments)
         .with_config(ControllerConfig::default().concurrency(args.concurrency))
         .reconcile_on(triggers)
+        .reconcile_all_on(futures::stream::once(async {}))
         .graceful_shutdown_on(stopped())
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|r| async move {
@@ -158,6 +148,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     result
+}
+
+/// Waits for the Lease (at once without an election); false when stopped first.
+async fn lead(elector: Option<&Elector>, identity: &str, stopped: impl std::future::Future<Output = ()>) -> bool {
+    let Some(e) = elector else { return true };
+    tracing::info!(identity, lease = e.name(), "waiting for the leader Lease");
+    tokio::select! {
+        _ = e.acquire() => {}
+        _ = stopped => return false,
+    }
+    tracing::info!(identity, "leading");
+    true
 }
 
 fn hostname() -> String {

@@ -234,6 +234,10 @@ fn the_operator_deployment_is_locked_down_and_tags_default_to_the_app_version() 
     let two = render(None, &["replicaCount=2"]);
     let args = two.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"]["spec"]["containers"][0]["args"].clone();
     assert!(args.as_array().unwrap().iter().any(|a| a == "--leader-elect"), "{args}");
+    assert!(!args.as_array().unwrap().iter().any(|a| a == "--cold-standby"), "standbys are warm by default: {args}");
+    let cold = render(None, &["replicaCount=2", "coldStandby=true"]);
+    let args = cold.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    assert!(args.as_array().unwrap().iter().any(|a| a == "--cold-standby"), "{args}");
 }
 
 #[test]

@@ -115,6 +115,16 @@ fn of_two_replicas_only_the_leader_reconciles_and_the_other_takes_over() {
     assert_eq!((leader(&a), leader(&b)), (1.0, 0.0));
     assert!(reconciles(&a) > 0.0);
     assert_eq!(reconciles(&b), 0.0, "the standby reconciled");
+    // b is warm: its watches have listed, its index holds the deployment, and it runs nothing.
+    // A cold standby (c) holds nothing until it leads.
+    let c = Operator::start_with(cp, "operator-c", "lease-ha", Some(&ns), &["--cold-standby"]);
+    eventually(cp, &ns, "operator-b's watches listed", Duration::from_secs(30), || b.metric("kvgate_operator_watches_synced") == Some(1.0));
+    assert_eq!(b.metric("kvgate_operator_indexed_deployments"), Some(1.0), "the warm standby's index");
+    let tasks = |op: &Operator| kvgate_testenv::metrics::family_sum(&get(&op.metrics).unwrap_or_default(), "kvgate_operator_background_tasks");
+    assert_eq!(tasks(&b), 0.0, "the warm standby runs no task");
+    assert!(tasks(&a) > 0.0, "the leader runs its scrapes and serving probes");
+    assert_eq!((c.metric("kvgate_operator_watches_synced"), c.metric("kvgate_operator_indexed_deployments")), (Some(0.0), Some(0.0)));
+    assert_eq!((leader(&c), reconciles(&c)), (0.0, 0.0));
     let lease = get_json(cp, &["-n", "default", "get", "lease", "lease-ha"]);
     assert_eq!(lease["spec"]["holderIdentity"], "operator-a");
 
@@ -127,6 +137,7 @@ fn of_two_replicas_only_the_leader_reconciles_and_the_other_takes_over() {
         d["status"]["decode"]["readyReplicas"] == 2 && d["status"]["phase"] == "Available"
     });
     assert!(reconciles(&b) > 0.0);
+    assert_eq!(leader(&c), 0.0, "the cold standby stays a standby while b leads");
 }
 
 /// The handoff Secret(s) of a deployment by name.

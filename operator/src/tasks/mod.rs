@@ -11,24 +11,46 @@ pub mod probes;
 pub mod scrapes;
 pub mod serving_probes;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use futures::channel::mpsc;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::crd::InferenceDeployment;
 
-/// Asks the controller to reconcile an InferenceDeployment soon.
+/// Asks the controller to reconcile an InferenceDeployment soon. A trigger made `held` drops
+/// what it is asked until `open`: a standby's watches keep its stores current without queueing
+/// wake-ups for a controller that is not running (it reconciles everything once when it leads).
 #[derive(Clone, Debug)]
-pub struct Trigger(mpsc::UnboundedSender<ObjectRef<InferenceDeployment>>);
+pub struct Trigger {
+    tx: mpsc::UnboundedSender<ObjectRef<InferenceDeployment>>,
+    open: Arc<AtomicBool>,
+}
 
 impl Trigger {
     /// A trigger and the stream the controller reads (`Controller::reconcile_on`).
     pub fn new() -> (Trigger, mpsc::UnboundedReceiver<ObjectRef<InferenceDeployment>>) {
+        let (trigger, rx) = Self::held();
+        trigger.open();
+        (trigger, rx)
+    }
+
+    /// As `new`, dropping every wake-up until `open`.
+    pub fn held() -> (Trigger, mpsc::UnboundedReceiver<ObjectRef<InferenceDeployment>>) {
         let (tx, rx) = mpsc::unbounded();
-        (Trigger(tx), rx)
+        (Trigger { tx, open: Arc::new(AtomicBool::new(false)) }, rx)
+    }
+
+    /// From now on every wake-up reaches the controller.
+    pub fn open(&self) {
+        self.open.store(true, Ordering::Release);
     }
 
     pub fn reconcile(&self, owner: &ObjectRef<InferenceDeployment>) {
-        // Closed only when the controller stopped: nothing left to wake.
-        let _ = self.0.unbounded_send(owner.clone());
+        if self.open.load(Ordering::Acquire) {
+            // Closed only when the controller stopped: nothing left to wake.
+            let _ = self.tx.unbounded_send(owner.clone());
+        }
     }
 }
