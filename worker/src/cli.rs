@@ -178,6 +178,12 @@ pub struct ServeArgs {
     /// may have in flight on the public API; more are answered 429.
     #[arg(long, env = "KVGATE_MAX_REQUESTS_PER_CLIENT", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_requests_per_client: u64,
+    /// After SIGTERM: report not ready and keep accepting this long, so that a Service's
+    /// endpoints and the routers' peers drop this process before it stops listening; then stop
+    /// accepting and finish the requests in flight. 0: stop accepting at once. Set on pods by the
+    /// operator (3000, within their 10 s termination grace).
+    #[arg(long, env = "KVGATE_SHUTDOWN_DELAY_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub shutdown_delay_ms: u64,
 }
 
 /// Who may call the public API, and how much each tenant may use it. With neither --api-keys

@@ -290,3 +290,48 @@ async fn tokenize_and_detokenize_round_trip_with_and_without_special_tokens() {
     let (status, err) = w.post("/detokenize", &json!({"tokens": [1 << 20]})).await;
     assert_eq!((status, err["error"]["param"].as_str()), (400, Some("tokens")), "{err}");
 }
+
+/// Told to stop, a role reports not ready at once, still answers new connections for its
+/// shutdown delay (while a Service's endpoints drop it), then stops accepting and exits; without
+/// a delay it stops accepting at once.
+#[tokio::test]
+async fn told_to_stop_a_worker_reports_not_ready_and_answers_through_its_shutdown_delay() {
+    let mut w = Worker::colocated(&["--shutdown-delay-ms", "3000"]);
+    assert_eq!(w.get("/readyz").await.0, 200);
+    let addr = w.base.trim_start_matches("http://").to_string();
+    // SAFETY: signalling the child this test spawned, still running.
+    unsafe { libc::kill(w.child.id() as i32, libc::SIGTERM) };
+    let mut ready = 200;
+    for _ in 0..50 {
+        ready = fresh_connection(&addr, "GET", "/readyz", "").await.map_or(0, |(s, _)| s);
+        if ready == 503 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(ready, 503, "not ready once told to stop");
+    let body = json!({"prompt": "still here", "max_tokens": 4, "temperature": 0}).to_string();
+    let answered = fresh_connection(&addr, "POST", "/v1/completions", &body).await;
+    assert_eq!(answered.as_ref().map(|(s, _)| *s), Some(200), "a new connection during the delay is answered: {answered:?}");
+    assert!(w.child.wait().unwrap().success(), "a clean exit after the delay");
+    assert!(fresh_connection(&addr, "GET", "/healthz", "").await.is_none(), "nothing listens after it");
+
+    let mut quick = Worker::colocated(&[]);
+    let addr = quick.base.trim_start_matches("http://").to_string();
+    // SAFETY: as above.
+    unsafe { libc::kill(quick.child.id() as i32, libc::SIGTERM) };
+    assert!(quick.child.wait().unwrap().success());
+    assert!(fresh_connection(&addr, "GET", "/healthz", "").await.is_none(), "without a delay it stops accepting at once");
+}
+
+/// One request on a connection of its own (a client that has just resolved the endpoint):
+/// (status, body), or `None` when nothing accepts it.
+async fn fresh_connection(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let req = match method {
+        "POST" => http.post(format!("http://{addr}{path}")).header("content-type", "application/json").body(body.to_string()),
+        _ => http.get(format!("http://{addr}{path}")),
+    };
+    let resp = req.send().await.ok()?;
+    Some((resp.status().as_u16(), resp.text().await.ok()?))
+}

@@ -77,7 +77,7 @@ pub fn deployment(d: &InferenceDeployment, image: &str, context_window: u64, tel
                             }],
                             security_context: Some(pod_sc),
                             volumes: Some(volumes),
-                            termination_grace_period_seconds: Some(10),
+                            termination_grace_period_seconds: Some(super::workers::TERMINATION_GRACE_SECONDS),
                             ..Default::default()
                         },
                         d,

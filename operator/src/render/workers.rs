@@ -85,11 +85,24 @@ fn env_value(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
 }
 
-/// Env every worker container gets: where it runs (for its listen addresses and logs) and,
-/// with an OTLP endpoint, the standard OpenTelemetry variables, the pod and namespace as
-/// resource attributes of its spans.
+/// How long a kvgate pod told to stop still accepts (its Service's endpoints and the routers'
+/// peers drop it meanwhile), well within `TERMINATION_GRACE_SECONDS`.
+pub const SHUTDOWN_DELAY_MS: u64 = 3000;
+
+/// A pod's time from SIGTERM to SIGKILL: the shutdown delay, then its requests in flight.
+pub const TERMINATION_GRACE_SECONDS: i64 = 10;
+const _: () = assert!(SHUTDOWN_DELAY_MS * 2 < TERMINATION_GRACE_SECONDS as u64 * 1000, "the grace leaves time for requests in flight");
+
+/// Env every worker container gets: where it runs (for its listen addresses and logs), the
+/// shutdown delay and, with an OTLP endpoint, the standard OpenTelemetry variables, the pod and
+/// namespace as resource attributes of its spans.
 pub fn worker_env(telemetry: &Telemetry) -> Vec<EnvVar> {
-    let mut env = vec![env_field("POD_IP", "status.podIP"), env_field("POD_NAME", "metadata.name"), env_field("POD_NAMESPACE", "metadata.namespace")];
+    let mut env = vec![
+        env_field("POD_IP", "status.podIP"),
+        env_field("POD_NAME", "metadata.name"),
+        env_field("POD_NAMESPACE", "metadata.namespace"),
+        env_value("KVGATE_SHUTDOWN_DELAY_MS", &SHUTDOWN_DELAY_MS.to_string()),
+    ];
     if let Some(endpoint) = &telemetry.otlp_endpoint {
         env.push(env_value("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
         env.push(env_value("OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"));
@@ -245,7 +258,7 @@ pub fn gated(
                             automount_service_account_token: Some(false),
                             security_context: Some(pod_sc),
                             volumes: (!volumes.is_empty()).then_some(volumes),
-                            termination_grace_period_seconds: Some(10),
+                            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
                             ..Default::default()
                         },
                         d,
@@ -390,5 +403,6 @@ mod tests {
         assert_eq!(get("OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(), Some("http://collector:4318"));
         assert!(get("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.contains("k8s.pod.name=$(POD_NAME)")));
         assert!(worker_env(&Telemetry::logging(LogFormat::Json)).iter().all(|e| !e.name.starts_with("OTEL_")));
+        assert_eq!(get("KVGATE_SHUTDOWN_DELAY_MS").as_deref(), Some("3000"), "a stopping pod still accepts while it leaves the endpoints");
     }
 }

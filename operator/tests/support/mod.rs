@@ -317,11 +317,13 @@ pub fn events(cp: &ControlPlane, ns: &str, reason: &str) -> i64 {
     evs["items"].as_array().into_iter().flatten().map(|e| e["series"]["count"].as_i64().unwrap_or(e["count"].as_i64().unwrap_or(1))).sum()
 }
 
-/// Clients sending one greedy prompt through a deployment's routers until stopped; a client
-/// whose router goes away (routers follow the serving revision) moves to a ready one.
+/// Clients sending one greedy prompt through a deployment's API Service until stopped, as
+/// kube-proxy would route them: every request goes to one of the Service's ready endpoints as
+/// last seen (refreshed every half second, round robin), never retried.
 pub struct Traffic {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     clients: Vec<std::thread::JoinHandle<Vec<Attempt>>>,
+    endpoints: std::thread::JoinHandle<()>,
 }
 
 /// When a request was sent and what came back (`None`: no router could be reached).
@@ -337,33 +339,44 @@ pub struct Outcome {
 
 impl Traffic {
     pub fn start(ns: &str, name: &str, prompt: &str, clients: usize) -> Traffic {
+        use std::sync::atomic::Ordering::SeqCst;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let view = std::sync::Arc::new(std::sync::RwLock::new(router_endpoints(cluster(), ns, name)));
+        let endpoints = {
+            let (stop, view, ns, name) = (stop.clone(), view.clone(), ns.to_string(), name.to_string());
+            std::thread::spawn(move || {
+                while !stop.load(SeqCst) {
+                    *view.write().unwrap() = router_endpoints(cluster(), &ns, &name);
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+        };
         let clients = (0..clients)
-            .map(|_| {
-                let (stop, prompt, ns, name) = (stop.clone(), prompt.to_string(), ns.to_string(), name.to_string());
+            .map(|c| {
+                let (stop, view, prompt) = (stop.clone(), view.clone(), prompt.to_string());
                 std::thread::spawn(move || {
-                    let cp = cluster();
-                    let mut router = router_endpoints(cp, &ns, &name).pop();
                     let mut attempts = Vec::new();
-                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                        let sent = Instant::now();
-                        let answer = router.as_deref().and_then(|r| complete(r, &prompt, 8));
-                        if answer.is_none() {
-                            router = router_endpoints(cp, &ns, &name).pop().or(router);
+                    for n in c.. {
+                        if stop.load(SeqCst) {
+                            break;
                         }
-                        attempts.push((sent, answer));
+                        let router = {
+                            let v = view.read().unwrap();
+                            (!v.is_empty()).then(|| v[n % v.len()].clone())
+                        };
+                        let sent = Instant::now();
+                        attempts.push((sent, router.and_then(|r| complete(&r, &prompt, 8))));
                         std::thread::sleep(Duration::from_millis(20));
                     }
                     attempts
                 })
             })
             .collect();
-        Traffic { stop, clients }
+        Traffic { stop, clients, endpoints }
     }
 
-    /// Stops every client; what each request that reached a router got, and how many reached
-    /// none (printed: a client dials router pods, not the Service, so a router replaced in a
-    /// rollout is an attempt with no answer).
+    /// Stops every client; what each request that reached a router got, and how many got no
+    /// answer (no ready endpoint, or the router closed the connection without one).
     pub fn stop(self) -> Outcome {
         let attempts = self.stop_timed();
         let unanswered = attempts.iter().filter(|(_, a)| a.is_none()).count();
@@ -375,7 +388,9 @@ impl Traffic {
     /// Stops every client; every attempt, in the order each client made them.
     pub fn stop_timed(self) -> Vec<Attempt> {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.clients.into_iter().flat_map(|c| c.join().unwrap()).collect()
+        let attempts = self.clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+        self.endpoints.join().unwrap();
+        attempts
     }
 }
 

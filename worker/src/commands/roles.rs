@@ -38,18 +38,35 @@ pub struct Started {
     pub summary: String,
     pub limits: ConnLimits,
     pub refusals: Refusals,
+    /// How long it keeps accepting once told to stop (`--shutdown-delay-ms`).
+    pub shutdown_delay: Duration,
 }
 
 impl Started {
     fn new(listener: TcpListener, app: axum::Router, ready: Arc<AtomicBool>, summary: String, serve: &ServeArgs, refusals: Refusals) -> Self {
-        Started { listener, app, ready, summary, limits: conn_limits(serve), refusals }
+        let shutdown_delay = Duration::from_millis(serve.shutdown_delay_ms);
+        Started { listener, app, ready, summary, limits: conn_limits(serve), refusals, shutdown_delay }
     }
 
     pub fn addr(&self) -> SocketAddr {
         server::local_addr(&self.listener)
     }
 
+    /// Serves until `shutdown`; then, for the shutdown delay, reports not ready and still accepts
+    /// (a Service's endpoints and the routers' peers drop a terminating pod a moment after it is
+    /// told to stop: whoever still sends to it in that moment is answered), then stops accepting
+    /// and finishes what is in flight.
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let (ready, delay) = (self.ready.clone(), self.shutdown_delay);
+        let shutdown = async move {
+            shutdown.await;
+            if !delay.is_zero() {
+                ready.store(false, std::sync::atomic::Ordering::SeqCst);
+                tracing::info!(delay_ms = delay.as_millis() as u64, "stopping: not ready, still accepting for the shutdown delay");
+                tokio::time::sleep(delay).await;
+            }
+            tracing::info!("stopping: no new connection; finishing those in flight");
+        };
         listener::serve(self.listener, self.app, self.limits, self.refusals, self.ready, shutdown).await?;
         Ok(())
     }
