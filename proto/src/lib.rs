@@ -5,6 +5,7 @@
 
 pub mod auth;
 mod capacity;
+pub mod codes;
 pub mod contract;
 pub mod handoff;
 pub mod handoff_id;

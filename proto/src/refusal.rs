@@ -144,9 +144,9 @@ impl Refusal {
         }
     }
 
-    /// The error code a client of the router sees.
-    pub fn code(self) -> String {
-        format!("kv_handoff_{}", self.as_str())
+    /// The error code a client of the router sees (`kv_handoff_<reason>`).
+    pub fn code(self) -> crate::codes::ErrorCode {
+        crate::codes::ErrorCode::KvHandoff(self)
     }
 
     /// Reads back the reason an ack carried.
@@ -202,6 +202,6 @@ mod tests {
             assert_eq!(Refusal::parse(n).map(Refusal::as_str), Some(n));
         }
         assert_eq!(Refusal::parse("nonsense"), None);
-        assert_eq!(Refusal::from(Mismatch::RejectedForwarded).code(), "kv_handoff_rejected_forwarded");
+        assert_eq!(Refusal::from(Mismatch::RejectedForwarded).code().to_string(), "kv_handoff_rejected_forwarded");
     }
 }

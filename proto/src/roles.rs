@@ -221,7 +221,7 @@ pub enum StreamLine {
     },
     Error {
         status: u16,
-        code: String,
+        code: crate::codes::ErrorCode,
         message: String,
     },
 }

@@ -27,6 +27,8 @@ const DASHBOARDS: [&str; 4] = ["integrity", "capacity", "serving", "operator"];
 const REASONS_DOC: &str = "docs/handoff-protocol.md";
 const BEGIN: &str = "<!-- generated:refusal-reasons (cargo xtask generate; from proto/src/refusal.rs) -->\n";
 const END: &str = "<!-- end:refusal-reasons -->\n";
+const CODES_BEGIN: &str = "<!-- generated:error-codes (cargo xtask generate; from proto/src/codes.rs) -->\n";
+const CODES_END: &str = "<!-- end:error-codes -->\n";
 const CHART_README: &str = "charts/kvgate/README.md";
 const VALUES_BEGIN: &str = "<!-- generated:values (cargo xtask generate; from values.yaml) -->\n";
 const VALUES_END: &str = "<!-- end:values -->\n";
@@ -48,7 +50,8 @@ fn outputs() -> anyhow::Result<Vec<(String, String)>> {
     for d in DASHBOARDS {
         out.push((format!("charts/kvgate/files/dashboards/{d}.json"), read(&format!("dashboards/{d}.json"))?));
     }
-    out.push((REASONS_DOC.into(), between(REASONS_DOC, &read(REASONS_DOC)?, BEGIN, END, &kvgate_proto::refusal::markdown_table())?));
+    let reasons = between(REASONS_DOC, &read(REASONS_DOC)?, BEGIN, END, &kvgate_proto::refusal::markdown_table())?;
+    out.push((REASONS_DOC.into(), between(REASONS_DOC, &reasons, CODES_BEGIN, CODES_END, &kvgate_proto::codes::markdown_table())?));
     let values = values_table::markdown(&read("charts/kvgate/values.yaml")?);
     out.push((CHART_README.into(), between(CHART_README, &read(CHART_README)?, VALUES_BEGIN, VALUES_END, &values)?));
     out.push(("docs/cli.md".into(), cli_reference::markdown()?));

@@ -1,5 +1,6 @@
 //! The admission decision, made before a single page is reserved.
 
+use kvgate_proto::codes::ErrorCode;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -26,17 +27,37 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    /// The reason of a prompt the pool can never hold (`NeverFits`).
-    pub const PROMPT_TOO_LARGE: &'static str = "prompt_too_large";
     /// Every reason: the label values of `kvgate_requests_rejected_total`.
     pub const REASONS: [&'static str; 4] = crate::metrics::REJECTION_REASONS;
 
     pub fn reason(&self) -> &'static str {
         match self {
             Rejection::ContextLength { .. } => "context_length_exceeded",
-            Rejection::NeverFits { .. } => Self::PROMPT_TOO_LARGE,
+            Rejection::NeverFits { .. } => "prompt_too_large",
             Rejection::PoolBusy { .. } => "pool_busy",
             Rejection::EmptyPrompt => "invalid_request",
+        }
+    }
+
+    /// The error code a client is answered with; spelt as `reason`.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Rejection::ContextLength { .. } => ErrorCode::ContextLengthExceeded,
+            Rejection::NeverFits { .. } => ErrorCode::PromptTooLarge,
+            Rejection::PoolBusy { .. } => ErrorCode::PoolBusy,
+            Rejection::EmptyPrompt => ErrorCode::InvalidRequest,
+        }
+    }
+
+    /// The `reason` label of a failure whose code is a rejection's (a peer rejected the
+    /// request): how it is counted.
+    pub fn reason_of(code: ErrorCode) -> Option<&'static str> {
+        match code {
+            ErrorCode::ContextLengthExceeded => Some("context_length_exceeded"),
+            ErrorCode::PromptTooLarge => Some("prompt_too_large"),
+            ErrorCode::PoolBusy => Some("pool_busy"),
+            ErrorCode::InvalidRequest => Some("invalid_request"),
+            _ => None,
         }
     }
 
@@ -108,6 +129,8 @@ mod tests {
         ];
         for r in all {
             assert!(Rejection::REASONS.contains(&r.reason()));
+            assert_eq!(r.code().to_string(), r.reason(), "one spelling");
+            assert_eq!(Rejection::reason_of(r.code()), Some(r.reason()));
         }
     }
 }

@@ -1,5 +1,6 @@
 //! What flows into and out of the engine for one request.
 
+use kvgate_proto::codes::ErrorCode;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
@@ -65,12 +66,12 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failure {
     pub status: u16,
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
 }
 
 impl Failure {
     pub fn internal(message: impl Into<String>) -> Self {
-        Failure { status: 500, code: "internal_error".into(), message: message.into() }
+        Failure { status: 500, code: ErrorCode::InternalError, message: message.into() }
     }
 }

@@ -125,7 +125,7 @@ async fn reserve(State(role): State<DecodeRole>, body: Bytes) -> Response {
             ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 kind: "server_overloaded",
-                code: "too_many_reservations".into(),
+                code: kvgate_proto::codes::ErrorCode::TooManyReservations,
                 param: None,
                 message: format!("decode holds {open} open reservations, its limit (--max-open-reservations) is {limit}; nothing was reserved. Retry later."),
             }
@@ -199,7 +199,7 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
                     span.record("completion_tokens", completion_tokens as i64);
                     StreamLine::Done { finish, prompt_tokens: prompt_tokens as u32, completion_tokens: completion_tokens as u32 }
                 }
-                Event::Rejected(r) => StreamLine::Error { status: ApiError::from(r.clone()).status.as_u16(), code: r.reason().into(), message: r.to_string() },
+                Event::Rejected(r) => StreamLine::Error { status: ApiError::from(r.clone()).status.as_u16(), code: r.code(), message: r.to_string() },
                 Event::Failed(f) => StreamLine::Error { status: f.status, code: f.code, message: f.message },
             };
             let mut text = serde_json::to_string(&line).unwrap();

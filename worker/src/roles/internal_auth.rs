@@ -130,10 +130,10 @@ impl Verifier {
         let kind = "authentication_error";
         let code = match e {
             // The caller holds the secret but named another process: it re-reads our report.
-            AuthError::WrongTarget => e.reason(),
-            _ => "unauthenticated",
+            AuthError::WrongTarget => kvgate_proto::codes::ErrorCode::WrongTarget,
+            _ => kvgate_proto::codes::ErrorCode::Unauthenticated,
         };
-        let mut resp = ApiError { status: StatusCode::UNAUTHORIZED, kind, code: code.into(), param: None, message: e.to_string() }.into_response();
+        let mut resp = ApiError { status: StatusCode::UNAUTHORIZED, kind, code, param: None, message: e.to_string() }.into_response();
         resp.headers_mut().insert(REFUSED_HEADER, axum::http::HeaderValue::from_static(e.reason()));
         resp
     }

@@ -42,7 +42,7 @@ fn reservation_error(e: SendError) -> ApiError {
     ApiError {
         status: StatusCode::BAD_REQUEST,
         kind: "invalid_request_error",
-        code: "reservation_invalid".into(),
+        code: kvgate_proto::codes::ErrorCode::ReservationInvalid,
         param: Some("reservation".into()),
         message: e.to_string(),
     }
@@ -165,7 +165,7 @@ pub(crate) enum Failed {
 
 /// Prefill ran out of the reservation's time: a server-side timeout, never a client error.
 fn deadline_error(message: String) -> ApiError {
-    ApiError { status: StatusCode::GATEWAY_TIMEOUT, kind: "server_error", code: "prefill_deadline_exceeded".into(), param: None, message }
+    ApiError { status: StatusCode::GATEWAY_TIMEOUT, kind: "server_error", code: kvgate_proto::codes::ErrorCode::PrefillDeadlineExceeded, param: None, message }
 }
 
 async fn compute(role: &PrefillRole, prompt: Vec<u32>, sampling: Option<Sampling>, tenant: &str) -> Result<Prefilled, Failed> {

@@ -18,13 +18,13 @@ use tracing::field::Empty;
 use super::internal_auth::{REFUSED_HEADER, Signer};
 use super::peers::{Peer, Peers};
 use super::retry::{self, ATTEMPTS, Failed, Retries, Retry};
-use super::router_codes::RouterCode::{NoPeers, PeerError, PeerUnreachable};
-use super::router_codes::relayed;
+use super::router_codes::fail;
 use crate::engine::admission::{self, Limits};
 use crate::engine::{Event, Rejection};
 use crate::metrics::Metrics;
 use crate::model::SamplingParams;
 use crate::server::RequestContext;
+use kvgate_proto::codes::ErrorCode::{self, NoPeers, PeerError, PeerUnreachable};
 use kvgate_telemetry::trace_context::mark_failed;
 
 /// Counts a dispatch in `kvgate_num_requests_running` for as long as it lives.
@@ -68,13 +68,14 @@ async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
     let status = resp.status().as_u16();
     let body: Value = resp.json().await.unwrap_or(Value::Null);
     if let Value::Object(e) = &body["error"] {
-        let code = e["code"].as_str().unwrap_or(PeerError.as_str()).to_string();
-        return relayed(status, code, e["message"].as_str().unwrap_or(""));
+        // A code this build does not know is the peer's error, not a guess.
+        let code = e["code"].as_str().and_then(ErrorCode::parse).unwrap_or(PeerError);
+        return fail(code, status, e["message"].as_str().unwrap_or(""));
     }
     // Decode's verdict, relayed by prefill: one of the closed set of refusal reasons.
     match serde_json::from_value::<PrefillResponse>(body) {
-        Ok(PrefillResponse { refused: Some(r), message, .. }) => relayed(status, r.code(), message),
-        _ => PeerError.fail(status, format!("{peer} answered HTTP {status}")),
+        Ok(PrefillResponse { refused: Some(r), message, .. }) => fail(r.code(), status, message),
+        _ => fail(PeerError, status, format!("{peer} answered HTTP {status}")),
     }
 }
 
@@ -146,7 +147,7 @@ impl Dispatcher {
                 let _running = Running::start(&this.metrics.running);
                 if let Err(event) = this.attempts(&tx, prompt, max_tokens, sampling, &request).await {
                     if let Event::Failed(f) = &event {
-                        mark_failed(&tracing::Span::current(), &f.code);
+                        mark_failed(&tracing::Span::current(), &f.code.to_string());
                     }
                     let _ = tx.send(event);
                 }
@@ -234,7 +235,7 @@ impl Dispatcher {
         if self.peers.pick().is_none() {
             self.peers.refresh(&self.http).await;
         }
-        let (prefill, decode) = self.peers.pick_avoiding(avoid).ok_or_else(|| Failed::last(NoPeers.fail(503, self.peers.explain_no_pair())))?;
+        let (prefill, decode) = self.peers.pick_avoiding(avoid).ok_or_else(|| Failed::last(fail(NoPeers, 503, self.peers.explain_no_pair())))?;
         let (_p, _d) = (prefill.busy(), decode.busy());
         let dispatch = tracing::Span::current();
         dispatch.record("prefill", prefill.base.as_str());
@@ -251,7 +252,7 @@ impl Dispatcher {
             let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
             resp.json::<Reservation>()
                 .await
-                .map_err(|e| Failed::retry(PeerError.fail(502, format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&decode]))
+                .map_err(|e| Failed::retry(fail(PeerError, 502, format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&decode]))
         }
         .instrument(tracing::info_span!("reserve", prompt_tokens = prompt.len() as i64, max_tokens = max_tokens as i64))
         .await?;
@@ -295,9 +296,9 @@ impl Dispatcher {
                 // transfer that still arrives for it is the incident's bug, and decode counts it
                 // as such.
                 let failure = peer_error(r, "prefill").await;
-                let rejected = matches!(&failure, Event::Failed(f) if f.code == Rejection::PROMPT_TOO_LARGE);
+                let rejected = matches!(&failure, Event::Failed(f) if f.code == ErrorCode::PromptTooLarge);
                 if let Event::Failed(f) = &failure {
-                    mark_failed(&prefill_span, &f.code);
+                    mark_failed(&prefill_span, &f.code.to_string());
                 }
                 self.cancel(&decode, id, rejected, request).await;
                 return Err(Failed::last(failure));
@@ -351,14 +352,14 @@ impl Dispatcher {
         .instrument(generate_span.clone())
         .await;
         match generated {
-            Err(Failed { event: Event::Failed(f), .. }) if PeerUnreachable.is(&f) => {
-                mark_failed(&generate_span, &f.code);
+            Err(Failed { event: Event::Failed(f), .. }) if f.code == PeerUnreachable => {
+                mark_failed(&generate_span, &f.code.to_string());
                 let failed_peers: &[&Arc<Peer>] = if prefill_failed { &[&prefill, &decode] } else { &[&decode] };
                 Err(Failed::retry(Event::Failed(f), Retry::DecodeUnreachable, failed_peers))
             }
             Err(Failed { event, retry: None }) if retry_as.is_some() && !delivered => {
                 if let Event::Failed(f) = &event {
-                    mark_failed(&generate_span, &f.code);
+                    mark_failed(&generate_span, &f.code.to_string());
                 }
                 // A late transfer may be either peer's doing: the next try avoids both.
                 match retry_as {
@@ -368,7 +369,7 @@ impl Dispatcher {
             }
             Err(failed) => {
                 if let Event::Failed(f) = &failed.event {
-                    mark_failed(&generate_span, &f.code);
+                    mark_failed(&generate_span, &f.code.to_string());
                 }
                 Err(failed)
             }
@@ -382,7 +383,7 @@ impl Dispatcher {
         let resp = self
             .call(decode, path, body)
             .await
-            .map_err(|e| Failed::retry(PeerUnreachable.fail(502, format!("decode peer {}: {e}", decode.base)), Retry::DecodeUnreachable, &[decode]))?;
+            .map_err(|e| Failed::retry(fail(PeerUnreachable, 502, format!("decode peer {}: {e}", decode.base)), Retry::DecodeUnreachable, &[decode]))?;
         if !resp.status().is_success() {
             return Err(Failed::last(peer_error(resp, "decode").await));
         }
@@ -417,11 +418,12 @@ impl Dispatcher {
         let mut buf: Vec<u8> = Vec::new();
         let mut last: Option<Instant> = None;
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Relay::Broke(PeerError.fail(502, format!("decode stream broke: {e}"))))?;
+            let chunk = chunk.map_err(|e| Relay::Broke(fail(PeerError, 502, format!("decode stream broke: {e}"))))?;
             buf.extend_from_slice(&chunk);
             while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=nl).collect();
-                let parsed: StreamLine = serde_json::from_slice(&line).map_err(|e| Relay::Failed(PeerError.fail(502, format!("bad line from decode: {e}"))))?;
+                let parsed: StreamLine =
+                    serde_json::from_slice(&line).map_err(|e| Relay::Failed(fail(PeerError, 502, format!("bad line from decode: {e}"))))?;
                 let event = match parsed {
                     StreamLine::Token(_) | StreamLine::Scored { .. } => {
                         let now = Instant::now();
@@ -453,14 +455,14 @@ impl Dispatcher {
                         let _ = tx.send(Event::Done { finish, prompt_tokens: prompt_tokens as usize, completion_tokens: completion_tokens as usize });
                         return Ok(());
                     }
-                    StreamLine::Error { status, code, message } => return Err(Relay::Failed(relayed(status, code, message))),
+                    StreamLine::Error { status, code, message } => return Err(Relay::Failed(fail(code, status, message))),
                 };
                 if !emit(event) {
                     return Ok(()); // client left; dropping the stream tells decode
                 }
             }
         }
-        Err(Relay::Broke(PeerError.fail(502, "decode ended the stream without finishing")))
+        Err(Relay::Broke(fail(PeerError, 502, "decode ended the stream without finishing")))
     }
 }
 

@@ -5,13 +5,15 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use kvgate_proto::codes::ErrorCode;
+
 use crate::engine::Rejection;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
-    pub code: String,
+    pub code: ErrorCode,
     pub param: Option<String>,
     pub message: String,
 }
@@ -22,7 +24,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             kind: "invalid_request_error",
-            code: "invalid_value".into(),
+            code: ErrorCode::InvalidValue,
             param: Some(param.into()),
             message: message.into(),
         }
@@ -33,14 +35,14 @@ impl ApiError {
         ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,
             kind: "invalid_request_error",
-            code: "request_too_large".into(),
+            code: ErrorCode::RequestTooLarge,
             param: Some("body".into()),
             message: format!("The request body is larger than this worker's limit of {limit} bytes (the limit follows the context window)."),
         }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", code: "internal_error".into(), param: None, message: message.into() }
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", code: ErrorCode::InternalError, param: None, message: message.into() }
     }
 }
 
@@ -52,20 +54,20 @@ impl From<Rejection> for ApiError {
             Rejection::PoolBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", None),
             Rejection::EmptyPrompt => (StatusCode::BAD_REQUEST, "invalid_request_error", Some("prompt")),
         };
-        ApiError { status, kind, code: r.reason().into(), param: param.map(str::to_string), message: r.to_string() }
+        ApiError { status, kind, code: r.code(), param: param.map(str::to_string), message: r.to_string() }
     }
 }
 
 impl From<&crate::tenants::identify::Unauthenticated> for ApiError {
     fn from(u: &crate::tenants::identify::Unauthenticated) -> Self {
         let (code, message) = u.explain();
-        ApiError { status: StatusCode::UNAUTHORIZED, kind: "invalid_request_error", code: code.into(), param: None, message }
+        ApiError { status: StatusCode::UNAUTHORIZED, kind: "invalid_request_error", code, param: None, message }
     }
 }
 
 impl From<&crate::tenants::quota::OverQuota> for ApiError {
     fn from(q: &crate::tenants::quota::OverQuota) -> Self {
-        ApiError { status: StatusCode::TOO_MANY_REQUESTS, kind: "rate_limit_error", code: "tenant_token_quota".into(), param: None, message: q.message() }
+        ApiError { status: StatusCode::TOO_MANY_REQUESTS, kind: "rate_limit_error", code: ErrorCode::TenantTokenQuota, param: None, message: q.message() }
     }
 }
 

@@ -30,7 +30,7 @@ fn refused(tenant: &Tenant, per_tenant: usize) -> ApiError {
     ApiError {
         status: StatusCode::TOO_MANY_REQUESTS,
         kind: "rate_limit_error",
-        code: "too_many_requests_in_flight".into(),
+        code: kvgate_proto::codes::ErrorCode::TooManyRequestsInFlight,
         param: None,
         message: format!(
             "Tenant `{tenant}` already has {per_tenant} requests in flight, the most one tenant may have (--max-requests-per-client); retry when one finishes."
@@ -62,7 +62,7 @@ mod tests {
     #[test]
     fn the_refusal_names_the_tenant_and_its_share() {
         let e = refused(&Tenant::Addr("10.0.0.1".parse().unwrap()), 16);
-        assert_eq!((e.status, e.code.as_str()), (StatusCode::TOO_MANY_REQUESTS, "too_many_requests_in_flight"));
+        assert_eq!((e.status, e.code), (StatusCode::TOO_MANY_REQUESTS, kvgate_proto::codes::ErrorCode::TooManyRequestsInFlight));
         assert!(e.message.starts_with("Tenant `10.0.0.1` already has 16 requests in flight"), "{}", e.message);
     }
 }

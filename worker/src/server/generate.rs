@@ -376,7 +376,7 @@ fn choice_stream(state: AppState, meta: Arc<Meta>, stops: Vec<String>, index: us
                     return Some((out, s));
                 }
                 Some(Event::Rejected(r)) => {
-                    out.push(json!({ "error": { "message": r.to_string(), "type": "server_error", "code": r.reason() } }).to_string());
+                    out.push(json!({ "error": { "message": r.to_string(), "type": "server_error", "code": r.code() } }).to_string());
                     return Some((out, s));
                 }
                 None => return None,

@@ -91,7 +91,7 @@ pub fn too_slow(len: u64) -> ApiError {
     ApiError {
         status: StatusCode::REQUEST_TIMEOUT,
         kind: "invalid_request_error",
-        code: "body_too_slow".into(),
+        code: kvgate_proto::codes::ErrorCode::BodyTooSlow,
         param: Some("body".into()),
         message: format!("The request body ({len} bytes at most) did not arrive within {} s.", body_deadline(len).as_secs()),
     }

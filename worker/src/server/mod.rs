@@ -204,7 +204,7 @@ fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError>
         Some(m) if *m != state.model_name => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
-            code: "model_not_found".into(),
+            code: kvgate_proto::codes::ErrorCode::ModelNotFound,
             param: Some("model".into()),
             message: format!("The model `{m}` does not exist; this worker serves `{}`.", state.model_name),
         }),
@@ -334,7 +334,7 @@ impl AppState {
 
     /// A failure after admission; one that is really a peer's rejection is counted as one.
     fn failed(&self, f: crate::engine::Failure) -> ApiError {
-        if let Some(reason) = Rejection::REASONS.iter().find(|r| **r == f.code) {
+        if let Some(reason) = Rejection::reason_of(f.code) {
             self.metrics.rejected.with_label_values(&[reason]).inc();
         }
         ApiError::from(f)

@@ -11,6 +11,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use kvgate_proto::auth::REPORT_MAC_HEADER;
+use kvgate_proto::codes::ErrorCode;
 use serde::Deserialize;
 
 use super::error::ApiError;
@@ -29,8 +30,8 @@ pub struct ReportQuery {
     nonce: Option<String>,
 }
 
-fn bad(code: &str, message: String) -> Response {
-    ApiError { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", code: code.into(), param: Some("nonce".into()), message }.into_response()
+fn bad(code: ErrorCode, message: String) -> Response {
+    ApiError { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", code, param: Some("nonce".into()), message }.into_response()
 }
 
 /// A 128-bit nonce as 32 hex digits.
@@ -41,7 +42,7 @@ fn parse_nonce(s: &str) -> Option<u128> {
 pub async fn kv_pool(State(state): State<AppState>, query: Result<Query<ReportQuery>, axum::extract::rejection::QueryRejection>) -> Response {
     let nonce = match query {
         Ok(Query(q)) => q.nonce,
-        Err(e) => return bad("invalid_query", format!("the query string of GET {}: {e}", kvgate_proto::KV_POOL_PATH)),
+        Err(e) => return bad(ErrorCode::InvalidQuery, format!("the query string of GET {}: {e}", kvgate_proto::KV_POOL_PATH)),
     };
     let report = match (&state.report, &state.backend) {
         (Some(r), _) => r,
@@ -50,7 +51,7 @@ pub async fn kv_pool(State(state): State<AppState>, query: Result<Query<ReportQu
             return ApiError {
                 status: StatusCode::NOT_FOUND,
                 kind: "invalid_request_error",
-                code: "no_kv_pool".into(),
+                code: ErrorCode::NoKvPool,
                 param: None,
                 message: "this role holds no KV pool of its own to sign; ask a prefill or decode worker".into(),
             }
@@ -62,10 +63,10 @@ pub async fn kv_pool(State(state): State<AppState>, query: Result<Query<ReportQu
         None => None,
         Some(nonce) => {
             let Some(n) = parse_nonce(&nonce) else {
-                return bad("invalid_nonce", format!("nonce must be 32 hex digits (128 bits), got {} characters", nonce.len()));
+                return bad(ErrorCode::InvalidNonce, format!("nonce must be 32 hex digits (128 bits), got {} characters", nonce.len()));
             };
             let Some(signer) = &state.report_signer else {
-                return bad("cannot_sign", "this worker holds no deployment secret (a `local` process), so it cannot sign its report".into());
+                return bad(ErrorCode::CannotSign, "this worker holds no deployment secret (a `local` process), so it cannot sign its report".into());
             };
             Some(signer.secret.key().report_mac(n, &signer.pod, &body))
         }

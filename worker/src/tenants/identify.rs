@@ -3,6 +3,7 @@
 //! address. A missing or unknown key is [`Unauthenticated`] (the API answers 401, see
 //! `server::identify`); a request that bypasses the gateway of a gateway-only deployment too.
 
+use kvgate_proto::codes::ErrorCode;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -45,16 +46,18 @@ pub enum Unauthenticated {
 
 impl Unauthenticated {
     /// The error code and message a client is told.
-    pub fn explain(&self) -> (&'static str, String) {
+    pub fn explain(&self) -> (ErrorCode, String) {
         match self {
-            Unauthenticated::MissingKey => ("missing_api_key", "This deployment needs an API key: send it as `Authorization: Bearer KEY`.".to_string()),
-            Unauthenticated::UnknownKey => ("invalid_api_key", "The API key is not one of this deployment's keys (it may have been revoked).".to_string()),
+            Unauthenticated::MissingKey => (ErrorCode::MissingApiKey, "This deployment needs an API key: send it as `Authorization: Bearer KEY`.".to_string()),
+            Unauthenticated::UnknownKey => {
+                (ErrorCode::InvalidApiKey, "The API key is not one of this deployment's keys (it may have been revoked).".to_string())
+            }
             Unauthenticated::NotFromGateway { header } => (
-                "not_from_gateway",
+                ErrorCode::NotFromGateway,
                 format!("This deployment is served through its gateway only (which names the tenant in `{header}`); this request came from elsewhere."),
             ),
             Unauthenticated::BadTenantHeader { header, why } => {
-                ("invalid_tenant_header", format!("The gateway's `{header}` header is not a tenant name: {why}."))
+                (ErrorCode::InvalidTenantHeader, format!("The gateway's `{header}` header is not a tenant name: {why}."))
             }
         }
     }
@@ -125,7 +128,7 @@ mod tests {
         assert_eq!(auth.identify(&headers(&[("authorization", "Bearer sk-acme-0123456789abcdef")]), CLIENT).unwrap().to_string(), "acme");
         assert_eq!(auth.identify(&headers(&[]), CLIENT).unwrap_err(), Unauthenticated::MissingKey);
         assert_eq!(auth.identify(&headers(&[("authorization", "Bearer sk-guess-0123456789abcd")]), CLIENT).unwrap_err(), Unauthenticated::UnknownKey);
-        assert_eq!(Unauthenticated::UnknownKey.explain().0, "invalid_api_key");
+        assert_eq!(Unauthenticated::UnknownKey.explain().0.to_string(), "invalid_api_key");
     }
 
     #[test]
