@@ -672,7 +672,7 @@ mod tests {
             kv_addr: "127.0.0.1:1".into(),
             model_fingerprint: "0".repeat(16),
             layout_fingerprint: "1".repeat(16),
-            tenant: "acme".into(),
+            tenant: crate::tenant_id::TenantId::parse("acme").unwrap(),
         };
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["handoff_id"], "00000000000000000000000000000abc");

@@ -14,6 +14,7 @@ pub mod page_tag;
 pub mod polyval;
 pub mod refusal;
 pub mod roles;
+pub mod tenant_id;
 pub mod tenant_tag;
 
 pub use capacity::{CapacityReport, KV_POOL_PATH, PeerReport, PeerReports, PrefillTimings};

@@ -6,7 +6,6 @@ use crate::auth::{Mac, ReservationFields};
 use crate::handoff::HandoffId;
 use crate::logprobs::TokenLogprobs;
 use crate::refusal::Refusal;
-use crate::tenant_tag::TenantTag;
 
 /// Decode: reserve pages for a whole sequence (router and the operator's canary call it).
 pub const RESERVE_PATH: &str = "/internal/v1/reserve";
@@ -30,7 +29,7 @@ pub struct ReserveRequest {
     pub max_tokens: u32,
     /// The tenant whose request this is: the reservation, its tag and every frame of its
     /// transfer are bound to it.
-    pub tenant: String,
+    pub tenant: crate::tenant_id::TenantId,
     /// The caller's W3C `traceparent` (inside the signed body, so nobody without the secret can
     /// graft a call onto another trace). Decode keeps it with the reservation: its spans of the
     /// handoff's receipt and commit join that trace.
@@ -60,7 +59,7 @@ pub struct Reservation {
     pub model_fingerprint: String,
     pub layout_fingerprint: String,
     /// The tenant the reservation holds room for (covered by the tag).
-    pub tenant: String,
+    pub tenant: crate::tenant_id::TenantId,
 }
 
 impl Reservation {
@@ -73,7 +72,7 @@ impl Reservation {
             expires_ms: self.expires_ms,
             pages: &self.pages,
             kv_addr: &self.kv_addr,
-            tenant: TenantTag::of(&self.tenant),
+            tenant: self.tenant.tag(),
         }
     }
 }
@@ -83,7 +82,7 @@ impl Reservation {
 pub struct PrefillRequest {
     pub prompt: Vec<u32>,
     /// The tenant whose prompt this is; prefill refuses a reservation held for another.
-    pub tenant: String,
+    pub tenant: crate::tenant_id::TenantId,
     pub reservation: Reservation,
     /// How the first token is chosen (prefill samples it, as a colocated engine would); absent
     /// means greedy.
@@ -191,7 +190,7 @@ pub struct Sampling {
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     /// The tenant asking; decode generates only from a handoff reserved for it.
-    pub tenant: String,
+    pub tenant: crate::tenant_id::TenantId,
     pub max_tokens: u32,
     pub sampling: Sampling,
     /// How long decode waits for the commit before it declares the handoff timed out; absent

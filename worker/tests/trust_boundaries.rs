@@ -214,7 +214,7 @@ async fn no_byte_of_a_previous_tenant_leaves_prefill_even_without_scrubbing() {
                 kv_addr: kv_addr.clone(),
                 model_fingerprint: report.model_fingerprint.clone(),
                 layout_fingerprint: report.layout_fingerprint.clone(),
-                tenant: "acme".into(),
+                tenant: kvgate_proto::tenant_id::TenantId::parse("acme").unwrap(),
             };
             let (signer, body) = (secret.signer(), json!({"prompt": prompt, "tenant": "acme", "reservation": reservation}));
             let call = prefill.post_signed(&signer, "/internal/v1/prefill", &body);

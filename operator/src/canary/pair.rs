@@ -61,18 +61,22 @@ async fn refused(resp: reqwest::Response, what: &str) -> Result<reqwest::Respons
 /// workers' tenant binding).
 pub const TENANT: &str = "kvgate-canary";
 
+fn tenant() -> kvgate_proto::tenant_id::TenantId {
+    kvgate_proto::tenant_id::TenantId::parse(TENANT).expect("the canary's tenant is a tenant id")
+}
+
 /// The tokens decode generated for `q`, or why there are none.
 pub async fn generate(http: &reqwest::Client, key: &DeploymentKey, prefill: &Endpoint, decode: &Endpoint, q: &Greedy<'_>) -> Result<Vec<u32>, NoAnswer> {
     let (prompt, max_tokens) = (q.prompt, q.max_tokens);
     let sampling = Sampling { ignore_eos: q.ignore_eos, ..GREEDY };
-    let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens, tenant: TENANT.into(), traceparent: traceparent() };
+    let reserve = ReserveRequest { prompt_tokens: prompt.len() as u32, max_tokens, tenant: tenant(), traceparent: traceparent() };
     let resp = refused(post(http, key, decode, DECODE_PORT, roles::RESERVE_PATH, &reserve).await?, "decode's reservation").await?;
     let reservation: Reservation = resp.json().await.map_err(|e| NoAnswer::failed(format!("decode's reservation: {e}")))?;
     let id = reservation.handoff_id;
-    let request = PrefillRequest { prompt: prompt.to_vec(), tenant: TENANT.into(), reservation, sampling: Some(sampling), traceparent: traceparent() };
+    let request = PrefillRequest { prompt: prompt.to_vec(), tenant: tenant(), reservation, sampling: Some(sampling), traceparent: traceparent() };
     // Prefill's answer carries decode's verdict on the transfer (a mismatch names its reason).
     refused(post(http, key, prefill, PREFILL_PORT, roles::PREFILL_PATH, &request).await?, "prefill").await?;
-    let generate = GenerateRequest { prompt: prompt.to_vec(), tenant: TENANT.into(), max_tokens, sampling, commit_wait_ms: None, traceparent: traceparent() };
+    let generate = GenerateRequest { prompt: prompt.to_vec(), tenant: tenant(), max_tokens, sampling, commit_wait_ms: None, traceparent: traceparent() };
     let resp = refused(post(http, key, decode, DECODE_PORT, &roles::generate_path(id), &generate).await?, "decode's generation").await?;
     let text = resp.text().await.map_err(|e| NoAnswer::failed(format!("decode's token stream: {e}")))?;
     let mut tokens = Vec::new();

@@ -64,7 +64,7 @@ impl Rig {
     /// Reserves, sends and commits one handoff, then frees its pages as a finished decode
     /// would; returns how long the transfer took (reservation to ack).
     pub async fn send_one(&self) -> Duration {
-        let issued = self.table.reserve(self.tokens as u32, 1, "bench").unwrap();
+        let issued = self.table.reserve(self.tokens as u32, 1, &kvgate_proto::tenant_id::TenantId::parse("bench").unwrap()).unwrap();
         let reservation = Reservation {
             handoff_id: issued.id,
             pages: issued.pages.clone(),
@@ -82,7 +82,7 @@ impl Rig {
             lease: &self.lease,
             prompt_tokens: self.tokens,
             reservation: &reservation,
-            tenant: kvgate_proto::handoff::TenantTag::of(&issued.tenant),
+            tenant: issued.tenant.tag(),
             secret: &self.secret,
             first_token: 0,
             first_logprobs: None,

@@ -10,6 +10,7 @@
 //! only counts as expired.
 
 use kvgate_proto::logprobs::TokenLogprobs;
+use kvgate_proto::tenant_id::TenantId;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,7 +65,7 @@ impl From<Refused> for HandoffRefusal {
 #[derive(Debug, Clone)]
 pub struct Origin {
     pub trace: TraceContext,
-    pub tenant: std::sync::Arc<str>,
+    pub tenant: TenantId,
 }
 
 /// A verified transfer, ready to decode.
@@ -77,7 +78,7 @@ pub struct Committed {
     /// Most tokens generate may ask for: what the reservation has room for.
     pub max_tokens: u32,
     /// The tenant it was reserved for: only that tenant's generate call may take it.
-    pub tenant: String,
+    pub tenant: TenantId,
     /// A committed handoff nobody asks to decode is freed at the reservation's deadline too.
     deadline: Instant,
 }
@@ -89,7 +90,7 @@ struct Open {
     deadline: Instant,
     created: Instant,
     transfer: Transfer,
-    tenant: String,
+    tenant: TenantId,
 }
 
 impl Open {
@@ -166,7 +167,7 @@ pub struct Issued {
     pub max_tokens: u32,
     pub expires_ms: u64,
     pub tag: Mac,
-    pub tenant: String,
+    pub tenant: TenantId,
 }
 
 /// Bounds every reservation is checked against.
@@ -204,11 +205,11 @@ struct Table {
 
 impl Table {
     /// The tenant handoff `id` was reserved for, while anything of it is remembered.
-    fn tenant_of(&self, id: HandoffId) -> Option<String> {
+    fn tenant_of(&self, id: HandoffId) -> Option<TenantId> {
         match self.entries.get(&id) {
             Some(Entry::Open(o)) => Some(o.tenant.clone()),
             Some(Entry::Committed(c)) => Some(c.tenant.clone()),
-            _ => self.traces.get(&id).map(|o| o.tenant.to_string()),
+            _ => self.traces.get(&id).map(|o| o.tenant.clone()),
         }
     }
 
@@ -316,7 +317,7 @@ impl Reservations {
 
     /// Reserves pages for `prompt + max_tokens` tokens; the transfer must fill the first
     /// `prompt` of them. Nothing is reserved when the answer is an error.
-    pub fn reserve(&self, prompt: u32, max_tokens: u32, tenant: &str) -> Result<Issued, ReserveError> {
+    pub fn reserve(&self, prompt: u32, max_tokens: u32, tenant: &TenantId) -> Result<Issued, ReserveError> {
         if prompt == 0 {
             return Err(ReserveError::Invalid { field: "prompt_tokens", message: "`prompt_tokens` must be at least 1".into() });
         }
@@ -343,22 +344,22 @@ impl Reservations {
         let id = HandoffId(rand::random());
         let pages: Vec<u32> = lease.pages().iter().take(self.pool.layout().pages_for(prompt as usize)).map(|p| p.id).collect();
         let expires_ms = kvgate_proto::auth::now_ms() + self.timeout.as_millis() as u64;
-        let tag_of_tenant = TenantTag::of(tenant);
+        let tag_of_tenant = tenant.tag();
         let fields =
             ReservationFields { handoff: id, reserved_tokens: prompt, max_tokens, expires_ms, pages: &pages, kv_addr: &self.kv_addr, tenant: tag_of_tenant };
         let tag = self.secret.key().reservation_tag(&fields);
         let now = Instant::now();
         let transfer = Transfer::new(tag_of_tenant, pages.clone(), prompt);
-        let open = Open { lease: Arc::new(lease), max_tokens, deadline: now + self.timeout, created: now, transfer, tenant: tenant.to_string() };
+        let open = Open { lease: Arc::new(lease), max_tokens, deadline: now + self.timeout, created: now, transfer, tenant: tenant.clone() };
         table.entries.insert(id, Entry::Open(open));
-        Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag, tenant: tenant.to_string() })
+        Ok(Issued { id, pages, reserved_tokens: prompt, max_tokens, expires_ms, tag, tenant: tenant.clone() })
     }
 
     /// Files open handoff `id` under its request's trace (with the tenant it was reserved for).
     pub fn set_trace(&self, id: HandoffId, trace: TraceContext) {
         let mut table = self.lock();
         if let Some(Entry::Open(open)) = table.entries.get(&id) {
-            let origin = Origin { trace, tenant: open.tenant.as_str().into() };
+            let origin = Origin { trace, tenant: open.tenant.clone() };
             table.traces.insert(id, origin);
         }
     }
@@ -391,7 +392,7 @@ impl Reservations {
             _ => (HandoffRefusal::new(Mismatch::UnknownHandoff, format!("kv_handoff_unknown: no open reservation {id}")), true),
         };
         if count {
-            self.count(&v, tenant.as_deref());
+            self.count(&v, tenant.as_ref());
         }
         v
     }
@@ -403,7 +404,7 @@ impl Reservations {
         let tenant = table.tenant_of(id);
         table.tombstone(id, Entry::Failed(v.clone()));
         if integrity {
-            self.count(&v, tenant.as_deref());
+            self.count(&v, tenant.as_ref());
         } else {
             self.metrics.expired.inc();
         }
@@ -538,9 +539,9 @@ impl Reservations {
     }
 
     /// Counts an integrity refusal under its reason and the tenant whose request it hit.
-    fn count(&self, v: &HandoffRefusal, tenant: Option<&str>) {
+    fn count(&self, v: &HandoffRefusal, tenant: Option<&TenantId>) {
         if let Some(m) = v.mismatch() {
-            self.metrics.mismatched(m, tenant);
+            self.metrics.mismatched(m, tenant.map(TenantId::as_str));
         }
     }
 
@@ -580,7 +581,7 @@ impl Reservations {
     /// waiter at once; otherwise it sleeps until the reservation's own deadline. Only `tenant`,
     /// the reservation's, may take it: another tenant's call fails the handoff (its pages are
     /// freed unread) as a `tenant` mismatch.
-    pub async fn take_committed(&self, id: HandoffId, wait: Option<Duration>, tenant: &str) -> Result<Committed, HandoffRefusal> {
+    pub async fn take_committed(&self, id: HandoffId, wait: Option<Duration>, tenant: &TenantId) -> Result<Committed, HandoffRefusal> {
         let give_up = wait.map(|w| Instant::now() + w);
         loop {
             if give_up.is_some_and(|t| Instant::now() >= t) {
@@ -598,7 +599,7 @@ impl Reservations {
             let deadline = {
                 let mut table = self.lock();
                 match table.entries.get(&id) {
-                    Some(Entry::Committed(c)) if c.tenant != tenant => {
+                    Some(Entry::Committed(c)) if &c.tenant != tenant => {
                         let v = HandoffRefusal::new(
                             Mismatch::Tenant,
                             format!("kv_handoff_tenant: handoff {id} was reserved for tenant `{}`, tenant `{tenant}` asked to decode it", c.tenant),
@@ -652,7 +653,7 @@ impl Reservations {
             if was_open {
                 self.metrics.total.with_label_values(&["failed"]).inc();
                 if got > 0 {
-                    self.metrics.mismatched(Mismatch::Timeout, tenant.as_deref());
+                    self.metrics.mismatched(Mismatch::Timeout, tenant.as_ref().map(TenantId::as_str));
                 }
             }
         }

@@ -186,7 +186,7 @@ async fn generate(State(role): State<DecodeRole>, Path(id): Path<String>, body: 
         }
         let sampling = SamplingParams::from(req.sampling);
         let mode = Mode::Continue { lease: committed.lease, first_token: committed.first_token, first_logprobs: committed.first_logprobs };
-        let rx = role.engine.enqueue(req.prompt, req.max_tokens as usize, sampling, mode, &req.tenant);
+        let rx = role.engine.enqueue(req.prompt, req.max_tokens as usize, sampling, mode, req.tenant.as_str());
         // The span lives as long as the stream: generation is part of the call.
         let span = tracing::Span::current();
         let lines = UnboundedReceiverStream::new(rx).map(move |event| {

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use kvgate_proto::handoff::{AckFrame, TenantTag};
+use kvgate_proto::handoff::AckFrame;
 use kvgate_proto::refusal::Mismatch;
 use kvgate_proto::roles::{PrefillRequest, PrefillResponse, Sampling};
 use kvgate_telemetry::trace_context::mark_failed;
@@ -106,7 +106,7 @@ fn reservation(role: &PrefillRole, req: &PrefillRequest) -> Result<(), SendError
     let layout = role.engine.pool.layout();
     check_reservation(&req.reservation, &role.secret, req.prompt.len(), &layout.fingerprint(), layout.page_size)?;
     if req.tenant != req.reservation.tenant {
-        role.metrics.mismatched(Mismatch::Tenant, Some(&req.tenant));
+        role.metrics.mismatched(Mismatch::Tenant, Some(req.tenant.as_str()));
         return Err(SendError::Reservation(format!(
             "reservation {} holds room for tenant `{}`, this prompt is tenant `{}`'s (kv_handoff_tenant)",
             req.reservation.handoff_id, req.reservation.tenant, req.tenant
@@ -210,7 +210,7 @@ pub(crate) async fn run(role: &PrefillRole, req: &PrefillRequest, via: &impl Via
     // computing on is wasted (and, dropped, the prompt leaves the batch at its next chunk).
     let left = Duration::from_millis(req.reservation.expires_ms.saturating_sub(kvgate_proto::auth::now_ms()));
     let tokens = req.prompt.len();
-    let prefilled = tokio::time::timeout(left, compute(role, req.prompt.clone(), req.sampling, &req.tenant)).await.map_err(|_| {
+    let prefilled = tokio::time::timeout(left, compute(role, req.prompt.clone(), req.sampling, req.tenant.as_str())).await.map_err(|_| {
         Failed::Deadline(format!(
             "{tokens} prompt tokens were not prefilled within the reservation's {} ms (--handoff-timeout-ms on decode); this worker cannot prefill prompts this long in time",
             left.as_millis()
@@ -221,7 +221,7 @@ pub(crate) async fn run(role: &PrefillRole, req: &PrefillRequest, via: &impl Via
         lease: &prefilled.lease,
         prompt_tokens: via.claims(prefilled.lease.tokens(), req),
         reservation: &req.reservation,
-        tenant: TenantTag::of(&req.tenant),
+        tenant: req.tenant.tag(),
         secret: &role.secret,
         first_token: prefilled.first_token,
         first_logprobs: prefilled.first_logprobs.clone(),

@@ -246,7 +246,7 @@ impl Dispatcher {
             let reserve = ReserveRequest {
                 prompt_tokens: prompt.len() as u32,
                 max_tokens: max_tokens as u32,
-                tenant: request.tenant.to_string(),
+                tenant: request.tenant.id(),
                 traceparent: Some(request.traceparent()),
             };
             let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
@@ -267,7 +267,7 @@ impl Dispatcher {
         let call = async {
             let body = PrefillRequest {
                 prompt: prompt.clone(),
-                tenant: request.tenant.to_string(),
+                tenant: request.tenant.id(),
                 reservation,
                 sampling: Some(sampling),
                 traceparent: Some(request.traceparent()),
@@ -334,7 +334,7 @@ impl Dispatcher {
             let commit_wait_ms = commit_wait.map(|(d, _)| d.as_millis() as u64);
             let generate = GenerateRequest {
                 prompt,
-                tenant: request.tenant.to_string(),
+                tenant: request.tenant.id(),
                 max_tokens: max_tokens as u32,
                 sampling,
                 commit_wait_ms,

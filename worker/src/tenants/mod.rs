@@ -40,6 +40,13 @@ impl fmt::Display for Tenant {
     }
 }
 
+impl Tenant {
+    /// The tenant as the roles tell one another (a name and an address are both valid ids).
+    pub fn id(&self) -> kvgate_proto::tenant_id::TenantId {
+        kvgate_proto::tenant_id::TenantId::parse(&self.to_string()).expect("a tenant's name or address is a tenant id")
+    }
+}
+
 /// Everything the public API knows about tenants.
 #[derive(Debug)]
 pub struct Tenants {

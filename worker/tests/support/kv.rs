@@ -34,7 +34,7 @@ impl KvClient {
         let (_, report) = w.get("/v1/kv-pool").await;
         let report: kvgate_proto::CapacityReport = serde_json::from_str(&report).unwrap();
         let page_bytes = (report.bytes_per_token * report.page_size as u64) as usize;
-        let tenant = TenantTag::of(&reservation.tenant);
+        let tenant = reservation.tenant.tag();
         KvClient { reservation, page_bytes, page_size: report.page_size as u32, tenant, key: None }
     }
 
