@@ -8,12 +8,24 @@ use super::ModelError;
 /// Architectures whose weights follow the Llama layout this worker implements.
 pub(crate) const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
 
+/// The model families this worker implements: each has its own defaults and its own rules (biases,
+/// sliding windows), decided once from `config.json`'s `model_type` (or its architecture) or a
+/// GGUF file's `general.architecture`, then matched, never compared as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    Llama,
+    Mistral,
+    Qwen2,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     #[serde(default)]
     pub architectures: Vec<String>,
-    #[serde(default)]
-    pub model_type: Option<String>,
+    /// Written as `model_type`, as `config.json` names it.
+    #[serde(rename = "model_type")]
+    pub family: Family,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
@@ -109,7 +121,7 @@ impl ModelConfig {
     }
 
     pub(crate) fn is_qwen2(&self) -> bool {
-        self.architectures.iter().any(|a| a == "Qwen2ForCausalLM") || self.model_type.as_deref() == Some("qwen2")
+        self.family == Family::Qwen2
     }
 
     pub fn eos_ids(&self) -> Vec<u32> {

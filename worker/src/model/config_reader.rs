@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::ModelError;
-use super::config::{ModelConfig, RopeScaling, SUPPORTED, TokenIds};
+use super::config::{Family, ModelConfig, RopeScaling, SUPPORTED, TokenIds};
 
 /// Fields that describe training, saving or the Python API, never the forward pass.
 const INERT: &[&str] = &[
@@ -31,13 +31,6 @@ const INERT: &[&str] = &[
     "bos_token_id",
     "eos_token_id",
 ];
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Family {
-    Llama,
-    Mistral,
-    Qwen2,
-}
 
 struct Fields(Map<String, Value>);
 
@@ -98,8 +91,7 @@ pub fn read(text: &str) -> Result<ModelConfig, ModelError> {
     if let Some(arch) = architectures.iter().find(|a| !SUPPORTED.contains(&a.as_str())) {
         return Err(ModelError::UnsupportedArchitecture { found: arch.clone(), supported: SUPPORTED.join(", ") });
     }
-    let model_type = f.string("model_type")?;
-    let family = match (model_type.as_deref(), architectures.first().map(String::as_str)) {
+    let family = match (f.string("model_type")?.as_deref(), architectures.first().map(String::as_str)) {
         (Some("llama"), _) | (None, Some("LlamaForCausalLM") | None) => Family::Llama,
         (Some("mistral"), _) | (None, Some("MistralForCausalLM")) => Family::Mistral,
         (Some("qwen2"), _) | (None, Some("Qwen2ForCausalLM")) => Family::Qwen2,
@@ -144,7 +136,7 @@ pub fn read(text: &str) -> Result<ModelConfig, ModelError> {
     }
     Ok(ModelConfig {
         architectures,
-        model_type,
+        family,
         hidden_size,
         intermediate_size,
         num_hidden_layers,

@@ -20,7 +20,7 @@ use candle_core::quantized::{QStorage, QTensor};
 
 use super::ModelError;
 use super::checkpoint::fingerprint_of;
-use super::config::{ModelConfig, RopeScaling, TokenIds};
+use super::config::{Family, ModelConfig, RopeScaling, TokenIds};
 
 /// Keys of `{arch}.` this loader reads; any other key of the architecture is refused.
 const READ: &[&str] = &[
@@ -111,7 +111,8 @@ impl Gguf {
             None
         };
         match heads {
-            Some(heads) if self.arch == "llama" => unpermute(&t, heads).map_err(ModelError::from),
+            // GGUF's llama converter permutes Q and K for its RoPE; qwen2's does not.
+            Some(heads) if self.config.family == Family::Llama => unpermute(&t, heads).map_err(ModelError::from),
             _ => Ok(t),
         }
     }
@@ -209,10 +210,11 @@ fn config(content: &Content, arch: &str) -> Result<ModelConfig, ModelError> {
     let vocab = opt("vocab_size")?.unwrap_or(tokens);
     let token = |k: &str| m.get(k).map(|v| uint(v, k).map(|n| n as u32)).transpose();
     let has = |name: &str| content.tensor_infos.contains_key(name);
-    let qwen2 = arch == "qwen2";
+    // Mistral's files say `llama` too: one family here, with Llama's defaults from the metadata.
+    let family = if arch == "qwen2" { Family::Qwen2 } else { Family::Llama };
     Ok(ModelConfig {
-        architectures: vec![if qwen2 { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }.into()],
-        model_type: Some(arch.into()),
+        architectures: vec![if family == Family::Qwen2 { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }.into()],
+        family,
         hidden_size: hidden,
         intermediate_size: req("feed_forward_length")?,
         num_hidden_layers: req("block_count")?,
@@ -224,7 +226,7 @@ fn config(content: &Content, arch: &str) -> Result<ModelConfig, ModelError> {
         rope_theta: m.get(&key("rope.freq_base")).map(|v| float(v, &key("rope.freq_base"))).transpose()?.unwrap_or(10_000.0),
         rope_scaling,
         tie_word_embeddings: !has("output.weight"),
-        attention_bias: !qwen2 && has("blk.0.attn_q.bias"),
+        attention_bias: family != Family::Qwen2 && has("blk.0.attn_q.bias"),
         mlp_bias: has("blk.0.ffn_up.bias"),
         sliding_window: None,
         layer_types: None,

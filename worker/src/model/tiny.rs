@@ -16,7 +16,7 @@ const SEED: u64 = 0x6b76_6761_7465_0001;
 pub fn config() -> ModelConfig {
     ModelConfig {
         architectures: vec!["LlamaForCausalLM".into()],
-        model_type: Some("llama".into()),
+        family: super::config::Family::Llama,
         hidden_size: 64,
         intermediate_size: 176,
         num_hidden_layers: 2,
