@@ -168,11 +168,11 @@ impl Dispatcher {
         sampling: SamplingParams,
         request: &RequestContext,
     ) -> Result<(), Event> {
-        let arrived = Instant::now();
+        let job = Job { tx, prompt, max_tokens, sampling: Sampling::from(sampling), arrived: Instant::now(), request };
         let mut avoid: Vec<Arc<Peer>> = Vec::new();
         let mut first: Option<Event> = None;
         for attempt in 1..=ATTEMPTS {
-            let failed = match self.orchestrate(tx, prompt.clone(), max_tokens, sampling, arrived, &avoid, request).await {
+            let failed = match self.orchestrate(&job, &avoid).await {
                 Ok(()) => return Ok(()),
                 Err(failed) => failed,
             };
@@ -220,76 +220,82 @@ impl Dispatcher {
         let _ = self.call(decode, &super::cancel_path(id), &body).await;
     }
 
-    /// One attempt on one prefill/decode pair (avoiding `avoid` where another pair exists).
-    #[allow(clippy::too_many_arguments)]
-    async fn orchestrate(
-        &self,
-        tx: &UnboundedSender<Event>,
-        prompt: Vec<u32>,
-        max_tokens: usize,
-        sampling: SamplingParams,
-        arrived: Instant,
-        avoid: &[Arc<Peer>],
-        request: &RequestContext,
-    ) -> Result<(), Failed> {
+    /// One attempt on one prefill/decode pair (avoiding `avoid` where another pair exists):
+    /// decode reserves, prefill fills the reservation, decode generates from it once verified.
+    async fn orchestrate(&self, job: &Job<'_>, avoid: &[Arc<Peer>]) -> Result<(), Failed> {
+        let pair = self.pair(avoid).await?;
+        let reservation = self.reserve(job, &pair).await?;
+        let id = reservation.handoff_id;
+        tracing::Span::current().record("handoff_id", tracing::field::display(id));
+        self.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
+        match self.prefill(job, &pair, reservation).await? {
+            Some(prefilled) => self.generate(job, &pair, id, prefilled).await,
+            None => Ok(()), // the client left; the reservation is cancelled
+        }
+    }
+
+    /// A ready pair avoiding `avoid` where another exists, recorded on the dispatch span.
+    async fn pair(&self, avoid: &[Arc<Peer>]) -> Result<Pair, Failed> {
         if self.peers.pick().is_none() {
             self.peers.refresh(&self.http).await;
         }
         let (prefill, decode) = self.peers.pick_avoiding(avoid).ok_or_else(|| Failed::last(fail(NoPeers, 503, self.peers.explain_no_pair())))?;
-        let (_p, _d) = (prefill.busy(), decode.busy());
         let dispatch = tracing::Span::current();
         dispatch.record("prefill", prefill.base.as_str());
         dispatch.record("decode", decode.base.as_str());
+        Ok(Pair { _busy: (prefill.busy(), decode.busy()), prefill, decode })
+    }
 
-        // 1. Decode reserves pages for the whole sequence.
-        let reservation = async {
+    /// Step 1: decode reserves pages for the whole sequence.
+    async fn reserve(&self, job: &Job<'_>, pair: &Pair) -> Result<Reservation, Failed> {
+        let (prompt_tokens, max_tokens) = (job.prompt.len(), job.max_tokens);
+        async {
             let reserve = ReserveRequest {
-                prompt_tokens: prompt.len() as u32,
+                prompt_tokens: prompt_tokens as u32,
                 max_tokens: max_tokens as u32,
-                tenant: request.tenant.id(),
-                traceparent: Some(request.traceparent()),
+                tenant: job.request.tenant.id(),
+                traceparent: Some(job.request.traceparent()),
             };
-            let resp = self.call_decode(&decode, super::RESERVE_PATH, &reserve).await?;
+            let resp = self.call_decode(&pair.decode, super::RESERVE_PATH, &reserve).await?;
             resp.json::<Reservation>()
                 .await
-                .map_err(|e| Failed::retry(fail(PeerError, 502, format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&decode]))
+                .map_err(|e| Failed::retry(fail(PeerError, 502, format!("decode reservation: {e}")), Retry::DecodeUnreachable, &[&pair.decode]))
         }
-        .instrument(tracing::info_span!("reserve", prompt_tokens = prompt.len() as i64, max_tokens = max_tokens as i64))
-        .await?;
-        let id = reservation.handoff_id;
-        dispatch.record("handoff_id", tracing::field::display(id));
-        self.metrics.prompt_tokens.inc_by(prompt.len() as u64);
+        .instrument(tracing::info_span!("reserve", prompt_tokens = prompt_tokens as i64, max_tokens = max_tokens as i64))
+        .await
+    }
 
-        // 2. Prefill fills it, or rejects the prompt before computing anything.
-        let sampling = Sampling::from(sampling);
-        let prefill_span =
-            tracing::info_span!("prefill", prompt_tokens = prompt.len() as i64, pages = reservation.pages.len() as i64, http.response.status_code = Empty);
+    /// Step 2: prefill fills the reservation, or rejects the prompt before computing anything.
+    /// `None` when the client left meanwhile (the reservation is then cancelled).
+    async fn prefill(&self, job: &Job<'_>, pair: &Pair, reservation: Reservation) -> Result<Option<Prefilled>, Failed> {
+        let (id, decode) = (reservation.handoff_id, &pair.decode);
+        let span =
+            tracing::info_span!("prefill", prompt_tokens = job.prompt.len() as i64, pages = reservation.pages.len() as i64, http.response.status_code = Empty);
         let call = async {
             let body = PrefillRequest {
-                prompt: prompt.clone(),
-                tenant: request.tenant.id(),
+                prompt: job.prompt.clone(),
+                tenant: job.request.tenant.id(),
                 reservation,
-                sampling: Some(sampling),
-                traceparent: Some(request.traceparent()),
+                sampling: Some(job.sampling),
+                traceparent: Some(job.request.traceparent()),
             };
-            self.call(&prefill, super::PREFILL_PATH, &body).await
+            self.call(&pair.prefill, super::PREFILL_PATH, &body).await
         };
         let prefilled = tokio::select! {
-            r = call.instrument(prefill_span.clone()) => r,
-            _ = tx.closed() => {
+            r = call.instrument(span.clone()) => r,
+            _ = job.tx.closed() => {
                 // The client left: dropping the call stops prefill between chunks (its
                 // connection closes), and decode's pages go back now, not at the deadline.
                 self.metrics.abandoned.inc();
                 tracing::info!("client disconnected during prefill; reservation cancelled");
-                self.cancel(&decode, id, false, request).await;
-                return Ok(());
+                self.cancel(decode, id, false, job.request).await;
+                return Ok(None);
             }
         };
         if let Ok(r) = &prefilled {
-            prefill_span.record("http.response.status_code", i64::from(r.status().as_u16()));
+            span.record("http.response.status_code", i64::from(r.status().as_u16()));
         }
-        let mut prompt_logprobs = None;
-        let commit_wait = match prefilled {
+        Ok(Some(match prefilled {
             Ok(r) if r.status().is_client_error() || r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT => {
                 // Prefill refused (or ran out of time) before sending anything, so decode's
                 // pages go back now. Only a prompt prefill can never hold is a *rejection*: a
@@ -298,14 +304,13 @@ impl Dispatcher {
                 let failure = peer_error(r, "prefill").await;
                 let rejected = matches!(&failure, Event::Failed(f) if f.code == ErrorCode::PromptTooLarge);
                 if let Event::Failed(f) = &failure {
-                    mark_failed(&prefill_span, &f.code.to_string());
+                    mark_failed(&span, &f.code.to_string());
                 }
-                self.cancel(&decode, id, rejected, request).await;
+                self.cancel(decode, id, rejected, job.request).await;
                 return Err(Failed::last(failure));
             }
             Ok(r) if r.status().is_success() => {
-                prompt_logprobs = r.json::<PrefillResponse>().await.ok().and_then(|p| p.prompt_logprobs);
-                None
+                Prefilled { prompt_logprobs: r.json::<PrefillResponse>().await.ok().and_then(|p| p.prompt_logprobs), commit_wait: None, retry_as: None }
             }
             // Prefill failed or died: decode decides what happened to the transfer.
             Ok(r) => {
@@ -316,64 +321,59 @@ impl Dispatcher {
                 // is prefill's own failure.
                 let refused = serde_json::from_str::<PrefillResponse>(&body).ok().and_then(|p| p.refused);
                 tracing::warn!(status, body, "prefill peer failed; asking decode for the verdict");
-                Some((self.grace, refused.map_or(Some(Retry::PrefillFailed), retry::after_refusal)))
+                Prefilled { prompt_logprobs: None, commit_wait: Some(self.grace), retry_as: refused.map_or(Some(Retry::PrefillFailed), retry::after_refusal) }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "prefill peer unreachable; asking decode for the verdict");
-                Some((self.grace, Some(Retry::PrefillFailed)))
+                Prefilled { prompt_logprobs: None, commit_wait: Some(self.grace), retry_as: Some(Retry::PrefillFailed) }
             }
-        };
-        // Why the request may be tried again if decode confirms the transfer failed.
-        let retry_as = commit_wait.and_then(|(_, why)| why);
-        let prefill_failed = retry_as == Some(Retry::PrefillFailed);
+        }))
+    }
 
-        // 3. Decode generates only from a verified handoff.
-        let generate_span = tracing::info_span!("generate", completion_tokens = Empty, time_to_first_token = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
+    /// Step 3: decode generates only from a verified handoff; its tokens are relayed to the client.
+    async fn generate(&self, job: &Job<'_>, pair: &Pair, id: kvgate_proto::handoff::HandoffId, prefilled: Prefilled) -> Result<(), Failed> {
+        let Prefilled { prompt_logprobs, commit_wait, retry_as } = prefilled;
+        let (prefill, decode) = (&pair.prefill, &pair.decode);
+        let span = tracing::info_span!("generate", completion_tokens = Empty, time_to_first_token = Empty, otel.status_code = Empty, otel.status_description = Empty, error.type = Empty);
         let mut delivered = false;
         let generated = async {
-            let commit_wait_ms = commit_wait.map(|(d, _)| d.as_millis() as u64);
             let generate = GenerateRequest {
-                prompt,
-                tenant: request.tenant.id(),
-                max_tokens: max_tokens as u32,
-                sampling,
-                commit_wait_ms,
-                traceparent: Some(request.traceparent()),
+                prompt: job.prompt.clone(),
+                tenant: job.request.tenant.id(),
+                max_tokens: job.max_tokens as u32,
+                sampling: job.sampling,
+                commit_wait_ms: commit_wait.map(|d| d.as_millis() as u64),
+                traceparent: Some(job.request.traceparent()),
             };
-            let resp = self.call_decode(&decode, &super::generate_path(id), &generate).await?;
-            let held = request.delivery == crate::server::Delivery::Held;
-            self.relay(tx, resp, arrived, prompt_logprobs, held, &mut delivered).await.map_err(|e| match e {
+            let resp = self.call_decode(decode, &super::generate_path(id), &generate).await?;
+            let held = job.request.delivery == crate::server::Delivery::Held;
+            self.relay(job.tx, resp, job.arrived, prompt_logprobs, held, &mut delivered).await.map_err(|e| match e {
                 // Decode's stream broke before anything reached the client (a held answer:
                 // before it was done).
-                Relay::Broke(event) if !delivered => Failed::retry(event, Retry::DecodeStreamBroke, &[&decode]),
+                Relay::Broke(event) if !delivered => Failed::retry(event, Retry::DecodeStreamBroke, &[decode]),
                 Relay::Broke(event) | Relay::Failed(event) => Failed::last(event),
             })
         }
-        .instrument(generate_span.clone())
+        .instrument(span.clone())
         .await;
-        match generated {
-            Err(Failed { event: Event::Failed(f), .. }) if f.code == PeerUnreachable => {
-                mark_failed(&generate_span, &f.code.to_string());
-                let failed_peers: &[&Arc<Peer>] = if prefill_failed { &[&prefill, &decode] } else { &[&decode] };
+        let failed = match generated {
+            Ok(()) => return Ok(()),
+            Err(failed) => failed,
+        };
+        if let Event::Failed(f) = &failed.event {
+            mark_failed(&span, &f.code.to_string());
+        }
+        match failed {
+            Failed { event: Event::Failed(f), .. } if f.code == PeerUnreachable => {
+                let failed_peers: &[&Arc<Peer>] = if retry_as == Some(Retry::PrefillFailed) { &[prefill, decode] } else { &[decode] };
                 Err(Failed::retry(Event::Failed(f), Retry::DecodeUnreachable, failed_peers))
             }
-            Err(Failed { event, retry: None }) if retry_as.is_some() && !delivered => {
-                if let Event::Failed(f) = &event {
-                    mark_failed(&generate_span, &f.code.to_string());
-                }
-                // A late transfer may be either peer's doing: the next try avoids both.
-                match retry_as {
-                    Some(Retry::HandoffTimeout) => Err(Failed::retry(event, Retry::HandoffTimeout, &[&prefill, &decode])),
-                    _ => Err(Failed::retry(event, Retry::PrefillFailed, &[&prefill])),
-                }
+            // A late transfer may be either peer's doing: the next try avoids both.
+            Failed { event, retry: None } if !delivered && retry_as == Some(Retry::HandoffTimeout) => {
+                Err(Failed::retry(event, Retry::HandoffTimeout, &[prefill, decode]))
             }
-            Err(failed) => {
-                if let Event::Failed(f) = &failed.event {
-                    mark_failed(&generate_span, &f.code.to_string());
-                }
-                Err(failed)
-            }
-            Ok(()) => Ok(()),
+            Failed { event, retry: None } if !delivered && retry_as.is_some() => Err(Failed::retry(event, Retry::PrefillFailed, &[prefill])),
+            failed => Err(failed),
         }
     }
 
@@ -467,6 +467,32 @@ impl Dispatcher {
 }
 
 /// How relaying decode's stream failed.
+/// One request as every attempt at it sees it.
+struct Job<'a> {
+    tx: &'a UnboundedSender<Event>,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    sampling: Sampling,
+    arrived: Instant,
+    request: &'a RequestContext,
+}
+
+/// The pair an attempt runs on, counted busy while it does.
+struct Pair {
+    prefill: Arc<Peer>,
+    decode: Arc<Peer>,
+    _busy: (super::peers::Busy, super::peers::Busy),
+}
+
+/// What prefill left for decode: its prompt log-probabilities, and when prefill failed, how
+/// long decode may wait for the transfer's commit and why the request may be tried again if the
+/// transfer did fail.
+struct Prefilled {
+    prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    commit_wait: Option<Duration>,
+    retry_as: Option<Retry>,
+}
+
 enum Relay {
     /// The stream broke or ended early (decode died or closed it).
     Broke(Event),
