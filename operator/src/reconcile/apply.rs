@@ -1,7 +1,7 @@
-//! Apply: writes what `decide` planned, and only what differs from what the watches show.
-//! Server-side apply of owned objects (skipped when the watched object already holds every
-//! field), deletion of those no longer wanted, pod gate conditions that changed, status when it
-//! changed, then Events and metrics.
+//! Apply: writes what `decide` planned, as `build` turned it into objects, and only what differs
+//! from what the watches show. Server-side apply of owned objects (skipped when the watched
+//! object already holds every field), deletion of those no longer wanted, pod gate conditions
+//! that changed, status when it changed, then Events and metrics. It knows no engine.
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -14,12 +14,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::build::{self, Desired, Write};
 use super::decide::Plan;
 use super::{Context, Error, event, inference_pool};
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
-use crate::gate::Role;
 use crate::labels::MANAGER;
-use crate::render::{engine, router, secret, vllm_connector, workers};
+use crate::render::secret;
 use crate::watch::{self, owned};
 
 /// Applies `obj` unless the watched copy in `store` already holds it. Unchanged objects are
@@ -61,54 +61,28 @@ where
     }
 }
 
-/// Writes a plan: the objects every deployment owns, the revision's Deployments, deletions, the
-/// router, pod gate conditions, Events, metrics and, when it changed, status.
+/// Writes a plan: the objects `build` makes of it, in order, pod gate conditions, Events,
+/// metrics and, when it changed, status.
 pub async fn plan(ctx: &Context, d: &InferenceDeployment, image: &str, plan: &Plan) -> Result<(), Error> {
     let stores = &ctx.stores;
     let ns = d.namespace().unwrap_or_else(|| "default".into());
     let name = d.name_any();
-    let telemetry = &ctx.settings.worker_telemetry;
-    let integrity = d.spec.engine().integrity();
-    if d.spec.handoff_secret() {
+    let service_exists = |n: &str| stores.services.state().iter().any(|s| s.namespace().as_deref() == Some(&ns) && s.name_any() == n);
+    let objects = build::objects(d, image, plan, &ctx.settings.worker_telemetry, service_exists);
+    if objects.handoff_secret {
         ensure_secret(ctx, d, &ns, plan.recreate_secret).await?;
     }
-    if d.spec.engine_verifies_handoffs() {
-        // Immutable, its name carrying its digest: applied once, and again only if it is gone.
-        apply(ctx, d, &stores.config_maps, &vllm_connector::config_map(d)).await?;
-    }
-    if integrity {
-        for svc in [workers::service(d, Role::Prefill), workers::service(d, Role::Decode), router::api_service(d)] {
-            apply(ctx, d, &stores.services, &svc).await?;
+    for write in &objects.writes {
+        match write {
+            Write::Apply(Desired::ConfigMap(o)) => apply(ctx, d, &stores.config_maps, o).await?,
+            Write::Apply(Desired::Service(o)) => apply(ctx, d, &stores.services, o).await?,
+            Write::Apply(Desired::ServiceAccount(o)) => apply(ctx, d, &stores.service_accounts, o).await?,
+            Write::Apply(Desired::Role(o)) => apply(ctx, d, &stores.roles, o).await?,
+            Write::Apply(Desired::RoleBinding(o)) => apply(ctx, d, &stores.role_bindings, o).await?,
+            Write::Apply(Desired::Deployment(o)) => apply(ctx, d, &stores.deployments, o).await?,
+            Write::DeleteDeployment(n) => delete::<Deployment>(&ctx.client, &ns, n).await?,
+            Write::DeleteService(n) => delete::<k8s_openapi::api::core::v1::Service>(&ctx.client, &ns, n).await?,
         }
-        apply(ctx, d, &stores.service_accounts, &router::service_account(d)).await?;
-        apply(ctx, d, &stores.roles, &router::role(d)).await?;
-        apply(ctx, d, &stores.role_bindings, &router::role_binding(d)).await?;
-    } else {
-        apply(ctx, d, &stores.services, &engine::api_service(d)).await?;
-    }
-    for w in &plan.workers {
-        let dep = if integrity {
-            workers::deployment(d, w.role, &w.revision, image, w.replicas, telemetry)
-        } else {
-            if w.role == Role::Router {
-                // A disaggregated revision: its router reaches prefill and decode through these.
-                for role in [Role::Prefill, Role::Decode] {
-                    apply(ctx, d, &stores.services, &engine::revision_service(d, role, &w.revision)).await?;
-                }
-            }
-            engine::deployment(d, w.role, &w.revision, w.replicas)
-        };
-        apply(ctx, d, &stores.deployments, &dep).await?;
-    }
-    for dep in &plan.delete {
-        delete::<Deployment>(&ctx.client, &ns, dep).await?;
-        if !integrity && stores.services.state().iter().any(|s| s.namespace().as_deref() == Some(&ns) && s.name_any() == *dep) {
-            // A disaggregated revision's headless Service goes with its Deployment.
-            delete::<k8s_openapi::api::core::v1::Service>(&ctx.client, &ns, dep).await?;
-        }
-    }
-    if let Some(window) = plan.router_window {
-        apply(ctx, d, &stores.deployments, &router::deployment(d, plan.router_image.as_deref().unwrap_or(image), window, telemetry)).await?;
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     for gate in &plan.pod_gates {

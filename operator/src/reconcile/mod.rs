@@ -1,8 +1,10 @@
 //! The reconciler: level-triggered and idempotent. Each pass is `rollout::reconcile`: observe
 //! (reads the watch-fed stores and the background tasks' results; no API call, no wait) ->
-//! decide (pure) -> apply (writes only what differs from what the watches show).
+//! decide (pure) -> build (pure: the plan as objects) -> apply (writes only what differs from
+//! what the watches show).
 
 pub mod apply;
+pub mod build;
 pub mod decide;
 pub mod inference_pool;
 pub mod memory;
