@@ -19,13 +19,34 @@ use std::sync::Mutex;
 
 use tokio::task::AbortHandle;
 
+/// The kinds of background task a deployment runs; each is the `kind` label of
+/// `kvgate_operator_background_tasks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "kebab-case")]
+pub enum TaskKind {
+    /// Reading one pod's capacity report (`tasks::probes`).
+    Probe,
+    /// Scraping the KV pods' integrity counters (`tasks::scrapes`).
+    Scrape,
+    /// The integrity canary of a revision (`tasks::canaries`).
+    Canary,
+    /// The probes of the serving revision's pods (`tasks::serving_probes`).
+    ServingProbe,
+}
+
+impl TaskKind {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 /// What the operator holds for one deployment.
 pub struct Entry {
     pub namespace: String,
     pub name: String,
     parts: HashMap<TypeId, Box<dyn Any + Send>>,
     /// Background tasks by (kind, key): at most one of each, a new one replaces the one before.
-    tasks: HashMap<(&'static str, String), AbortHandle>,
+    tasks: HashMap<(TaskKind, String), AbortHandle>,
 }
 
 impl Entry {
@@ -48,7 +69,7 @@ impl Entry {
     }
 
     /// Runs `task` as this deployment's `kind` task for `key`, aborting the one it replaces.
-    pub fn spawn(&mut self, kind: &'static str, key: &str, task: impl Future<Output = ()> + Send + 'static) {
+    pub fn spawn(&mut self, kind: TaskKind, key: &str, task: impl Future<Output = ()> + Send + 'static) {
         self.tasks.retain(|_, t| !t.is_finished());
         if let Some(before) = self.tasks.insert((kind, key.to_string()), tokio::spawn(task).abort_handle()) {
             before.abort();
@@ -56,14 +77,14 @@ impl Entry {
     }
 
     /// Aborts the `kind` task for `key`, if one runs.
-    pub fn stop(&mut self, kind: &'static str, key: &str) {
+    pub fn stop(&mut self, kind: TaskKind, key: &str) {
         if let Some(t) = self.tasks.remove(&(kind, key.to_string())) {
             t.abort();
         }
     }
 
     /// Whether the `kind` task for `key` is still running.
-    pub fn running(&self, kind: &'static str, key: &str) -> bool {
+    pub fn running(&self, kind: TaskKind, key: &str) -> bool {
         self.tasks.get(&(kind, key.to_string())).is_some_and(|t| !t.is_finished())
     }
 }
@@ -130,7 +151,7 @@ impl Index {
     }
 
     /// Running background tasks by kind, over every deployment.
-    pub fn running_tasks(&self) -> BTreeMap<&'static str, usize> {
+    pub fn running_tasks(&self) -> BTreeMap<TaskKind, usize> {
         let mut by_kind = BTreeMap::new();
         for e in self.entries.lock().unwrap().values() {
             for ((kind, _), t) in &e.tasks {
@@ -176,13 +197,13 @@ mod tests {
         let (first, second, replaced) = (Arc::default(), Arc::<AtomicBool>::default(), Arc::<AtomicBool>::default());
         index.with("u", |e| {
             e.part::<Counter>().0 += 1;
-            e.spawn("scrape", "", endless(replaced.clone()));
-            e.spawn("scrape", "", endless(Arc::clone(&first)));
-            e.spawn("probe", "pod-1", endless(Arc::clone(&second)));
+            e.spawn(TaskKind::Scrape, "", endless(replaced.clone()));
+            e.spawn(TaskKind::Scrape, "", endless(Arc::clone(&first)));
+            e.spawn(TaskKind::Probe, "pod-1", endless(Arc::clone(&second)));
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(replaced.load(Ordering::SeqCst), "a task of the same kind and key replaces the one before");
-        assert_eq!(index.running_tasks(), BTreeMap::from([("probe", 1), ("scrape", 1)]));
+        assert_eq!(index.running_tasks(), BTreeMap::from([(TaskKind::Probe, 1), (TaskKind::Scrape, 1)]));
 
         let mut also = None;
         assert!(index.remove("u", |e| also = Some(e.name.clone())));

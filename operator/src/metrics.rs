@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::canary::Probe;
 use crate::crd::Engine;
-use crate::index::Index;
+use crate::index::{Index, TaskKind};
 use crate::rollout_state::{Phase, RefusalReason, RollbackReason};
 use axum::Router;
 use axum::extract::State;
@@ -192,13 +192,13 @@ impl Metrics {
         }
     }
 
-    /// Exports the index's size and its running tasks (every one of `kinds`, 0 when none
+    /// Exports the index's size and its running tasks (every `TaskKind`, 0 when none
     /// runs), read at each scrape.
-    pub fn watch_index(&self, index: Arc<Index>, kinds: &[&'static str]) {
+    pub fn watch_index(&self, index: Arc<Index>) {
         let deployments = IntGauge::new("kvgate_operator_indexed_deployments", "InferenceDeployments the operator holds state for").unwrap();
         let tasks =
             IntGaugeVec::new(Opts::new("kvgate_operator_background_tasks", "Background tasks running for InferenceDeployments, by kind"), &["kind"]).unwrap();
-        self.registry.register(Box::new(IndexGauges { index, deployments, tasks, kinds: kinds.to_vec() })).unwrap();
+        self.registry.register(Box::new(IndexGauges { index, deployments, tasks })).unwrap();
     }
 
     /// Removes every series of one InferenceDeployment (deleted): no alert fires for an
@@ -229,7 +229,6 @@ struct IndexGauges {
     index: Arc<Index>,
     deployments: IntGauge,
     tasks: IntGaugeVec,
-    kinds: Vec<&'static str>,
 }
 
 impl prometheus::core::Collector for IndexGauges {
@@ -240,11 +239,11 @@ impl prometheus::core::Collector for IndexGauges {
     fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
         self.deployments.set(self.index.len() as i64);
         self.tasks.reset();
-        for kind in &self.kinds {
-            self.tasks.with_label_values(&[kind]).set(0);
+        for kind in <TaskKind as strum::VariantArray>::VARIANTS {
+            self.tasks.with_label_values(&[kind.as_str()]).set(0);
         }
         for (kind, n) in self.index.running_tasks() {
-            self.tasks.with_label_values(&[kind]).set(n as i64);
+            self.tasks.with_label_values(&[kind.as_str()]).set(n as i64);
         }
         self.deployments.collect().into_iter().chain(self.tasks.collect()).collect()
     }

@@ -71,10 +71,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // A cold standby watches nothing until it leads; a warm one (the default) keeps every store
     // current and holds back only its writers, so a failover needs no list.
     let index = Arc::new(Index::default());
-    metrics.watch_index(
-        index.clone(),
-        &[crate::tasks::probes::TASK, crate::tasks::scrapes::TASK, crate::tasks::canaries::TASK, crate::tasks::serving_probes::TASK],
-    );
+    metrics.watch_index(index.clone());
     if args.cold_standby && !lead(elector.as_ref(), &identity, stopped()).await {
         return Ok(());
     }

@@ -14,10 +14,10 @@ use super::Trigger;
 use crate::canary::{self, CanaryRun};
 use crate::crd::{CanaryStatus, InferenceDeployment};
 use crate::index::Index;
+use crate::index::TaskKind;
 use crate::metrics::Metrics;
 
-/// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
-pub const TASK: &str = "canary";
+const TASK: TaskKind = TaskKind::Canary;
 
 /// The revision whose run was started last, and its result once it finished.
 #[derive(Default)]

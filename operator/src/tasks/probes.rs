@@ -27,6 +27,7 @@ use crate::crd::{Engine, InferenceDeployment};
 use crate::engines;
 use crate::gate::Measured;
 use crate::index::Index;
+use crate::index::TaskKind;
 
 /// A good report is read again this often (re-verification of serving pods).
 pub const REFRESH: Duration = Duration::from_secs(20);
@@ -38,8 +39,7 @@ pub const FIRST_RETRY: Duration = Duration::from_millis(250);
 const STARTING: Duration = Duration::from_secs(60);
 /// Retries stop when no reconcile asked for the pod this long.
 const WANTED: Duration = Duration::from_secs(10);
-/// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
-pub const TASK: &str = "probe";
+const TASK: TaskKind = TaskKind::Probe;
 /// Reads in flight at once, over every deployment.
 const CONCURRENT: usize = 32;
 
@@ -244,7 +244,7 @@ mod tests {
         }
         let failed = read(&probes, &t).unwrap().unwrap_err();
         assert!(failed.message.contains("127.0.0.1:9"), "the read's own failure: {failed:?}");
-        assert_eq!(index.running_tasks().get(TASK), Some(&1), "a failed read is retried by its own task");
+        assert_eq!(index.running_tasks().get(&TASK), Some(&1), "a failed read is retried by its own task");
         t.restarts = 1;
         assert!(read(&probes, &t).unwrap().unwrap_err().message.contains("restarted"));
         probes.forget_pod("p");

@@ -19,6 +19,7 @@ use super::counter_watch::CounterWatch;
 use crate::crd::InferenceDeployment;
 use crate::engines::integrity::{self, Counter, Counts};
 use crate::index::Index;
+use crate::index::TaskKind;
 use crate::scrape;
 
 /// Every pod's `/metrics` is a few hundred bytes of text: cheap enough to read twice a second
@@ -27,8 +28,7 @@ pub const EVERY: Duration = Duration::from_millis(500);
 /// While a revision serves with no bake: a violation is reported within five seconds, and a
 /// hundred pods cost twenty small reads a second.
 pub const SERVING_EVERY: Duration = Duration::from_secs(5);
-/// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
-pub const TASK: &str = "scrape";
+const TASK: TaskKind = TaskKind::Scrape;
 /// Longer than the slowest requeue of a settled deployment (30 s), which asks again each pass.
 const IDLE: Duration = Duration::from_secs(60);
 

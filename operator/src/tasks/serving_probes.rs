@@ -21,12 +21,12 @@ use super::Trigger;
 use crate::canary::{self, ServingRun};
 use crate::crd::InferenceDeployment;
 use crate::index::Index;
+use crate::index::TaskKind;
 use crate::metrics::Metrics;
 use crate::rollout_state::RefusalReason;
 
 const HOUR: Duration = Duration::from_secs(3600);
-/// This task's kind in the index (and the label of `kvgate_operator_background_tasks`).
-pub const TASK: &str = "serving-probe";
+const TASK: TaskKind = TaskKind::ServingProbe;
 
 /// Why a serving pod fails the probes: the refusal reason its gate shows, and the message.
 pub type Failures = BTreeMap<String, (RefusalReason, String)>;
