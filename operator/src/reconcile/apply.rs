@@ -15,8 +15,9 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::build::{self, Desired, Write};
+use super::context::{Context, Error, event};
 use super::decide::Plan;
-use super::{Context, Error, event, inference_pool};
+use super::inference_pool;
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::labels::MANAGER;
 use crate::render::secret;

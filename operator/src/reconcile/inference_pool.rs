@@ -17,7 +17,7 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 
-use super::{Context, Error};
+use super::context::{Context, Error};
 use crate::crd::InferenceDeployment;
 use crate::labels::MANAGER;
 use crate::reasons::Reason;
@@ -101,13 +101,7 @@ fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
-/// What a sync found, as the condition says it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolCondition {
-    pub ok: bool,
-    pub reason: Reason,
-    pub message: String,
-}
+pub use super::pool_condition::PoolCondition;
 
 /// The condition for an outcome (`None`: no condition, the spec asks for no pool).
 pub fn condition(d: &InferenceDeployment, outcome: &Outcome) -> Option<PoolCondition> {

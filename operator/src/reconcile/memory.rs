@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
-use super::inference_pool::PoolCondition;
+use super::pool_condition::PoolCondition;
 use crate::crd::{InferenceDeployment, InferenceDeploymentStatus};
 use crate::index::Index;
 

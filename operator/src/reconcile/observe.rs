@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::Context;
+use super::context::Context;
 use super::inference_pool::PoolCondition;
 use super::pod_problems::{self, StuckPod};
 use crate::crd::{CanaryStatus, InferenceDeployment};

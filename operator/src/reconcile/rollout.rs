@@ -11,7 +11,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tracing::Instrument;
 
-use super::{Context, Error, apply, decide, observe};
+use super::context::{Context, Error};
+use super::{apply, decide, observe};
 use crate::crd::InferenceDeployment;
 use crate::render::revision;
 
