@@ -176,6 +176,7 @@ mod tests {
         spelt.dedup();
         assert_eq!(spelt.len(), n, "two codes share a spelling");
         assert_eq!(ErrorCode::KvHandoff(Mismatch::Checksum.into()).to_string(), "kv_handoff_checksum");
+        assert_eq!(ErrorCode::KvHandoff(Mismatch::RejectedForwarded.into()).to_string(), "kv_handoff_rejected_forwarded");
     }
 
     #[test]

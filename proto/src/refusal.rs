@@ -1,7 +1,7 @@
 //! Every reason decode refuses a handoff for, as one closed set.
 //!
 //! The `reason` label of `kvgate_handoff_mismatch_total` and `kvgate_kv_port_rejected_total`, the
-//! error code the router returns (`kv_handoff_<reason>`), the reason an ack carries on the wire,
+//! error code the router returns (`kv_handoff_<reason>`, `codes::ErrorCode::KvHandoff`), the reason an ack carries on the wire,
 //! the table in `docs/handoff-protocol.md` and the alert rules all come from these enums; tests
 //! check the docs and the alerts against `ALL`.
 
@@ -144,11 +144,6 @@ impl Refusal {
         }
     }
 
-    /// The error code a client of the router sees (`kv_handoff_<reason>`).
-    pub fn code(self) -> crate::codes::ErrorCode {
-        crate::codes::ErrorCode::KvHandoff(self)
-    }
-
     /// Reads back the reason an ack carried.
     pub fn parse(s: &str) -> Option<Refusal> {
         let m = Mismatch::ALL.into_iter().find(|m| m.as_str() == s).map(Refusal::Mismatch);
@@ -202,6 +197,5 @@ mod tests {
             assert_eq!(Refusal::parse(n).map(Refusal::as_str), Some(n));
         }
         assert_eq!(Refusal::parse("nonsense"), None);
-        assert_eq!(Refusal::from(Mismatch::RejectedForwarded).code().to_string(), "kv_handoff_rejected_forwarded");
     }
 }

@@ -45,7 +45,13 @@ pub fn routes(role: DecodeRole) -> Router {
 
 /// The error a failed handoff surfaces as: 502, with decode's own words.
 pub fn verdict_error(v: &HandoffRefusal) -> ApiError {
-    ApiError { status: StatusCode::BAD_GATEWAY, kind: "server_error", code: v.reason.code(), param: None, message: v.message.clone() }
+    ApiError {
+        status: StatusCode::BAD_GATEWAY,
+        kind: "server_error",
+        code: kvgate_proto::codes::ErrorCode::KvHandoff(v.reason),
+        param: None,
+        message: v.message.clone(),
+    }
 }
 
 fn parse_id(id: &str) -> Result<HandoffId, ApiError> {

@@ -74,7 +74,7 @@ async fn peer_error(resp: reqwest::Response, peer: &str) -> Event {
     }
     // Decode's verdict, relayed by prefill: one of the closed set of refusal reasons.
     match serde_json::from_value::<PrefillResponse>(body) {
-        Ok(PrefillResponse { refused: Some(r), message, .. }) => fail(r.code(), status, message),
+        Ok(PrefillResponse { refused: Some(r), message, .. }) => fail(ErrorCode::KvHandoff(r), status, message),
         _ => fail(PeerError, status, format!("{peer} answered HTTP {status}")),
     }
 }
