@@ -64,8 +64,8 @@ impl Started {
                 ready.store(false, std::sync::atomic::Ordering::SeqCst);
                 tracing::info!(delay_ms = delay.as_millis() as u64, "stopping: not ready, still accepting for the shutdown delay");
                 tokio::time::sleep(delay).await;
+                tracing::info!("stopping: no new connection; finishing those in flight");
             }
-            tracing::info!("stopping: no new connection; finishing those in flight");
         };
         listener::serve(self.listener, self.app, self.limits, self.refusals, self.ready, shutdown).await?;
         Ok(())
